@@ -1,0 +1,145 @@
+/*
+ * khor.h -- the one public header of khor, a collective-communication library for
+ * distributed deep learning (TCP, shared-memory and verbs transports; ring, tree and
+ * recursive-doubling collectives; no MPI).
+ *
+ * ABI rules: every type a caller sees is either an opaque handle or a fixed-value enum;
+ * there are no public structs, so fields can change without breaking binaries built
+ * against an older libkhor.so.0. Every function returns khor_status; on failure the
+ * detail (this rank and host, the peer, the operation, its sequence number, the cause)
+ * is in khor_comm_error(). Output parameters come last, are named *_out and are written
+ * only on success.
+ */
+#ifndef KHOR_H
+#define KHOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(KHOR_BUILDING_LIBRARY)
+#define KHOR_API __attribute__((visibility("default")))
+#else
+#define KHOR_API
+#endif
+
+#define KHOR_VERSION_MAJOR 0
+#define KHOR_VERSION_MINOR 1
+#define KHOR_VERSION_PATCH 0
+
+typedef enum khor_status {
+	KHOR_SUCCESS = 0,
+	KHOR_IN_PROGRESS = 1,      /* khor_test: the request has not completed yet */
+	KHOR_ERR_INVALID_ARG = 2,  /* a bad argument or configuration value */
+	KHOR_ERR_NO_MEMORY = 3,
+	KHOR_ERR_SYSTEM = 4,       /* a system call failed; the error text has errno's message */
+	KHOR_ERR_TIMEOUT = 5,      /* a deadline (KHOR_TIMEOUT) passed; the text names who was late */
+	KHOR_ERR_REMOTE = 6,       /* a peer failed, closed its connection or reported an error */
+	KHOR_ERR_PROTOCOL = 7,     /* malformed or mismatched bytes on a link or from the store */
+	KHOR_ERR_AUTH = 8,         /* the job secret did not match */
+	KHOR_ERR_NOT_SUPPORTED = 9,
+	KHOR_ERR_INTERNAL = 10
+} khor_status;
+
+typedef enum khor_dtype {
+	KHOR_FLOAT32 = 0,
+	KHOR_FLOAT64 = 1,
+	KHOR_INT32 = 2,
+	KHOR_INT64 = 3,
+	KHOR_FLOAT16 = 4,
+	KHOR_BFLOAT16 = 5,
+	KHOR_INT8 = 6,
+	KHOR_UINT8 = 7,
+	KHOR_BOOL = 8
+} khor_dtype;
+
+/* avg on integer types is the sum divided by the number of ranks, truncated toward zero. */
+typedef enum khor_op {
+	KHOR_SUM = 0,
+	KHOR_AVG = 1,
+	KHOR_MIN = 2,
+	KHOR_MAX = 3,
+	KHOR_PROD = 4
+} khor_op;
+
+typedef struct khor_config khor_config;   /* key/value settings given to khor_init */
+typedef struct khor_comm khor_comm;       /* a group of ranks with its links and error */
+typedef struct khor_request khor_request; /* a non-blocking collective in flight */
+
+/* Library identity: "0.1.0". */
+KHOR_API const char *khor_version(void);
+/* A fixed English sentence for a status code (never NULL). */
+KHOR_API const char *khor_strerror(khor_status status);
+/* Size in bytes of one element of dtype, or 0 for an unknown dtype. */
+KHOR_API size_t khor_dtype_size(khor_dtype dtype);
+
+/*
+ * Configuration. Keys are the KHOR_* variable names of the README table (for example
+ * "KHOR_RANK", "KHOR_SIZE", "KHOR_STORE_ADDR", "KHOR_TIMEOUT"); a value set here wins over
+ * the environment. Unknown keys are refused with KHOR_ERR_INVALID_ARG.
+ */
+KHOR_API khor_status khor_config_create(khor_config **config_out);
+KHOR_API khor_status khor_config_set(khor_config *config, const char *key, const char *value);
+KHOR_API void khor_config_destroy(khor_config *config);
+
+/*
+ * Joins the job. The rank, size and rendezvous address come from, in order: the config,
+ * khorrun's KHOR_* variables, torchrun's RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT,
+ * Slurm's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; with none of them, a one-rank job.
+ * config may be NULL. Blocks until every rank has joined or KHOR_TIMEOUT passes, in which
+ * case the error names the ranks that never came. On failure *comm_out is untouched and, if
+ * error_out is not NULL, a description is copied there (error_len bytes at most).
+ */
+KHOR_API khor_status khor_init(const khor_config *config, char *error_out, size_t error_len,
+                               khor_comm **comm_out);
+/* Leaves the job and frees the comm. Safe to call after an error. */
+KHOR_API khor_status khor_finalize(khor_comm *comm);
+
+KHOR_API int khor_rank(const khor_comm *comm);
+KHOR_API int khor_size(const khor_comm *comm);
+KHOR_API int khor_local_rank(const khor_comm *comm);  /* rank among the ranks on this host */
+KHOR_API int khor_local_size(const khor_comm *comm);
+KHOR_API int khor_cross_rank(const khor_comm *comm);  /* rank among ranks of equal local_rank */
+KHOR_API int khor_cross_size(const khor_comm *comm);
+
+/*
+ * The comm's first error, which is sticky: after it every call on the comm fails fast with
+ * the same status. "" when there was none.
+ */
+KHOR_API const char *khor_comm_error(const khor_comm *comm);
+
+/*
+ * Collectives on host memory. Every rank calls them in the same order with the same count,
+ * dtype and op. sendbuf == recvbuf means in place.
+ */
+KHOR_API khor_status khor_allreduce(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, khor_dtype dtype, khor_op op);
+KHOR_API khor_status khor_broadcast(khor_comm *comm, void *buf, size_t count,
+                                    khor_dtype dtype, int root);
+KHOR_API khor_status khor_barrier(khor_comm *comm);
+
+/*
+ * Non-blocking forms. The collective runs on the comm's collective thread (started on first
+ * use) in call order, after any earlier collective on the same comm; blocking calls keep that
+ * order too. Buffers must stay valid until the request completes.
+ */
+KHOR_API khor_status khor_iallreduce(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, khor_dtype dtype, khor_op op,
+                                     khor_request **request_out);
+KHOR_API khor_status khor_ibroadcast(khor_comm *comm, void *buf, size_t count,
+                                     khor_dtype dtype, int root, khor_request **request_out);
+KHOR_API khor_status khor_ibarrier(khor_comm *comm, khor_request **request_out);
+/* Waits for completion (bounded by KHOR_TIMEOUT) and returns the collective's status. */
+KHOR_API khor_status khor_wait(khor_request *request);
+/* KHOR_SUCCESS or an error when complete, KHOR_IN_PROGRESS when not. Never blocks. */
+KHOR_API khor_status khor_test(khor_request *request);
+/* Frees a request; waits for it first if it is still running. */
+KHOR_API void khor_request_free(khor_request *request);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KHOR_H */
