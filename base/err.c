@@ -20,15 +20,18 @@ khor_status kerr_set(kerr *e, khor_status status, const char *fmt, ...)
 
 void kerr_prefix(kerr *e, const char *fmt, ...)
 {
-	char head[KERR_TEXT_MAX];
 	char old[KERR_TEXT_MAX];
+	size_t n;
 	va_list ap;
 
-	va_start(ap, fmt);
-	vsnprintf(head, sizeof(head), fmt, ap);
-	va_end(ap);
 	kstrlcpy(old, e->text, sizeof(old));
-	snprintf(e->text, sizeof(e->text), "%s: %s", head, old);
+	va_start(ap, fmt);
+	n = (size_t)vsnprintf(e->text, sizeof(e->text), fmt, ap);
+	va_end(ap);
+	if (n + 2 < sizeof(e->text)) {
+		memcpy(e->text + n, ": ", 3);
+		kstrlcpy(e->text + n + 2, old, sizeof(e->text) - n - 2);
+	}
 }
 
 const char *kerr_errno_str(int errnum, char *buf, size_t len)

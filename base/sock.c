@@ -1,5 +1,4 @@
 /* sock.c -- socket chores with deadlines and full error sentences (see sock.h). */
-#define _GNU_SOURCE
 #include "sock.h"
 
 #include <arpa/inet.h>

@@ -1,0 +1,85 @@
+/* coll.c -- posting, testing and the deadline-bounded wait shared by all algorithms. */
+#include "coll.h"
+
+#include <stdio.h>
+#include <string.h>
+
+khor_status coll_post(coll_comm *cc, coll_xfer *x, int peer, bool is_send, void *buf,
+                      size_t len, tp_tag tag, kdeadline dl, kerr *err)
+{
+	tp_link *link;
+	khor_status st;
+
+	st = cc->get_link(cc->owner, peer, dl, &link, err);
+	if (st != KHOR_SUCCESS)
+		return st;
+	x->peer = peer;
+	x->is_send = is_send;
+	if (is_send)
+		return cc->tp->isend(link, buf, len, tag, NULL, &x->req, err);
+	return cc->tp->irecv(link, buf, len, tag, NULL, &x->req, err);
+}
+
+bool coll_done(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
+{
+	bool done = false;
+	khor_status s;
+
+	if (x->req == NULL)
+		return true;
+	s = cc->tp->test(x->req, &done, err);
+	if (done)
+		x->req = NULL;
+	if (s != KHOR_SUCCESS && *st == KHOR_SUCCESS)
+		*st = s;
+	return done;
+}
+
+void coll_wait_init(coll_comm *cc, coll_wait *w, const char *what)
+{
+	w->dl = kdeadline_in_ms(cc->timeout_ms);
+	w->started_ns = kclock_ns();
+	w->last_abort_check_ns = w->started_ns;
+	w->what = what;
+}
+
+khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int nxs, kerr *err)
+{
+	khor_status st;
+	uint64_t now;
+
+	st = cc->tp->progress(cc->ctx, kdeadline_left_ms(w->dl, 200), err);
+	if (st != KHOR_SUCCESS)
+		return st;
+	if (kdeadline_passed(w->dl)) {
+		char peers[256] = "";
+		size_t off = 0;
+		for (int i = 0; i < nxs && off + 32 < sizeof(peers); i++) {
+			if (xs[i].req == NULL)
+				continue;
+			off += (size_t)snprintf(peers + off, sizeof(peers) - off, "%s%s rank %d",
+			                        off ? "," : "", xs[i].is_send ? " sending to" : " receiving from",
+			                        xs[i].peer);
+		}
+		return kerr_set(err, KHOR_ERR_TIMEOUT,
+		                "%s: timed out after %lld ms (KHOR_TIMEOUT), still waiting on:%s; "
+		                "that rank is hung, slow, or did not call the same collective",
+		                w->what, (long long)cc->timeout_ms, off ? peers : " (nothing?)");
+	}
+	now = kclock_ns();
+	if (cc->check_abort != NULL && now - w->last_abort_check_ns > 1000000000ull) {
+		w->last_abort_check_ns = now;
+		return cc->check_abort(cc->owner, err);
+	}
+	return KHOR_SUCCESS;
+}
+
+void coll_drain(coll_comm *cc, coll_xfer *xs, int nxs)
+{
+	for (int i = 0; i < nxs; i++) {
+		if (xs[i].req != NULL) {
+			cc->tp->cancel(xs[i].req);
+			xs[i].req = NULL;
+		}
+	}
+}

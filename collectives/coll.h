@@ -1,0 +1,69 @@
+/*
+ * coll.h -- what a collective algorithm needs from its communicator, and the shared wait
+ * loop. The runtime fills a coll_comm (collectives may not include runtime headers); links
+ * are fetched through get_link so they can be made lazily, and check_abort lets a long wait
+ * notice that another rank has already failed the job.
+ */
+#ifndef KHOR_COLL_H
+#define KHOR_COLL_H
+
+#include "../transport/transport.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+enum coll_kind {
+	COLL_ALLREDUCE = 0,
+	COLL_BROADCAST = 1,
+	COLL_BARRIER = 2,
+};
+
+typedef struct coll_comm {
+	int rank, size;
+	uint32_t comm_id;
+	const struct transport_ops *tp;
+	tp_ctx *ctx;
+	void *owner; /* the runtime's comm, passed back to the callbacks */
+	/* A ready link to peer, made or accepted on first use; waits up to dl. */
+	khor_status (*get_link)(void *owner, int peer, kdeadline dl, tp_link **link_out, kerr *err);
+	/* KHOR_SUCCESS, or the error another rank published for the whole job. */
+	khor_status (*check_abort)(void *owner, kerr *err);
+	size_t slice_bytes;   /* pipeline slice */
+	int max_lanes;        /* slices in flight per collective */
+	int64_t timeout_ms;   /* per collective; < 0 = none */
+	void *scratch;        /* reusable, max_lanes * slice_bytes */
+	size_t scratch_len;
+} coll_comm;
+
+/* One in-flight transfer a collective is waiting for, kept for progress and timeouts. */
+typedef struct coll_xfer {
+	tp_req *req;
+	int peer;
+	bool is_send;
+} coll_xfer;
+
+/* Posts a send/receive and records it in x (req NULL means "nothing pending"). */
+khor_status coll_post(coll_comm *cc, coll_xfer *x, int peer, bool is_send, void *buf,
+                      size_t len, tp_tag tag, kdeadline dl, kerr *err);
+/* Tests x; true when it has completed (x->req becomes NULL). Errors come back in *st. */
+bool coll_done(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err);
+
+/* The waiting state of one collective: its deadline and when it last checked for aborts. */
+typedef struct coll_wait {
+	kdeadline dl;
+	uint64_t started_ns;
+	uint64_t last_abort_check_ns;
+	const char *what; /* "allreduce seq 12" for messages */
+} coll_wait;
+
+void coll_wait_init(coll_comm *cc, coll_wait *w, const char *what);
+/*
+ * Nothing could advance: drive the transport once (blocking briefly), then enforce the
+ * deadline (the error names the peers of the still-pending transfers in xs) and poll for
+ * a job abort once a second.
+ */
+khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int nxs, kerr *err);
+/* Finishes every pending transfer in xs after an error (so no request dangles). */
+void coll_drain(coll_comm *cc, coll_xfer *xs, int nxs);
+
+#endif

@@ -1,0 +1,381 @@
+/*
+ * comm.c -- joining a job (bootstrap) and the links between ranks.
+ *
+ * Bootstrap, through the store, under "<job>/<generation>/":
+ *   1. every rank publishes "addr/<rank>" (its transport address) and "host/<rank>";
+ *   2. it adds 1 to "joined"; the rank that brings it to n sets "ready";
+ *   3. everyone waits for "ready" until KHOR_INIT_TIMEOUT; on timeout the error lists the
+ *      ranks whose "addr/<rank>" never appeared.
+ * Links are made lazily, on first use by a collective: the lower rank connects (reading
+ * only that one peer's address from the store), the higher rank accepts. So a rank reads
+ * the addresses of the peers its algorithms talk to, not all n.
+ *
+ * Failure: the first error of a collective becomes the comm's sticky error; the rank also
+ * writes it under "abort" (first writer wins, via the "abort_count" counter) so that ranks
+ * not directly connected to the failed one stop with the root cause within about a second
+ * instead of at their own deadline.
+ */
+#include "comm.h"
+
+#include "../base/log.h"
+#include "../base/sock.h"
+#include "../collectives/ring.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static khor_status comm_get_link(void *owner, int peer, kdeadline dl, tp_link **link_out,
+                                 kerr *err);
+static khor_status comm_check_abort(void *owner, kerr *err);
+
+static khor_status start_store(khor_comm *c, kerr *err)
+{
+	settings *s = &c->cfg;
+	khor_status st;
+	kdeadline dl = kdeadline_in_ms(s->init_timeout_ms);
+
+	if (s->serve_store) {
+		st = store_server_start(NULL, s->store_port, s->secret, s->job_id, &c->server, err);
+		if (st != KHOR_SUCCESS) {
+			kerr_prefix(err, "rank 0 could not start the rendezvous store on port %u",
+			            s->store_port);
+			return st;
+		}
+		KLOG_INFO("serving the rendezvous store on port %u", s->store_port);
+	}
+	snprintf(c->store_addr, sizeof(c->store_addr), "%s:%u", s->store_host, s->store_port);
+	st = store_tcp_connect(s->store_host, s->store_port, s->secret, s->job_id, dl, &c->store,
+	                       err);
+	if (st != KHOR_SUCCESS)
+		return st;
+	store_set_prefix(c->store, s->job_id, 0);
+	return KHOR_SUCCESS;
+}
+
+/* Lists the ranks that never published their address (for the init timeout message). */
+static void name_missing(khor_comm *c, char *out, size_t len)
+{
+	size_t off = 0;
+	int missing = 0;
+	kdeadline now = kdeadline_in_ms(0);
+
+	out[0] = '\0';
+	for (int r = 0; r < c->size && off + 16 < len; r++) {
+		char key[32];
+		void *v;
+		size_t vl;
+		kerr e;
+		snprintf(key, sizeof(key), "addr/%d", r);
+		if (store_get(c->store, key, now, &v, &vl, &e) == KHOR_SUCCESS) {
+			free(v);
+			continue;
+		}
+		if (missing++ < 32)
+			off += (size_t)snprintf(out + off, len - off, "%s%d", off ? ", " : "", r);
+	}
+	if (missing > 32 && off + 16 < len)
+		snprintf(out + off, len - off, " and %d more", missing - 32);
+}
+
+/* local/cross rank and size from every rank's host name, when the launcher didn't say. */
+static khor_status compute_topology(khor_comm *c, kdeadline dl, kerr *err)
+{
+	char (*hosts)[256] = NULL;
+	khor_status st = KHOR_SUCCESS;
+	settings *s = &c->cfg;
+	int host_index = 0, nhosts = 0;
+
+	if (s->local_rank >= 0 && s->local_size > 0 && s->cross_rank >= 0 && s->cross_size > 0) {
+		c->local_rank = s->local_rank;
+		c->local_size = s->local_size;
+		c->cross_rank = s->cross_rank;
+		c->cross_size = s->cross_size;
+		return KHOR_SUCCESS;
+	}
+	hosts = calloc((size_t)c->size, sizeof(*hosts));
+	if (hosts == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory for %d host names",
+		                c->size);
+	for (int r = 0; r < c->size && st == KHOR_SUCCESS; r++) {
+		char key[32];
+		void *v;
+		size_t vl;
+		snprintf(key, sizeof(key), "host/%d", r);
+		st = store_get(c->store, key, dl, &v, &vl, err);
+		if (st == KHOR_SUCCESS) {
+			kstrlcpy(hosts[r], v, sizeof(hosts[r]));
+			free(v);
+		}
+	}
+	if (st == KHOR_SUCCESS) {
+		int lr = 0, ls = 0;
+		for (int r = 0; r < c->size; r++) {
+			bool first = true;
+			for (int q = 0; q < r && first; q++)
+				first = strcmp(hosts[q], hosts[r]) != 0;
+			if (first) {
+				if (strcmp(hosts[r], s->hostname) == 0)
+					host_index = nhosts;
+				nhosts++;
+			}
+			if (strcmp(hosts[r], s->hostname) == 0) {
+				if (r < c->rank)
+					lr++;
+				ls++;
+			}
+		}
+		c->local_rank = s->local_rank >= 0 ? s->local_rank : lr;
+		c->local_size = s->local_size > 0 ? s->local_size : ls;
+		/* Horovod's cross rank: index among the ranks with the same local rank. */
+		c->cross_rank = s->cross_rank >= 0 ? s->cross_rank : host_index;
+		c->cross_size = s->cross_size > 0 ? s->cross_size : nhosts;
+	}
+	free(hosts);
+	return st;
+}
+
+khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr *err)
+{
+	khor_comm *c;
+	khor_status st;
+	char key[32];
+
+	klog_init_from_env();
+	c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory");
+	st = config_parse(cfg, &c->cfg, err);
+	if (st != KHOR_SUCCESS) {
+		free(c);
+		return st;
+	}
+	settings *s = &c->cfg;
+	c->rank = s->rank;
+	c->size = s->size;
+	c->local_rank = c->cross_rank = 0;
+	c->local_size = c->cross_size = 1;
+	klog_set_identity(c->rank, s->hostname);
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_cond_init(&c->cv, NULL);
+	kerr_clear(&c->err);
+	kerr_clear(&c->last);
+	if (c->size == 1) {
+		*comm_out = c;
+		return KHOR_SUCCESS;
+	}
+
+	kdeadline dl = kdeadline_in_ms(s->init_timeout_ms);
+	c->tp = transport_find(s->transport);
+	if (c->tp == NULL) {
+		st = kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_TRANSPORT='%s' is not built into this "
+		              "library (available: tcp)", s->transport);
+		goto fail;
+	}
+	st = start_store(c, err);
+	if (st != KHOR_SUCCESS)
+		goto fail;
+	if (s->secret[0] == '\0' && c->rank == 0)
+		KLOG_WARN("job '%s' runs unauthenticated: no KHOR_SECRET is set (khorrun sets one)",
+		          s->job_id);
+
+	ksockaddr hint;
+	kerr ignore;
+	bool have_hint = ksock_resolve(s->store_host, s->store_port, &hint, &ignore) == KHOR_SUCCESS;
+	tp_options o = {
+		.rank = c->rank, .size = c->size, .job_id = s->job_id, .secret = s->secret,
+		.ifname_spec = s->ifname[0] ? s->ifname : NULL, .hint_addr = have_hint ? &hint : NULL,
+		.nsocks = s->nsocks, .min_stripe_bytes = s->min_stripe,
+		.sock_bufsize = s->sock_bufsize, .handshake_timeout_ms = 30000,
+	};
+	st = c->tp->create(&o, &c->ctx, err);
+	if (st != KHOR_SUCCESS)
+		goto fail;
+	c->links = calloc((size_t)c->size, sizeof(tp_link *));
+	c->cc.scratch_len = (size_t)s->pipeline_depth * s->slice_bytes;
+	c->cc.scratch = aligned_alloc(64, (c->cc.scratch_len + 63) & ~(size_t)63);
+	if (c->links == NULL || c->cc.scratch == NULL) {
+		st = kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory");
+		goto fail;
+	}
+
+	const char *addr = c->tp->address(c->ctx);
+	snprintf(key, sizeof(key), "addr/%d", c->rank);
+	if ((st = store_set(c->store, key, addr, strlen(addr), err)))
+		goto fail;
+	snprintf(key, sizeof(key), "host/%d", c->rank);
+	if ((st = store_set(c->store, key, s->hostname, strlen(s->hostname), err)))
+		goto fail;
+	int64_t joined;
+	if ((st = store_add(c->store, "joined", 1, &joined, err)))
+		goto fail;
+	if (joined == c->size && (st = store_set(c->store, "ready", "1", 1, err)))
+		goto fail;
+	void *v;
+	size_t vl;
+	st = store_get(c->store, "ready", dl, &v, &vl, err);
+	if (st == KHOR_ERR_TIMEOUT) {
+		char missing[256];
+		name_missing(c, missing, sizeof(missing));
+		st = kerr_set(err, KHOR_ERR_TIMEOUT, "init: timed out after %lld ms "
+		              "(KHOR_INIT_TIMEOUT) waiting for all %d ranks to join the store at %s; "
+		              "ranks that never came: %s", (long long)s->init_timeout_ms, c->size,
+		              c->store_addr, missing[0] ? missing : "(none missing now; retry?)");
+		goto fail;
+	}
+	if (st != KHOR_SUCCESS)
+		goto fail;
+	free(v);
+	if ((st = compute_topology(c, dl, err)))
+		goto fail;
+
+	c->cc.rank = c->rank;
+	c->cc.size = c->size;
+	c->cc.comm_id = 0;
+	c->cc.tp = c->tp;
+	c->cc.ctx = c->ctx;
+	c->cc.owner = c;
+	c->cc.get_link = comm_get_link;
+	c->cc.check_abort = comm_check_abort;
+	c->cc.slice_bytes = s->slice_bytes;
+	c->cc.max_lanes = s->pipeline_depth;
+	c->cc.timeout_ms = s->timeout_ms;
+	KLOG_INFO("joined job '%s' as rank %d of %d (local %d/%d, cross %d/%d) via %s; links "
+	          "over %s at %s", s->job_id, c->rank, c->size, c->local_rank, c->local_size,
+	          c->cross_rank, c->cross_size, s->source, c->tp->name, addr);
+	*comm_out = c;
+	return KHOR_SUCCESS;
+
+fail:
+	kerr_prefix(err, "rank %d on %s", c->rank, s->hostname);
+	comm_finalize(c);
+	return st;
+}
+
+static khor_status comm_get_link(void *owner, int peer, kdeadline dl, tp_link **link_out,
+                                 kerr *err)
+{
+	khor_comm *c = owner;
+	tp_link *l = c->links[peer];
+	khor_status st;
+
+	if (l != NULL && c->tp->link_ready(l)) {
+		*link_out = l;
+		return KHOR_SUCCESS;
+	}
+	if (l == NULL && c->rank < peer) {
+		char key[32];
+		void *addr;
+		size_t len;
+		snprintf(key, sizeof(key), "addr/%d", peer);
+		st = store_get(c->store, key, dl, &addr, &len, err);
+		if (st != KHOR_SUCCESS)
+			return st;
+		st = c->tp->connect(c->ctx, peer, addr, &l, err);
+		free(addr);
+		if (st != KHOR_SUCCESS)
+			return st;
+		c->links[peer] = l;
+	}
+	for (;;) {
+		if (l == NULL) {
+			st = c->tp->accept(c->ctx, peer, &l, err);
+			if (st != KHOR_SUCCESS)
+				return st;
+			c->links[peer] = l;
+		}
+		if (l != NULL && c->tp->link_error(l)->status != KHOR_SUCCESS) {
+			*err = *c->tp->link_error(l);
+			return err->status;
+		}
+		if (l != NULL && c->tp->link_ready(l)) {
+			KLOG_DEBUG("link to rank %d ready", peer);
+			*link_out = l;
+			return KHOR_SUCCESS;
+		}
+		if (kdeadline_passed(dl))
+			return kerr_set(err, KHOR_ERR_TIMEOUT, "timed out %s rank %d (is it alive and "
+			                "inside the same collective?)",
+			                c->rank < peer ? "connecting to" : "waiting for a connection from",
+			                peer);
+		st = c->tp->progress(c->ctx, kdeadline_left_ms(dl, 100), err);
+		if (st != KHOR_SUCCESS)
+			return st;
+		if ((st = comm_check_abort(c, err)) != KHOR_SUCCESS)
+			return st;
+	}
+}
+
+static khor_status comm_check_abort(void *owner, kerr *err)
+{
+	khor_comm *c = owner;
+	void *v;
+	size_t len;
+	kerr e;
+
+	if (c->store == NULL)
+		return KHOR_SUCCESS;
+	if (store_get(c->store, "abort", kdeadline_in_ms(0), &v, &len, &e) != KHOR_SUCCESS)
+		return KHOR_SUCCESS; /* absent, or the store is gone: the links will tell */
+	kerr_set(err, KHOR_ERR_REMOTE, "the job was aborted by another rank: %s", (char *)v);
+	free(v);
+	return KHOR_ERR_REMOTE;
+}
+
+void comm_fail(khor_comm *c, const kerr *e)
+{
+	int64_t n = 0;
+	kerr ignore;
+
+	pthread_mutex_lock(&c->mu);
+	if (c->err.status != KHOR_SUCCESS) {
+		pthread_mutex_unlock(&c->mu);
+		return;
+	}
+	c->err.status = e->status;
+	/* Remote aborts already name the rank that failed; prefix ours in front of all. */
+	snprintf(c->err.text, sizeof(c->err.text), "rank %d on %s: %s", c->rank, c->cfg.hostname,
+	         e->text);
+	pthread_mutex_unlock(&c->mu);
+	KLOG_ERR("%s", c->err.text);
+	if (c->store != NULL && e->status != KHOR_ERR_INVALID_ARG &&
+	    store_add(c->store, "abort_count", 1, &n, &ignore) == KHOR_SUCCESS && n == 1)
+		store_set(c->store, "abort", c->err.text, strlen(c->err.text), &ignore);
+}
+
+void comm_finalize(khor_comm *c)
+{
+	if (c == NULL)
+		return;
+	pthread_mutex_lock(&c->mu);
+	c->worker_stop = true;
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+	if (c->worker_started)
+		pthread_join(c->worker, NULL);
+	if (c->store != NULL) {
+		kerr e;
+		int64_t n;
+		/* The rank serving the store keeps it up until every rank has left, bounded. */
+		if (store_add(c->store, "finalized", 1, &n, &e) == KHOR_SUCCESS && c->server != NULL) {
+			kdeadline dl = kdeadline_in_ms(c->err.status ? 2000 : c->cfg.timeout_ms);
+			while (n < c->size && !kdeadline_passed(dl)) {
+				struct timespec ts = { 0, 5 * 1000 * 1000 };
+				nanosleep(&ts, NULL);
+				if (store_add(c->store, "finalized", 0, &n, &e) != KHOR_SUCCESS)
+					break;
+			}
+		}
+		store_close(c->store);
+	}
+	if (c->ctx != NULL)
+		c->tp->destroy(c->ctx);
+	if (c->server != NULL)
+		store_server_stop(c->server);
+	free(c->links);
+	free(c->cc.scratch);
+	pthread_cond_destroy(&c->cv);
+	pthread_mutex_destroy(&c->mu);
+	free(c);
+}

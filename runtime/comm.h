@@ -1,0 +1,68 @@
+/*
+ * comm.h -- the communicator: ranks, topology, links, the sticky error and the collective
+ * execution order. The exported khor_* functions in bindings/capi.c are thin wrappers over
+ * these.
+ */
+#ifndef KHOR_RUNTIME_COMM_H
+#define KHOR_RUNTIME_COMM_H
+
+#include "../collectives/coll.h"
+#include "config.h"
+#include "store.h"
+
+#include <pthread.h>
+
+/* One collective call, as queued for the comm's collective thread or run inline. */
+struct khor_request {
+	struct khor_request *next;
+	khor_comm *comm;
+	unsigned kind;       /* enum coll_kind */
+	const void *sendbuf;
+	void *recvbuf;
+	size_t count;
+	khor_dtype dtype;
+	khor_op op;
+	int root;
+	uint32_t seq;
+	bool done;
+	bool heap;           /* made by an i* call; freed by khor_request_free */
+	khor_status status;
+};
+
+struct khor_comm {
+	settings cfg;
+	int rank, size;
+	int local_rank, local_size, cross_rank, cross_size;
+	store_server *server; /* when this rank serves the store */
+	store *store;
+	char store_addr[300];
+	const struct transport_ops *tp;
+	tp_ctx *ctx;
+	tp_link **links;
+	coll_comm cc;
+
+	/* Execution order: seq numbers are given at call time; one collective runs at a time. */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct khor_request *q_head, *q_tail;
+	bool busy;
+	bool worker_started, worker_stop;
+	pthread_t worker;
+	uint32_t next_seq;
+
+	kerr err;            /* sticky: the first failure of a collective */
+	kerr last;           /* the last failed call, e.g. a bad argument */
+};
+
+khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr *err);
+void comm_finalize(khor_comm *c);
+
+/* Runs req in order (inline when nothing is queued); blocks until done. */
+khor_status comm_run(khor_comm *c, struct khor_request *req);
+/* Queues req for the collective thread; returns at once. */
+khor_status comm_submit(khor_comm *c, struct khor_request *req);
+khor_status comm_wait(khor_comm *c, struct khor_request *req);
+/* Records a failure as the comm's sticky error and tells the other ranks through the store. */
+void comm_fail(khor_comm *c, const kerr *e);
+
+#endif

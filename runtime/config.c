@@ -1,0 +1,270 @@
+/* config.c -- the table of KHOR_* variables and their parsing (see config.h). */
+#include "config.h"
+
+#include "../base/parse.h"
+#include "../base/sock.h"
+
+#include <stddef.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+const struct config_var config_vars[] = {
+	{ "KHOR_RANK", NULL, "This process's rank (set by khorrun; else RANK or SLURM_PROCID)" },
+	{ "KHOR_SIZE", NULL, "Number of ranks (set by khorrun; else WORLD_SIZE or SLURM_NTASKS)" },
+	{ "KHOR_LOCAL_RANK", NULL, "Rank among the ranks on this host (else computed from host names)" },
+	{ "KHOR_LOCAL_SIZE", NULL, "Ranks on this host (else computed)" },
+	{ "KHOR_CROSS_RANK", NULL, "Rank among ranks with the same local rank (else computed)" },
+	{ "KHOR_CROSS_SIZE", NULL, "Number of ranks with this local rank (else computed)" },
+	{ "KHOR_STORE_ADDR", NULL, "host:port of the rendezvous store (set by khorrun; else MASTER_ADDR:MASTER_PORT, where rank 0 starts it)" },
+	{ "KHOR_SECRET", NULL, "Job secret proven by every store and link handshake (khorrun makes one); unset = unauthenticated" },
+	{ "KHOR_JOB_ID", "default", "Job id; keys and links of other jobs are refused" },
+	{ "KHOR_TIMEOUT", "300s", "Deadline of every collective and wait (e.g. 30s, 500ms, 5m; -1 = none)" },
+	{ "KHOR_INIT_TIMEOUT", NULL, "Deadline for all ranks to join at init (default: KHOR_TIMEOUT)" },
+	{ "KHOR_HOSTNAME", NULL, "Host identity used to group ranks per node (default: gethostname)" },
+	{ "KHOR_SOCKET_IFNAME", NULL, "Interface for links: prefixes (eth,ib), =exact, ^excluded, or a CIDR (198.18.0.0/15)" },
+	{ "KHOR_SOCKET_NSOCKS", "2", "TCP sockets per link; large messages are striped over them (1-16)" },
+	{ "KHOR_SOCKET_BUFSIZE", "4M", "SO_SNDBUF/SO_RCVBUF of link sockets (0 = kernel default)" },
+	{ "KHOR_MIN_STRIPE", "256K", "Smallest piece a message is striped into across sockets" },
+	{ "KHOR_SLICE_BYTES", "512K", "Pipeline slice of ring allreduce and chain broadcast" },
+	{ "KHOR_PIPELINE_DEPTH", "4", "Slices in flight per collective (1-64)" },
+	{ "KHOR_TRANSPORT", "tcp", "Transport for links: tcp" },
+	{ "KHOR_LOG", "warn", "Log level: error, warn, info, debug, trace" },
+};
+const int config_nvars = sizeof(config_vars) / sizeof(config_vars[0]);
+
+bool config_known(const char *name)
+{
+	for (int i = 0; i < config_nvars; i++)
+		if (strcmp(config_vars[i].name, name) == 0)
+			return true;
+	return false;
+}
+
+static const char *config_default(const char *name)
+{
+	for (int i = 0; i < config_nvars; i++)
+		if (strcmp(config_vars[i].name, name) == 0)
+			return config_vars[i].def;
+	return NULL;
+}
+
+const char *config_lookup(const struct khor_config *cfg, const char *name)
+{
+	const char *v = NULL;
+
+	for (int i = 0; cfg != NULL && i < cfg->n; i++)
+		if (strcmp(cfg->keys[i], name) == 0)
+			v = cfg->values[i];
+	if (v == NULL)
+		v = getenv(name);
+	return v != NULL && *v != '\0' ? v : NULL;
+}
+
+static const char *env(const char *name)
+{
+	const char *v = getenv(name);
+	return v != NULL && *v != '\0' ? v : NULL;
+}
+
+static khor_status get_int(const struct khor_config *cfg, const char *name, const char *alt,
+                           int64_t lo, int64_t hi, int64_t *out, bool *found, kerr *err)
+{
+	const char *v = config_lookup(cfg, name);
+	const char *from = name;
+
+	if (v == NULL && alt != NULL) {
+		v = env(alt);
+		from = alt;
+	}
+	if (v == NULL) {
+		*found = false;
+		return KHOR_SUCCESS;
+	}
+	if (!kparse_i64(v, out) || *out < lo || *out > hi)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected an integer from %lld "
+		                "to %lld", from, v, (long long)lo, (long long)hi);
+	*found = true;
+	return KHOR_SUCCESS;
+}
+
+static khor_status get_size(const struct khor_config *cfg, const char *name, uint64_t lo,
+                            uint64_t hi, uint64_t *out, kerr *err)
+{
+	const char *v = config_lookup(cfg, name);
+
+	if (v == NULL)
+		v = config_default(name);
+	if (!kparse_size(v, out) || *out < lo || *out > hi)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected a size from %llu to "
+		                "%llu bytes (suffixes K, M, G allowed)", name, v,
+		                (unsigned long long)lo, (unsigned long long)hi);
+	return KHOR_SUCCESS;
+}
+
+static khor_status get_duration(const struct khor_config *cfg, const char *name, const char *def,
+                                int64_t *out, kerr *err)
+{
+	const char *v = config_lookup(cfg, name);
+
+	if (v == NULL)
+		v = def;
+	if (!kparse_duration_ms(v, out))
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected a duration such as "
+		                "30s, 500ms or 5m (-1 for none)", name, v);
+	return KHOR_SUCCESS;
+}
+
+/* First host of a Slurm node list: "node[03-05,7],gpu1" -> "node03". */
+static bool slurm_first_host(const char *list, char *out, size_t len)
+{
+	size_t i = 0, o = 0;
+
+	while (list[i] != '\0' && list[i] != ',' && list[i] != '[' && o + 1 < len)
+		out[o++] = list[i++];
+	if (list[i] == '[') {
+		i++;
+		while (list[i] >= '0' && list[i] <= '9' && o + 1 < len)
+			out[o++] = list[i++];
+	}
+	out[o] = '\0';
+	return o > 0;
+}
+
+khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
+{
+	int64_t v;
+	bool found, have_rank, have_size;
+	khor_status st;
+	const char *p;
+	int64_t rank = 0, size = 1;
+
+	memset(s, 0, sizeof(*s));
+	s->local_rank = s->local_size = s->cross_rank = s->cross_size = -1;
+
+	/* Rank and size: khorrun / caller, then torchrun, then Slurm, else a one-rank job. */
+	kstrlcpy(s->source, "khor", sizeof(s->source));
+	if ((st = get_int(cfg, "KHOR_RANK", NULL, 0, 1 << 24, &rank, &have_rank, err)) ||
+	    (st = get_int(cfg, "KHOR_SIZE", NULL, 1, 1 << 24, &size, &have_size, err)))
+		return st;
+	if (have_rank != have_size)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_RANK and KHOR_SIZE must be set "
+		                "together (got only %s)", have_rank ? "KHOR_RANK" : "KHOR_SIZE");
+	if (!have_rank && env("RANK") && env("WORLD_SIZE")) {
+		kstrlcpy(s->source, "torchrun", sizeof(s->source));
+		if ((st = get_int(NULL, "", "RANK", 0, 1 << 24, &rank, &found, err)) ||
+		    (st = get_int(NULL, "", "WORLD_SIZE", 1, 1 << 24, &size, &found, err)))
+			return st;
+		have_rank = true;
+	} else if (!have_rank && env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+		kstrlcpy(s->source, "slurm", sizeof(s->source));
+		if ((st = get_int(NULL, "", "SLURM_PROCID", 0, 1 << 24, &rank, &found, err)) ||
+		    (st = get_int(NULL, "", "SLURM_NTASKS", 1, 1 << 24, &size, &found, err)))
+			return st;
+		have_rank = true;
+	}
+	if (rank >= size)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "rank %lld is not below size %lld (from %s)",
+		                (long long)rank, (long long)size, s->source);
+	s->rank = (int)rank;
+	s->size = (int)size;
+
+	static const struct { const char *name, *torch, *slurm; size_t off; } topo[] = {
+		{ "KHOR_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID", offsetof(settings, local_rank) },
+		{ "KHOR_LOCAL_SIZE", "LOCAL_WORLD_SIZE", NULL, offsetof(settings, local_size) },
+		{ "KHOR_CROSS_RANK", "GROUP_RANK", "SLURM_NODEID", offsetof(settings, cross_rank) },
+		{ "KHOR_CROSS_SIZE", NULL, "SLURM_NNODES", offsetof(settings, cross_size) },
+	};
+	for (size_t i = 0; i < sizeof(topo) / sizeof(topo[0]); i++) {
+		const char *alt = strcmp(s->source, "torchrun") == 0 ? topo[i].torch
+		                  : strcmp(s->source, "slurm") == 0 ? topo[i].slurm : NULL;
+		st = get_int(cfg, topo[i].name, alt, 0, 1 << 24, &v, &found, err);
+		if (st != KHOR_SUCCESS)
+			return st;
+		if (found)
+			*(int *)((char *)s + topo[i].off) = (int)v;
+	}
+
+	/* The store: given, or derived from torchrun/Slurm variables with rank 0 serving it. */
+	p = config_lookup(cfg, "KHOR_STORE_ADDR");
+	if (p != NULL) {
+		if (!ksock_split_hostport(p, s->store_host, sizeof(s->store_host),
+		                                 &s->store_port))
+			return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_STORE_ADDR='%s': expected "
+			                "host:port", p);
+	} else if (env("MASTER_ADDR") && env("MASTER_PORT")) {
+		if ((st = get_int(NULL, "", "MASTER_PORT", 1, 65535, &v, &found, err)))
+			return st;
+		kstrlcpy(s->store_host, env("MASTER_ADDR"), sizeof(s->store_host));
+		/* torchrun's own TCPStore already holds MASTER_PORT; khor takes the next one. */
+		s->store_port = (uint16_t)(env("TORCHELASTIC_RUN_ID") && v < 65535 ? v + 1 : v);
+		s->serve_store = true;
+	} else if (strcmp(s->source, "slurm") == 0 && env("SLURM_JOB_NODELIST")) {
+		const char *job = env("SLURM_JOB_ID");
+		if (!slurm_first_host(env("SLURM_JOB_NODELIST"), s->store_host,
+		                      sizeof(s->store_host)))
+			return kerr_set(err, KHOR_ERR_INVALID_ARG, "cannot read SLURM_JOB_NODELIST; "
+			                "set KHOR_STORE_ADDR");
+		s->store_port = (uint16_t)(29500 + (job ? atoi(job) % 10000 : 0));
+		s->serve_store = true;
+	} else if (s->size > 1) {
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "a %d-rank job needs a rendezvous store: "
+		                "start it with khorrun, or set KHOR_STORE_ADDR (or MASTER_ADDR and "
+		                "MASTER_PORT, where rank 0 will serve it)", s->size);
+	}
+	s->serve_store = s->serve_store && s->rank == 0;
+
+	p = config_lookup(cfg, "KHOR_SECRET");
+	if (p != NULL && strlen(p) >= sizeof(s->secret))
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_SECRET is longer than %zu bytes",
+		                sizeof(s->secret) - 1);
+	kstrlcpy(s->secret, p ? p : "", sizeof(s->secret));
+	p = config_lookup(cfg, "KHOR_JOB_ID");
+	if (p == NULL)
+		p = env("TORCHELASTIC_RUN_ID");
+	if (p == NULL)
+		p = env("SLURM_JOB_ID");
+	if (p == NULL)
+		p = "default";
+	if (strlen(p) >= sizeof(s->job_id) || strchr(p, '/') != NULL)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_JOB_ID='%s': at most %zu characters "
+		                "and no '/'", p, sizeof(s->job_id) - 1);
+	kstrlcpy(s->job_id, p, sizeof(s->job_id));
+
+	p = config_lookup(cfg, "KHOR_HOSTNAME");
+	if (p != NULL)
+		kstrlcpy(s->hostname, p, sizeof(s->hostname));
+	else if (gethostname(s->hostname, sizeof(s->hostname) - 1) != 0)
+		kstrlcpy(s->hostname, "localhost", sizeof(s->hostname));
+	p = config_lookup(cfg, "KHOR_SOCKET_IFNAME");
+	kstrlcpy(s->ifname, p ? p : "", sizeof(s->ifname));
+	p = config_lookup(cfg, "KHOR_TRANSPORT");
+	kstrlcpy(s->transport, p ? p : "tcp", sizeof(s->transport));
+
+	if ((st = get_duration(cfg, "KHOR_TIMEOUT", config_default("KHOR_TIMEOUT"), &s->timeout_ms,
+	                       err)))
+		return st;
+	{
+		char def[32];
+		snprintf(def, sizeof(def), "%lldms", (long long)s->timeout_ms);
+		if (s->timeout_ms < 0)
+			kstrlcpy(def, "-1", sizeof(def));
+		if ((st = get_duration(cfg, "KHOR_INIT_TIMEOUT", def, &s->init_timeout_ms, err)))
+			return st;
+	}
+	uint64_t u;
+	if ((st = get_size(cfg, "KHOR_SOCKET_NSOCKS", 1, 16, &u, err)))
+		return st;
+	s->nsocks = (int)u;
+	if ((st = get_size(cfg, "KHOR_SOCKET_BUFSIZE", 0, 1u << 30, &u, err)))
+		return st;
+	s->sock_bufsize = (int)u;
+	if ((st = get_size(cfg, "KHOR_MIN_STRIPE", 64, 1ull << 30, &s->min_stripe, err)) ||
+	    (st = get_size(cfg, "KHOR_SLICE_BYTES", 64, 1ull << 30, &s->slice_bytes, err)) ||
+	    (st = get_size(cfg, "KHOR_PIPELINE_DEPTH", 1, 64, &u, err)))
+		return st;
+	s->pipeline_depth = (int)u;
+	return KHOR_SUCCESS;
+}

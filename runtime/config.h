@@ -1,0 +1,59 @@
+/*
+ * config.h -- every KHOR_* setting, parsed in one place.
+ *
+ * config_vars[] is the single table of variables (name, default, meaning); the README table
+ * and `khorrun --help-env` are made from it. A value comes from the caller's khor_config
+ * first, then the environment, then the other launchers' variables (torchrun, Slurm), then
+ * the default.
+ */
+#ifndef KHOR_RUNTIME_CONFIG_H
+#define KHOR_RUNTIME_CONFIG_H
+
+#include "../base/err.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct config_var {
+	const char *name;
+	const char *def;  /* NULL: no default */
+	const char *help;
+};
+
+extern const struct config_var config_vars[];
+extern const int config_nvars;
+
+struct khor_config {
+	int n;
+	char *keys[64];
+	char *values[64];
+};
+
+/* The settings a comm runs with, after parsing and checking. */
+typedef struct settings {
+	int rank, size;
+	int local_rank, local_size, cross_rank, cross_size; /* -1: compute from host names */
+	char store_host[256];
+	uint16_t store_port;
+	bool serve_store;       /* this process (rank 0) runs the store */
+	char secret[256];
+	char job_id[64];
+	char hostname[256];
+	char ifname[256];
+	char transport[16];
+	char source[32];        /* where rank/size came from: "khorrun", "torchrun", ... */
+	int64_t timeout_ms;
+	int64_t init_timeout_ms;
+	int nsocks;
+	uint64_t min_stripe;
+	int sock_bufsize;
+	uint64_t slice_bytes;
+	int pipeline_depth;
+} settings;
+
+/* Looks up name in cfg, then the environment; NULL when unset or empty. */
+const char *config_lookup(const struct khor_config *cfg, const char *name);
+bool config_known(const char *name);
+khor_status config_parse(const struct khor_config *cfg, settings *out, kerr *err);
+
+#endif

@@ -1,0 +1,1236 @@
+/*
+ * tcp.c -- the TCP transport: links over non-blocking sockets driven by one epoll set.
+ *
+ * A link to a peer is nsocks TCP connections. A message of L bytes is cut into at most
+ * nsocks chunks of at least min_stripe_bytes; chunk i travels on socket (step + i) % nsocks,
+ * so both sides agree on the split without telling each other, and small messages of
+ * consecutive steps still spread over the sockets. Every chunk is preceded by a 32-byte
+ * frame header:
+ *
+ *     magic u32 | comm u32 | seq u32 | step u32 | meta u32 | pad u32 | total_len u64 |
+ *     chunk_len u64
+ *
+ * The receiver reads the header, finds the posted receive with that tag on that socket and
+ * reads the payload straight into the user's buffer (no staging copy). A header whose tag
+ * has no posted receive is parked and the socket is not read further until one is posted,
+ * so unexpected data waits in the kernel buffer, never in ours. A header whose lengths do
+ * not match the posted receive breaks the link with an error naming both lengths.
+ *
+ * Handshake, on every socket, all non-blocking and bounded by handshake_timeout_ms:
+ *
+ *     connector                                   acceptor
+ *     HELLO {magic, version, job id, from, to,
+ *            socket index, nsocks, nonce_c}  --->
+ *                                           <---  CHALLENGE {status, nonce_s,
+ *                                                  HMAC(secret, "acceptor"|HELLO|nonce_s)}
+ *     PROOF {HMAC(secret, "connector"|HELLO|nonce_s|nonce_c)} --->
+ *                                           <---  RESULT {status}
+ *
+ * The acceptor proves itself first so a connector never sends data to an impostor; the
+ * connector's proof covers both nonces so it cannot be replayed. A stranger (bad magic,
+ * wrong job, wrong secret, wrong target rank) is refused and logged, and the listener goes
+ * on serving the real ranks.
+ *
+ * Sockets are registered edge-triggered; rd_ready/wr_ready remember readiness until a call
+ * returns EAGAIN, so no syscall is made on a socket that cannot move bytes.
+ */
+#include "transport.h"
+
+#include "../base/auth.h"
+#include "../base/log.h"
+#include "../base/sock.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define TCP_MAGIC 0x524f484bu /* "KHOR" little-endian */
+#define TCP_FRAME_MAGIC 0x4d52464bu
+#define TCP_VERSION 1
+#define TCP_MAX_SOCKS 16
+#define TCP_JOB_MAX 64
+
+enum hs_status { HS_OK = 0, HS_BAD_VERSION, HS_BAD_JOB, HS_BAD_TARGET, HS_BAD_AUTH, HS_DUPLICATE };
+
+static const char *const hs_status_text[] = {
+	"ok", "protocol version differs", "job id differs", "addressed to another rank",
+	"wrong job secret", "duplicate connection",
+};
+
+struct frame_hdr {
+	uint32_t magic;
+	uint32_t comm;
+	uint32_t seq;
+	uint32_t step;
+	uint32_t meta; /* what the sender is doing (collective, dtype, op); must match */
+	uint32_t pad;
+	uint64_t total_len;
+	uint64_t chunk_len;
+};
+
+struct hs_hello {
+	uint32_t magic;
+	uint16_t version;
+	uint16_t sock_idx;
+	int32_t from_rank;
+	int32_t to_rank;
+	uint32_t nsocks;
+	uint32_t pad;
+	char job_id[TCP_JOB_MAX];
+	uint8_t nonce_c[KAUTH_NONCE_LEN];
+};
+
+struct hs_challenge {
+	uint32_t magic;
+	uint32_t status;
+	uint8_t nonce_s[KAUTH_NONCE_LEN];
+	uint8_t mac_s[KAUTH_MAC_LEN];
+};
+
+struct hs_proof {
+	uint8_t mac_c[KAUTH_MAC_LEN];
+};
+
+struct hs_result {
+	uint32_t magic;
+	uint32_t status;
+};
+
+enum sock_state {
+	SS_CONNECTING,  /* connector: waiting for connect() to finish */
+	SS_HS_CONN,     /* connector: handshake in progress */
+	SS_HS_ACC,      /* acceptor: handshake in progress */
+	SS_DATA,        /* carrying frames */
+	SS_DEAD
+};
+
+/* One chunk of a request, queued on one socket. */
+struct chunk {
+	struct chunk *next;
+	tp_req *req;
+	uint8_t *buf;
+	uint64_t len;
+	uint64_t done;   /* payload bytes moved */
+	uint32_t hdr_done; /* header bytes sent (send side) */
+	struct frame_hdr hdr;
+};
+
+struct tp_req {
+	tp_req *next_free;
+	tp_link *link;
+	int nchunks;
+	int chunks_done;
+	bool is_send;
+	struct chunk chunks[TCP_MAX_SOCKS];
+};
+
+struct tsock {
+	int fd;
+	int idx;
+	enum sock_state state;
+	tp_link *link;        /* NULL for an acceptor socket before its HELLO arrived */
+	tp_ctx *ctx;
+	bool rd_ready, wr_ready;
+	kdeadline hs_deadline;
+	char peer_str[64];    /* address of the other end, for messages */
+	/* handshake buffers */
+	uint8_t hs_out[128];
+	uint32_t hs_out_len, hs_out_off;
+	uint8_t hs_in[128];
+	uint32_t hs_in_need, hs_in_got;
+	int hs_phase;
+	struct hs_hello hello; /* the HELLO of this socket, kept for the MACs */
+	uint8_t nonce_s[KAUTH_NONCE_LEN];
+	/* send queue (FIFO) */
+	struct chunk *sq_head, *sq_tail;
+	/* posted receives (matched by tag) and the frame being read */
+	struct chunk *rq_head;
+	struct frame_hdr rhdr;
+	uint32_t rhdr_got;
+	struct chunk *rcur;   /* chunk receiving the current payload */
+	bool parked;          /* rhdr complete but no matching receive yet */
+	struct tsock *next_all;
+};
+
+struct tp_link {
+	tp_ctx *ctx;
+	int peer;
+	int nsocks;
+	int nready;
+	bool claimed;         /* acceptor side: handed out by accept() */
+	char peer_addr[TP_ADDR_MAX];
+	struct tsock *socks[TCP_MAX_SOCKS];
+	kerr err;             /* first error; sticky */
+	int pending;          /* requests posted and not finished */
+};
+
+struct tp_ctx {
+	int rank, size;
+	char job_id[TCP_JOB_MAX];
+	char *secret;
+	size_t secret_len;
+	int nsocks;
+	uint64_t min_stripe;
+	int bufsize;
+	int64_t hs_timeout_ms;
+	int epfd;
+	int listen_fd;
+	char addr[TP_ADDR_MAX];
+	tp_link **incoming;   /* [size]: links opened to us, by peer rank */
+	tp_link **outgoing;   /* [size]: links we opened */
+	struct tsock *all;    /* every socket, for progress and cleanup */
+	tp_req *free_reqs;
+};
+
+static void sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* ---- small helpers ------------------------------------------------------------------- */
+
+static const char *errstr(int e)
+{
+	static __thread char buf[128];
+	return kerr_errno_str(e, buf, sizeof(buf));
+}
+
+/* Which sockets carry a message: count and first index. Identical on both sides. */
+static void stripe_plan(const tp_link *l, uint64_t len, uint32_t step, int *nchunks, int *first)
+{
+	uint64_t n = l->ctx->min_stripe ? len / l->ctx->min_stripe : (uint64_t)l->nsocks;
+
+	if (n < 1)
+		n = 1;
+	if (n > (uint64_t)l->nsocks)
+		n = (uint64_t)l->nsocks;
+	*nchunks = (int)n;
+	*first = (int)(step % (uint32_t)l->nsocks);
+}
+
+static uint64_t chunk_len(uint64_t len, int nchunks, int i, uint64_t *off)
+{
+	/* Cut on 64-byte boundaries so receive buffers stay aligned for the reduce kernels. */
+	uint64_t per = (len / (uint64_t)nchunks) & ~(uint64_t)63;
+	*off = per * (uint64_t)i;
+	return i == nchunks - 1 ? len - per * (uint64_t)(nchunks - 1) : per;
+}
+
+static tp_req *req_get(tp_ctx *ctx)
+{
+	tp_req *r = ctx->free_reqs;
+
+	if (r != NULL)
+		ctx->free_reqs = r->next_free;
+	else
+		r = malloc(sizeof(*r));
+	return r;
+}
+
+static void req_put(tp_ctx *ctx, tp_req *r)
+{
+	r->next_free = ctx->free_reqs;
+	ctx->free_reqs = r;
+}
+
+static void link_fail(tp_link *l, khor_status st, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void link_fail(tp_link *l, khor_status st, const char *fmt, ...)
+{
+	char what[KERR_TEXT_MAX];
+	va_list ap;
+
+	if (l->err.status != KHOR_SUCCESS)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof(what), fmt, ap);
+	va_end(ap);
+	kerr_set(&l->err, st, "link to peer rank %d (%s): %s", l->peer,
+	         l->peer_addr[0] ? l->peer_addr : "address unknown", what);
+	KLOG_DEBUG("%s", l->err.text);
+}
+
+static void sock_close_fd(struct tsock *s)
+{
+	if (s->fd >= 0) {
+		epoll_ctl(s->ctx->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+		close(s->fd);
+		s->fd = -1;
+	}
+	s->state = SS_DEAD;
+}
+
+static void sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
+{
+	char what[KERR_TEXT_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof(what), fmt, ap);
+	va_end(ap);
+	if (s->link != NULL)
+		link_fail(s->link, st, "socket %d of %d: %s", s->idx + 1, s->link->nsocks, what);
+	sock_close_fd(s);
+}
+
+static struct tsock *sock_new(tp_ctx *ctx, int fd, enum sock_state st)
+{
+	struct tsock *s = calloc(1, sizeof(*s));
+	struct epoll_event ev;
+
+	if (s == NULL)
+		return NULL;
+	s->fd = fd;
+	s->ctx = ctx;
+	s->state = st;
+	s->rd_ready = true;
+	/* A connecting socket is writable only once connect() finished; epoll tells us. */
+	s->wr_ready = st != SS_CONNECTING;
+	s->hs_deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
+	ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+	ev.data.ptr = s;
+	if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+		free(s);
+		return NULL;
+	}
+	s->next_all = ctx->all;
+	ctx->all = s;
+	return s;
+}
+
+static void sock_peer_str(struct tsock *s)
+{
+	ksockaddr a;
+
+	a.len = sizeof(a.ss);
+	if (getpeername(s->fd, (struct sockaddr *)&a.ss, &a.len) == 0)
+		ksock_addr_str(&a, s->peer_str, sizeof(s->peer_str));
+	else
+		kstrlcpy(s->peer_str, "?", sizeof(s->peer_str));
+}
+
+/* ---- handshake --------------------------------------------------------------------- */
+
+static void hs_expect(struct tsock *s, uint32_t n)
+{
+	s->hs_in_need = n;
+	s->hs_in_got = 0;
+}
+
+static void hs_queue(struct tsock *s, const void *p, uint32_t n)
+{
+	memcpy(s->hs_out, p, n);
+	s->hs_out_len = n;
+	s->hs_out_off = 0;
+}
+
+static bool mac_of(tp_ctx *ctx, const char *label, const struct hs_hello *h, const uint8_t *b,
+                   size_t b_len, uint8_t out[KAUTH_MAC_LEN])
+{
+	return kauth_mac(ctx->secret, ctx->secret_len, label, h, sizeof(*h), b, b_len, out);
+}
+
+static void link_sock_ready(tp_link *l, struct tsock *s)
+{
+	s->state = SS_DATA;
+	s->rd_ready = true;
+	s->wr_ready = true;
+	l->nready++;
+	if (l->nready == l->nsocks)
+		KLOG_DEBUG("link to rank %d (%s) ready with %d socket(s)", l->peer, l->peer_addr,
+		           l->nsocks);
+}
+
+/* Acceptor got a complete HELLO: check it and attach the socket to the peer's link. */
+static void hs_acc_hello(struct tsock *s)
+{
+	tp_ctx *ctx = s->ctx;
+	struct hs_hello *h = &s->hello;
+	struct hs_challenge c;
+	uint32_t status = HS_OK;
+
+	memcpy(h, s->hs_in, sizeof(*h));
+	if (h->magic != TCP_MAGIC) {
+		KLOG_WARN("refused connection from %s: bad magic 0x%08x (not a khor peer)",
+		          s->peer_str, h->magic);
+		sock_close_fd(s);
+		return;
+	}
+	h->job_id[TCP_JOB_MAX - 1] = '\0';
+	if (h->version != TCP_VERSION)
+		status = HS_BAD_VERSION;
+	else if (strcmp(h->job_id, ctx->job_id) != 0)
+		status = HS_BAD_JOB;
+	else if (h->to_rank != ctx->rank || h->from_rank < 0 || h->from_rank >= ctx->size ||
+	         h->from_rank == ctx->rank)
+		status = HS_BAD_TARGET;
+	else if (h->nsocks < 1 || h->nsocks > TCP_MAX_SOCKS || h->sock_idx >= h->nsocks)
+		status = HS_BAD_TARGET;
+	memset(&c, 0, sizeof(c));
+	c.magic = TCP_MAGIC;
+	c.status = status;
+	if (status != HS_OK) {
+		KLOG_WARN("refused connection from %s (claims rank %d of job '%s', protocol %u): %s",
+		          s->peer_str, h->from_rank, h->job_id, h->version, hs_status_text[status]);
+		/* Best effort: tell the stranger why, then drop it. */
+		if (send(s->fd, &c, sizeof(c), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+			/* nothing more to do for a refused peer */
+		}
+		sock_close_fd(s);
+		return;
+	}
+	kauth_random(s->nonce_s, sizeof(s->nonce_s));
+	memcpy(c.nonce_s, s->nonce_s, sizeof(c.nonce_s));
+	mac_of(ctx, "khor-link-acceptor", h, s->nonce_s, sizeof(s->nonce_s), c.mac_s);
+	hs_queue(s, &c, sizeof(c));
+	hs_expect(s, sizeof(struct hs_proof));
+	s->hs_phase = 1;
+}
+
+static void hs_acc_proof(struct tsock *s)
+{
+	tp_ctx *ctx = s->ctx;
+	struct hs_hello *h = &s->hello;
+	uint8_t both[2 * KAUTH_NONCE_LEN], want[KAUTH_MAC_LEN];
+	struct hs_result r = { TCP_MAGIC, HS_OK };
+	tp_link *l;
+
+	memcpy(both, s->nonce_s, KAUTH_NONCE_LEN);
+	memcpy(both + KAUTH_NONCE_LEN, h->nonce_c, KAUTH_NONCE_LEN);
+	mac_of(ctx, "khor-link-connector", h, both, sizeof(both), want);
+	if (!kauth_equal(want, s->hs_in, KAUTH_MAC_LEN)) {
+		KLOG_WARN("refused connection from %s (claims rank %d of job '%s'): it failed the "
+		          "job secret check (a stranger, or its KHOR_SECRET differs)",
+		          s->peer_str, h->from_rank, h->job_id);
+		r.status = HS_BAD_AUTH;
+		if (send(s->fd, &r, sizeof(r), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+			/* refused peer; nothing to report */
+		}
+		sock_close_fd(s);
+		return;
+	}
+	l = ctx->incoming[h->from_rank];
+	if (l == NULL) {
+		l = calloc(1, sizeof(*l));
+		if (l == NULL) {
+			sock_close_fd(s);
+			return;
+		}
+		l->ctx = ctx;
+		l->peer = h->from_rank;
+		l->nsocks = (int)h->nsocks;
+		kstrlcpy(l->peer_addr, s->peer_str, sizeof(l->peer_addr));
+		ctx->incoming[h->from_rank] = l;
+	}
+	if ((int)h->nsocks != l->nsocks || l->socks[h->sock_idx] != NULL) {
+		KLOG_WARN("refused connection from %s (rank %d, socket %u): duplicate or "
+		          "inconsistent socket count", s->peer_str, h->from_rank, h->sock_idx);
+		r.status = HS_DUPLICATE;
+		if (send(s->fd, &r, sizeof(r), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+			/* refused peer; nothing to report */
+		}
+		sock_close_fd(s);
+		return;
+	}
+	s->link = l;
+	s->idx = h->sock_idx;
+	l->socks[s->idx] = s;
+	hs_queue(s, &r, sizeof(r));
+	s->hs_phase = 2; /* finish sending RESULT, then data */
+	hs_expect(s, 0);
+}
+
+static void hs_conn_challenge(struct tsock *s)
+{
+	tp_ctx *ctx = s->ctx;
+	struct hs_challenge c;
+	struct hs_proof p;
+	uint8_t want[KAUTH_MAC_LEN], both[2 * KAUTH_NONCE_LEN];
+
+	memcpy(&c, s->hs_in, sizeof(c));
+	if (c.magic != TCP_MAGIC) {
+		sock_fail(s, KHOR_ERR_PROTOCOL, "handshake: the peer answered with bad magic 0x%08x "
+		          "(is another program listening at that address?)", c.magic);
+		return;
+	}
+	if (c.status != HS_OK) {
+		sock_fail(s, c.status == HS_BAD_AUTH ? KHOR_ERR_AUTH : KHOR_ERR_PROTOCOL,
+		          "handshake refused by the peer: %s",
+		          c.status < sizeof(hs_status_text) / sizeof(hs_status_text[0])
+		                  ? hs_status_text[c.status] : "unknown reason");
+		return;
+	}
+	mac_of(ctx, "khor-link-acceptor", &s->hello, c.nonce_s, sizeof(c.nonce_s), want);
+	if (!kauth_equal(want, c.mac_s, KAUTH_MAC_LEN)) {
+		sock_fail(s, KHOR_ERR_AUTH, "handshake: the peer could not prove the job secret "
+		          "(a stranger at that address, or its KHOR_SECRET differs)");
+		return;
+	}
+	memcpy(both, c.nonce_s, KAUTH_NONCE_LEN);
+	memcpy(both + KAUTH_NONCE_LEN, s->hello.nonce_c, KAUTH_NONCE_LEN);
+	mac_of(ctx, "khor-link-connector", &s->hello, both, sizeof(both), p.mac_c);
+	hs_queue(s, &p, sizeof(p));
+	hs_expect(s, sizeof(struct hs_result));
+	s->hs_phase = 1;
+}
+
+static void hs_conn_result(struct tsock *s)
+{
+	struct hs_result r;
+
+	memcpy(&r, s->hs_in, sizeof(r));
+	if (r.magic != TCP_MAGIC || r.status != HS_OK) {
+		sock_fail(s, r.status == HS_BAD_AUTH ? KHOR_ERR_AUTH : KHOR_ERR_PROTOCOL,
+		          "handshake refused by the peer: %s",
+		          r.magic == TCP_MAGIC && r.status < sizeof(hs_status_text) / sizeof(char *)
+		                  ? hs_status_text[r.status] : "malformed answer");
+		return;
+	}
+	link_sock_ready(s->link, s);
+}
+
+/* Moves handshake bytes; returns true if the socket changed state or moved bytes. */
+static bool hs_drive(struct tsock *s)
+{
+	bool moved = false;
+
+	if (s->state == SS_CONNECTING) {
+		int e = 0;
+		socklen_t sl = sizeof(e);
+		if (!s->wr_ready)
+			return false;
+		getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &e, &sl);
+		if (e == EINPROGRESS || e == EALREADY)
+			return false;
+		if (e != 0) {
+			sock_fail(s, KHOR_ERR_REMOTE, "connect: %s", errstr(e));
+			return true;
+		}
+		s->state = SS_HS_CONN;
+		hs_queue(s, &s->hello, sizeof(s->hello));
+		hs_expect(s, sizeof(struct hs_challenge));
+		s->hs_phase = 0;
+		moved = true;
+	}
+	for (;;) {
+		if (s->state != SS_HS_CONN && s->state != SS_HS_ACC)
+			return moved;
+		if (s->hs_out_off < s->hs_out_len) {
+			ssize_t n = send(s->fd, s->hs_out + s->hs_out_off, s->hs_out_len - s->hs_out_off,
+			                 MSG_NOSIGNAL);
+			if (n < 0) {
+				if (errno == EAGAIN || errno == EINTR) {
+					s->wr_ready = errno == EINTR;
+					return moved;
+				}
+				if (s->state == SS_HS_ACC && s->link == NULL) {
+					KLOG_WARN("dropped connection from %s during handshake: %s",
+					          s->peer_str, errstr(errno));
+					sock_close_fd(s);
+				} else {
+					sock_fail(s, KHOR_ERR_REMOTE, "handshake send: %s", errstr(errno));
+				}
+				return true;
+			}
+			s->hs_out_off += (uint32_t)n;
+			moved = true;
+			continue;
+		}
+		if (s->state == SS_HS_ACC && s->hs_phase == 2) {
+			link_sock_ready(s->link, s);
+			return true;
+		}
+		if (s->hs_in_got < s->hs_in_need) {
+			ssize_t n = recv(s->fd, s->hs_in + s->hs_in_got, s->hs_in_need - s->hs_in_got, 0);
+			if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+				const char *why = n == 0 ? "connection closed" : errstr(errno);
+				if (s->state == SS_HS_ACC && s->link == NULL) {
+					KLOG_WARN("dropped connection from %s during handshake: %s",
+					          s->peer_str, why);
+					sock_close_fd(s);
+				} else {
+					sock_fail(s, KHOR_ERR_REMOTE, "handshake: %s", why);
+				}
+				return true;
+			}
+			if (n < 0) {
+				s->rd_ready = errno == EINTR;
+				return moved;
+			}
+			s->hs_in_got += (uint32_t)n;
+			moved = true;
+			if (s->hs_in_got < s->hs_in_need)
+				continue;
+		}
+		if (s->state == SS_HS_ACC)
+			s->hs_phase == 0 ? hs_acc_hello(s) : hs_acc_proof(s);
+		else
+			s->hs_phase == 0 ? hs_conn_challenge(s) : hs_conn_result(s);
+		moved = true;
+	}
+}
+
+/* ---- data path ----------------------------------------------------------------------- */
+
+static void chunk_finished(struct chunk *c)
+{
+	c->req->chunks_done++;
+}
+
+/* Writes queued frames until the socket is full or the queue empty. */
+static bool send_drive(struct tsock *s)
+{
+	bool moved = false;
+
+	while (s->sq_head != NULL && s->wr_ready) {
+		struct chunk *c = s->sq_head;
+		struct iovec iov[2];
+		int n_iov = 0;
+		ssize_t n;
+
+		if (c->hdr_done < sizeof(c->hdr)) {
+			iov[n_iov].iov_base = (uint8_t *)&c->hdr + c->hdr_done;
+			iov[n_iov].iov_len = sizeof(c->hdr) - c->hdr_done;
+			n_iov++;
+		}
+		if (c->done < c->len) {
+			iov[n_iov].iov_base = c->buf + c->done;
+			iov[n_iov].iov_len = c->len - c->done;
+			n_iov++;
+		}
+		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n_iov };
+		n = sendmsg(s->fd, &mh, MSG_NOSIGNAL);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN) {
+				s->wr_ready = false;
+				break;
+			}
+			sock_fail(s, KHOR_ERR_REMOTE, "send: %s%s", errstr(errno),
+			          errno == EPIPE || errno == ECONNRESET
+			                  ? " (the peer process exited or closed the link)" : "");
+			return true;
+		}
+		moved = true;
+		size_t left = (size_t)n;
+		if (c->hdr_done < sizeof(c->hdr)) {
+			size_t h = sizeof(c->hdr) - c->hdr_done;
+			h = h < left ? h : left;
+			c->hdr_done += (uint32_t)h;
+			left -= h;
+		}
+		c->done += left;
+		if (c->hdr_done == sizeof(c->hdr) && c->done == c->len) {
+			s->sq_head = c->next;
+			if (s->sq_head == NULL)
+				s->sq_tail = NULL;
+			chunk_finished(c);
+		}
+	}
+	return moved;
+}
+
+static struct chunk *rq_take(struct tsock *s, const struct frame_hdr *h)
+{
+	struct chunk **pp;
+
+	for (pp = &s->rq_head; *pp != NULL; pp = &(*pp)->next) {
+		struct chunk *c = *pp;
+		if (c->hdr.comm == h->comm && c->hdr.seq == h->seq && c->hdr.step == h->step) {
+			*pp = c->next;
+			return c;
+		}
+	}
+	return NULL;
+}
+
+/* A header is complete: find its receive or park it. Returns false if the link broke. */
+static bool recv_match(struct tsock *s)
+{
+	struct frame_hdr *h = &s->rhdr;
+	struct chunk *c;
+	char b1[64], b2[64];
+
+	c = rq_take(s, h);
+	if (c == NULL) {
+		s->parked = true;
+		return true;
+	}
+	s->parked = false;
+	if (h->meta != c->hdr.meta) {
+		sock_fail(s, KHOR_ERR_PROTOCOL,
+		          "message (comm %u, seq %u, step %u) was sent by %s but this rank posted %s: "
+		          "the ranks called different collectives or dtypes/ops",
+		          h->comm, h->seq, h->step, tp_meta_str(h->meta, b1, sizeof(b1)),
+		          tp_meta_str(c->hdr.meta, b2, sizeof(b2)));
+		return false;
+	}
+	if (h->total_len != c->hdr.total_len || h->chunk_len != c->len) {
+		sock_fail(s, KHOR_ERR_PROTOCOL,
+		          "message (comm %u, seq %u, step %u) is %llu bytes but the receive posted "
+		          "here is %llu bytes: the ranks disagree on count or dtype",
+		          h->comm, h->seq, h->step, (unsigned long long)h->total_len,
+		          (unsigned long long)c->hdr.total_len);
+		return false;
+	}
+	s->rcur = c;
+	s->rhdr_got = 0;
+	if (c->len == 0) {
+		s->rcur = NULL;
+		chunk_finished(c);
+	}
+	return true;
+}
+
+static bool recv_drive(struct tsock *s)
+{
+	bool moved = false;
+
+	while (s->rd_ready && !s->parked) {
+		ssize_t n;
+
+		if (s->rcur == NULL) {
+			if (s->rq_head == NULL && s->rhdr_got == 0) {
+				/* Nothing posted: leave bytes in the kernel, but notice a dead peer. */
+				break;
+			}
+			n = recv(s->fd, (uint8_t *)&s->rhdr + s->rhdr_got, sizeof(s->rhdr) - s->rhdr_got,
+			         0);
+		} else {
+			struct chunk *c = s->rcur;
+			n = recv(s->fd, c->buf + c->done, c->len - c->done, 0);
+		}
+		if (n == 0) {
+			sock_fail(s, KHOR_ERR_REMOTE, "connection closed by the peer while %s (the "
+			          "peer process exited, crashed or closed the link)",
+			          s->rcur ? "receiving a message" : "waiting for a message");
+			return true;
+		}
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN) {
+				s->rd_ready = false;
+				break;
+			}
+			sock_fail(s, KHOR_ERR_REMOTE, "receive: %s", errstr(errno));
+			return true;
+		}
+		moved = true;
+		if (s->rcur == NULL) {
+			s->rhdr_got += (uint32_t)n;
+			if (s->rhdr_got < sizeof(s->rhdr))
+				continue;
+			if (s->rhdr.magic != TCP_FRAME_MAGIC) {
+				sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (magic 0x%08x); "
+				          "closing the link", s->rhdr.magic);
+				return true;
+			}
+			if (s->rhdr.chunk_len > s->rhdr.total_len) {
+				sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (chunk of %llu "
+				          "bytes in a message of %llu)",
+				          (unsigned long long)s->rhdr.chunk_len,
+				          (unsigned long long)s->rhdr.total_len);
+				return true;
+			}
+			if (!recv_match(s))
+				return true;
+		} else {
+			struct chunk *c = s->rcur;
+			c->done += (uint64_t)n;
+			if (c->done == c->len) {
+				s->rcur = NULL;
+				s->rhdr_got = 0;
+				chunk_finished(c);
+			}
+		}
+	}
+	return moved;
+}
+
+static bool sock_drive(struct tsock *s)
+{
+	bool moved;
+
+	if (s->state == SS_DEAD)
+		return false;
+	if (s->state != SS_DATA) {
+		moved = hs_drive(s);
+		if (s->state != SS_DATA)
+			return moved;
+	} else {
+		moved = false;
+	}
+	moved |= send_drive(s);
+	if (s->state == SS_DATA)
+		moved |= recv_drive(s);
+	return moved;
+}
+
+/* ---- ops ----------------------------------------------------------------------------- */
+
+static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err)
+{
+	tp_ctx *ctx;
+	ksockaddr local;
+	char ifname[64], as[64];
+	khor_status st;
+
+	if (opt->nsocks < 1 || opt->nsocks > TCP_MAX_SOCKS)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_SOCKET_NSOCKS=%d: must be 1 to %d",
+		                opt->nsocks, TCP_MAX_SOCKS);
+	if (strlen(opt->job_id) >= TCP_JOB_MAX)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "job id '%s' is longer than %d bytes",
+		                opt->job_id, TCP_JOB_MAX - 1);
+	st = ksock_pick_address(opt->ifname_spec, opt->hint_addr, &local, ifname, sizeof(ifname),
+	                        err);
+	if (st != KHOR_SUCCESS)
+		return st;
+	ctx = calloc(1, sizeof(*ctx));
+	if (ctx == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp transport: out of memory");
+	ctx->rank = opt->rank;
+	ctx->size = opt->size;
+	kstrlcpy(ctx->job_id, opt->job_id, sizeof(ctx->job_id));
+	ctx->secret = strdup(opt->secret ? opt->secret : "");
+	ctx->secret_len = strlen(ctx->secret);
+	ctx->nsocks = opt->nsocks;
+	ctx->min_stripe = opt->min_stripe_bytes;
+	ctx->bufsize = opt->sock_bufsize;
+	ctx->hs_timeout_ms = opt->handshake_timeout_ms > 0 ? opt->handshake_timeout_ms : 30000;
+	ctx->incoming = calloc((size_t)opt->size, sizeof(tp_link *));
+	ctx->outgoing = calloc((size_t)opt->size, sizeof(tp_link *));
+	ctx->listen_fd = -1;
+	ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (ctx->secret == NULL || ctx->incoming == NULL || ctx->outgoing == NULL) {
+		st = kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp transport: out of memory");
+		goto fail_free;
+	}
+	if (ctx->epfd < 0) {
+		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_create1: %s", errstr(errno));
+		goto fail_free;
+	}
+	st = ksock_listen(&local, 1024, &ctx->listen_fd, err);
+	if (st != KHOR_SUCCESS) {
+		kerr_prefix(err, "tcp transport on interface %s", ifname);
+		goto fail_free;
+	}
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
+	if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->listen_fd, &ev) < 0) {
+		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(listener): %s", errstr(errno));
+		goto fail_free;
+	}
+	ksock_addr_str(&local, ctx->addr, sizeof(ctx->addr));
+	KLOG_INFO("tcp transport listening on %s (interface %s, %d socket(s) per link)",
+	          ksock_addr_str(&local, as, sizeof(as)), ifname, ctx->nsocks);
+	*ctx_out = ctx;
+	return KHOR_SUCCESS;
+
+fail_free:
+	if (ctx->listen_fd >= 0)
+		close(ctx->listen_fd);
+	if (ctx->epfd >= 0)
+		close(ctx->epfd);
+	free(ctx->incoming);
+	free(ctx->outgoing);
+	free(ctx->secret);
+	free(ctx);
+	return st;
+}
+
+static const char *tcp_address(const tp_ctx *ctx)
+{
+	return ctx->addr;
+}
+
+static khor_status tcp_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
+                               kerr *err)
+{
+	char host[256];
+	uint16_t port;
+	ksockaddr a;
+	khor_status st;
+	tp_link *l;
+
+	if (peer < 0 || peer >= ctx->size || peer == ctx->rank)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "tcp connect: bad peer rank %d", peer);
+	if (ctx->outgoing[peer] != NULL) {
+		*link_out = ctx->outgoing[peer];
+		return KHOR_SUCCESS;
+	}
+	if (!ksock_split_hostport(peer_addr, host, sizeof(host), &port))
+		return kerr_set(err, KHOR_ERR_PROTOCOL,
+		                "peer rank %d published a malformed address '%.64s'", peer, peer_addr);
+	st = ksock_resolve(host, port, &a, err);
+	if (st != KHOR_SUCCESS)
+		return st;
+	l = calloc(1, sizeof(*l));
+	if (l == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp connect: out of memory");
+	l->ctx = ctx;
+	l->peer = peer;
+	l->nsocks = ctx->nsocks;
+	kstrlcpy(l->peer_addr, peer_addr, sizeof(l->peer_addr));
+	ctx->outgoing[peer] = l;
+	for (int i = 0; i < l->nsocks; i++) {
+		int fd = socket(a.ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+		struct tsock *s;
+
+		if (fd < 0) {
+			link_fail(l, KHOR_ERR_SYSTEM, "socket: %s", errstr(errno));
+			break;
+		}
+		ksock_tune_stream(fd, ctx->bufsize);
+		if (connect(fd, (struct sockaddr *)&a.ss, a.len) < 0 && errno != EINPROGRESS) {
+			link_fail(l, KHOR_ERR_REMOTE, "connect: %s", errstr(errno));
+			close(fd);
+			break;
+		}
+		s = sock_new(ctx, fd, SS_CONNECTING);
+		if (s == NULL) {
+			link_fail(l, KHOR_ERR_SYSTEM, "epoll_ctl: %s", errstr(errno));
+			close(fd);
+			break;
+		}
+		s->link = l;
+		s->idx = i;
+		kstrlcpy(s->peer_str, peer_addr, sizeof(s->peer_str));
+		l->socks[i] = s;
+		s->hello.magic = TCP_MAGIC;
+		s->hello.version = TCP_VERSION;
+		s->hello.sock_idx = (uint16_t)i;
+		s->hello.from_rank = ctx->rank;
+		s->hello.to_rank = peer;
+		s->hello.nsocks = (uint32_t)l->nsocks;
+		kstrlcpy(s->hello.job_id, ctx->job_id, sizeof(s->hello.job_id));
+		kauth_random(s->hello.nonce_c, sizeof(s->hello.nonce_c));
+	}
+	*link_out = l;
+	return KHOR_SUCCESS;
+}
+
+static khor_status tcp_accept(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
+{
+	tp_link *l;
+
+	if (peer < 0 || peer >= ctx->size || peer == ctx->rank)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "tcp accept: bad peer rank %d", peer);
+	l = ctx->incoming[peer];
+	if (l != NULL && l->nready == l->nsocks) {
+		l->claimed = true;
+		*link_out = l;
+	} else {
+		*link_out = NULL;
+	}
+	return KHOR_SUCCESS;
+}
+
+static bool tcp_link_ready(const tp_link *l)
+{
+	return l->nready == l->nsocks && l->err.status == KHOR_SUCCESS;
+}
+
+static khor_status tcp_reg_mr(tp_ctx *ctx, void *buf, size_t len, tp_mr **mr_out, kerr *err)
+{
+	/* Sockets need no registration; a non-NULL token keeps callers' code uniform. */
+	*mr_out = (tp_mr *)buf;
+	return KHOR_SUCCESS;
+}
+
+static void tcp_dereg_mr(tp_ctx *ctx, tp_mr *mr)
+{
+}
+
+static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool is_send,
+                        tp_req **req_out, kerr *err)
+{
+	tp_req *r;
+	int nchunks, first;
+
+	if (l->err.status != KHOR_SUCCESS) {
+		*err = l->err;
+		return l->err.status;
+	}
+	r = req_get(l->ctx);
+	if (r == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp: out of memory for a request");
+	stripe_plan(l, len, tag.step, &nchunks, &first);
+	r->link = l;
+	r->nchunks = nchunks;
+	r->chunks_done = 0;
+	r->is_send = is_send;
+	for (int i = 0; i < nchunks; i++) {
+		struct chunk *c = &r->chunks[i];
+		struct tsock *s = l->socks[(first + i) % l->nsocks];
+		uint64_t off;
+
+		c->next = NULL;
+		c->req = r;
+		c->len = chunk_len(len, nchunks, i, &off);
+		c->buf = buf + off;
+		c->done = 0;
+		c->hdr_done = 0;
+		c->hdr.magic = TCP_FRAME_MAGIC;
+		c->hdr.comm = tag.comm;
+		c->hdr.seq = tag.seq;
+		c->hdr.step = tag.step;
+		c->hdr.meta = tag.meta;
+		c->hdr.pad = 0;
+		c->hdr.total_len = len;
+		c->hdr.chunk_len = c->len;
+		if (is_send) {
+			if (s->sq_tail != NULL)
+				s->sq_tail->next = c;
+			else
+				s->sq_head = c;
+			s->sq_tail = c;
+		} else if (s->parked && s->rhdr.comm == tag.comm && s->rhdr.seq == tag.seq &&
+		           s->rhdr.step == tag.step) {
+			c->next = s->rq_head;
+			s->rq_head = c;
+			recv_match(s);
+		} else {
+			c->next = s->rq_head;
+			s->rq_head = c;
+		}
+	}
+	l->pending++;
+	/* Try at once: a small message usually goes out without waiting for progress. */
+	for (int i = 0; i < nchunks && is_send; i++) {
+		struct tsock *s = l->socks[(first + i) % l->nsocks];
+		if (s->state == SS_DATA)
+			send_drive(s);
+	}
+	*req_out = r;
+	return KHOR_SUCCESS;
+}
+
+static khor_status tcp_isend(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                             tp_req **req_out, kerr *err)
+{
+	return post(l, (uint8_t *)buf, len, tag, true, req_out, err);
+}
+
+static khor_status tcp_irecv(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                             tp_req **req_out, kerr *err)
+{
+	return post(l, buf, len, tag, false, req_out, err);
+}
+
+/* Takes a finished or failed request's chunks off the socket queues. */
+static void req_unlink(tp_req *r)
+{
+	tp_link *l = r->link;
+
+	for (int i = 0; i < r->nchunks; i++) {
+		struct chunk *c = &r->chunks[i];
+		for (int k = 0; k < l->nsocks; k++) {
+			struct tsock *s = l->socks[k];
+			struct chunk **pp, *prev = NULL;
+			if (s == NULL)
+				continue;
+			pp = r->is_send ? &s->sq_head : &s->rq_head;
+			for (; *pp != NULL; prev = *pp, pp = &(*pp)->next) {
+				if (*pp == c) {
+					*pp = c->next;
+					if (r->is_send && s->sq_tail == c)
+						s->sq_tail = prev;
+					break;
+				}
+			}
+			if (s->rcur == c)
+				s->rcur = NULL;
+		}
+	}
+}
+
+static khor_status tcp_test(tp_req *r, bool *done_out, kerr *err)
+{
+	tp_link *l = r->link;
+
+	if (r->chunks_done == r->nchunks) {
+		*done_out = true;
+		l->pending--;
+		req_put(l->ctx, r);
+		return KHOR_SUCCESS;
+	}
+	if (l->err.status != KHOR_SUCCESS) {
+		*done_out = true;
+		*err = l->err;
+		req_unlink(r);
+		l->pending--;
+		req_put(l->ctx, r);
+		return l->err.status;
+	}
+	*done_out = false;
+	return KHOR_SUCCESS;
+}
+
+static void tcp_cancel(tp_req *r)
+{
+	tp_link *l = r->link;
+
+	for (int i = 0; i < r->nchunks; i++) {
+		struct chunk *c = &r->chunks[i];
+		bool started = c->done > 0 || (r->is_send && c->hdr_done > 0);
+		for (int k = 0; k < l->nsocks && !started; k++)
+			started = l->socks[k] != NULL && l->socks[k]->rcur == c;
+		if (started && c->done + c->hdr_done < c->len + (r->is_send ? sizeof(c->hdr) : 0))
+			link_fail(l, KHOR_ERR_INTERNAL, "a transfer was abandoned mid-message after an "
+			          "earlier error; the link is closed");
+	}
+	req_unlink(r);
+	if (l->err.status != KHOR_SUCCESS)
+		for (int k = 0; k < l->nsocks; k++)
+			if (l->socks[k] != NULL)
+				sock_close_fd(l->socks[k]);
+	l->pending--;
+	req_put(l->ctx, r);
+}
+
+static void accept_new(tp_ctx *ctx)
+{
+	for (;;) {
+		int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		struct tsock *s;
+
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+				KLOG_WARN("accept on %s: %s", ctx->addr, errstr(errno));
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			return;
+		}
+		ksock_tune_stream(fd, ctx->bufsize);
+		s = sock_new(ctx, fd, SS_HS_ACC);
+		if (s == NULL) {
+			close(fd);
+			continue;
+		}
+		sock_peer_str(s);
+		hs_expect(s, sizeof(struct hs_hello));
+		s->hs_phase = 0;
+	}
+}
+
+/* Drops handshakes that ran out of time; reaps closed acceptor sockets. */
+static void sweep(tp_ctx *ctx)
+{
+	struct tsock **pp = &ctx->all;
+
+	while (*pp != NULL) {
+		struct tsock *s = *pp;
+		if ((s->state == SS_HS_ACC || s->state == SS_HS_CONN || s->state == SS_CONNECTING) &&
+		    kdeadline_passed(s->hs_deadline)) {
+			if (s->link == NULL || s->state == SS_HS_ACC) {
+				KLOG_WARN("dropped connection from %s: no complete handshake within %lld ms",
+				          s->peer_str, (long long)ctx->hs_timeout_ms);
+				if (s->link != NULL)
+					s->link->socks[s->idx] = NULL;
+				sock_close_fd(s);
+			} else {
+				sock_fail(s, KHOR_ERR_TIMEOUT, "handshake did not finish within %lld ms",
+				          (long long)ctx->hs_timeout_ms);
+			}
+		}
+		if (s->state == SS_DEAD && s->link == NULL) {
+			*pp = s->next_all;
+			free(s);
+			continue;
+		}
+		pp = &s->next_all;
+	}
+}
+
+static bool drive_all(tp_ctx *ctx)
+{
+	bool moved = false;
+
+	for (struct tsock *s = ctx->all; s != NULL; s = s->next_all)
+		moved |= sock_drive(s);
+	return moved;
+}
+
+static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, kerr *err)
+{
+	struct epoll_event evs[64];
+	int n;
+	bool moved = drive_all(ctx);
+
+	n = epoll_wait(ctx->epfd, evs, 64, moved ? 0 : timeout_ms);
+	if (n < 0) {
+		if (errno == EINTR)
+			return KHOR_SUCCESS;
+		return kerr_set(err, KHOR_ERR_SYSTEM, "epoll_wait: %s", errstr(errno));
+	}
+	for (int i = 0; i < n; i++) {
+		struct tsock *s = evs[i].data.ptr;
+		if (s == NULL) {
+			accept_new(ctx);
+			continue;
+		}
+		if (evs[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+			s->rd_ready = true;
+		if (evs[i].events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
+			s->wr_ready = true;
+		sock_drive(s);
+	}
+	sweep(ctx);
+	return KHOR_SUCCESS;
+}
+
+static const kerr *tcp_link_error(const tp_link *l)
+{
+	return &l->err;
+}
+
+static void tcp_destroy(tp_ctx *ctx)
+{
+	struct tsock *s = ctx->all;
+
+	while (s != NULL) {
+		struct tsock *next = s->next_all;
+		sock_close_fd(s);
+		free(s);
+		s = next;
+	}
+	for (int i = 0; i < ctx->size; i++) {
+		free(ctx->incoming[i]);
+		free(ctx->outgoing[i]);
+	}
+	while (ctx->free_reqs != NULL) {
+		tp_req *r = ctx->free_reqs;
+		ctx->free_reqs = r->next_free;
+		free(r);
+	}
+	close(ctx->listen_fd);
+	close(ctx->epfd);
+	free(ctx->incoming);
+	free(ctx->outgoing);
+	free(ctx->secret);
+	free(ctx);
+}
+
+const struct transport_ops tcp_transport_ops = {
+	.name = "tcp",
+	.create = tcp_create,
+	.address = tcp_address,
+	.connect = tcp_connect,
+	.accept = tcp_accept,
+	.link_ready = tcp_link_ready,
+	.reg_mr = tcp_reg_mr,
+	.dereg_mr = tcp_dereg_mr,
+	.isend = tcp_isend,
+	.irecv = tcp_irecv,
+	.test = tcp_test,
+	.progress = tcp_progress,
+	.cancel = tcp_cancel,
+	.link_error = tcp_link_error,
+	.destroy = tcp_destroy,
+};
