@@ -31,6 +31,8 @@ typedef struct coll_comm {
 	size_t slice_bytes;   /* pipeline slice */
 	int max_lanes;        /* slices in flight per collective */
 	int64_t timeout_ms;   /* per collective; < 0 = none */
+	size_t rd_max_bytes;  /* auto: recursive doubling up to this many bytes */
+	int algo;             /* enum allreduce_algo forced by KHOR_ALGO */
 	void *scratch;        /* reusable, max_lanes * slice_bytes */
 	size_t scratch_len;
 } coll_comm;

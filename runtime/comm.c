@@ -241,6 +241,8 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	c->cc.slice_bytes = s->slice_bytes;
 	c->cc.max_lanes = s->pipeline_depth;
 	c->cc.timeout_ms = s->timeout_ms;
+	c->cc.rd_max_bytes = s->rd_max_bytes;
+	c->cc.algo = s->algo;
 	KLOG_INFO("joined job '%s' as rank %d of %d (local %d/%d, cross %d/%d) via %s; links "
 	          "over %s at %s", s->job_id, c->rank, c->size, c->local_rank, c->local_size,
 	          c->cross_rank, c->cross_size, s->source, c->tp->name, addr);

@@ -26,10 +26,12 @@ const struct config_var config_vars[] = {
 	{ "KHOR_HOSTNAME", NULL, "Host identity used to group ranks per node (default: gethostname)" },
 	{ "KHOR_SOCKET_IFNAME", NULL, "Interface for links: prefixes (eth,ib), =exact, ^excluded, or a CIDR (198.18.0.0/15)" },
 	{ "KHOR_SOCKET_NSOCKS", "2", "TCP sockets per link; large messages are striped over them (1-16)" },
-	{ "KHOR_SOCKET_BUFSIZE", "4M", "SO_SNDBUF/SO_RCVBUF of link sockets (0 = kernel default)" },
+	{ "KHOR_SOCKET_BUFSIZE", "0", "SO_SNDBUF/SO_RCVBUF of link sockets (0 = kernel autotuning, usually fastest)" },
 	{ "KHOR_MIN_STRIPE", "256K", "Smallest piece a message is striped into across sockets" },
 	{ "KHOR_SLICE_BYTES", "512K", "Pipeline slice of ring allreduce and chain broadcast" },
 	{ "KHOR_PIPELINE_DEPTH", "4", "Slices in flight per collective (1-64)" },
+	{ "KHOR_ALGO", "auto", "Allreduce algorithm: ring, rd (recursive doubling) or auto" },
+	{ "KHOR_RD_MAX_BYTES", "64K", "auto picks recursive doubling up to this size, the ring above" },
 	{ "KHOR_TRANSPORT", "tcp", "Transport for links: tcp" },
 	{ "KHOR_LOG", "warn", "Log level: error, warn, info, debug, trace" },
 };
@@ -266,5 +268,17 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	    (st = get_size(cfg, "KHOR_PIPELINE_DEPTH", 1, 64, &u, err)))
 		return st;
 	s->pipeline_depth = (int)u;
+	if ((st = get_size(cfg, "KHOR_RD_MAX_BYTES", 0, 1ull << 30, &s->rd_max_bytes, err)))
+		return st;
+	p = config_lookup(cfg, "KHOR_ALGO");
+	if (p == NULL || strcmp(p, "auto") == 0)
+		s->algo = 0;
+	else if (strcmp(p, "ring") == 0)
+		s->algo = 1;
+	else if (strcmp(p, "rd") == 0)
+		s->algo = 2;
+	else
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_ALGO='%s': expected ring, rd or auto",
+		                p);
 	return KHOR_SUCCESS;
 }

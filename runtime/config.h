@@ -49,6 +49,8 @@ typedef struct settings {
 	int sock_bufsize;
 	uint64_t slice_bytes;
 	int pipeline_depth;
+	int algo;               /* enum allreduce_algo */
+	uint64_t rd_max_bytes;
 } settings;
 
 /* Looks up name in cfg, then the environment; NULL when unset or empty. */

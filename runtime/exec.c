@@ -12,6 +12,7 @@
 #include "comm.h"
 
 #include "../base/log.h"
+#include "../collectives/rd.h"
 #include "../collectives/reduce.h"
 #include "../collectives/ring.h"
 
@@ -39,8 +40,13 @@ static khor_status run_one(khor_comm *c, struct khor_request *r)
 				memmove(r->recvbuf, r->sendbuf, r->count * khor_dtype_size(r->dtype));
 			return KHOR_SUCCESS;
 		}
-		st = ring_allreduce(&c->cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op, r->seq,
-		                    r->kind, &err);
+		if (allreduce_pick(&c->cc, (enum allreduce_algo)c->cc.algo,
+		                   r->count * khor_dtype_size(r->dtype)) == ALGO_RD)
+			st = rd_allreduce(&c->cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op,
+			                  r->seq, r->kind, &err);
+		else
+			st = ring_allreduce(&c->cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op,
+			                    r->seq, r->kind, &err);
 		break;
 	case COLL_BROADCAST:
 		if (c->size == 1)
