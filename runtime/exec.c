@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -55,6 +56,23 @@ static khor_status run_one(khor_comm *c, struct khor_request *r)
 		break;
 	default:
 		st = kerr_set(&err, KHOR_ERR_INTERNAL, "unknown collective kind %u", r->kind);
+	}
+	if (st == KHOR_ERR_REMOTE && c->store != NULL &&
+	    strstr(err.text, "aborted by another rank") == NULL) {
+		/*
+		 * A closed or reset link is usually the echo of a failure elsewhere. Give the rank
+		 * that failed first a moment to publish its cause, so we report that, not "reset".
+		 */
+		void *v;
+		size_t len;
+		kerr e;
+		if (store_get(c->store, "abort", kdeadline_in_ms(300), &v, &len, &e) == KHOR_SUCCESS) {
+			char mine[KERR_TEXT_MAX];
+			kstrlcpy(mine, err.text, sizeof(mine));
+			kerr_set(&err, KHOR_ERR_REMOTE, "the job was aborted by another rank: %s "
+			         "(seen here as: %s)", (char *)v, mine);
+			free(v);
+		}
 	}
 	if (st != KHOR_SUCCESS)
 		comm_fail(c, &err);

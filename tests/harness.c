@@ -1,0 +1,137 @@
+/* harness.c -- forking multi-rank jobs against an in-process store (see harness.h). */
+#include "harness.h"
+
+#include "../runtime/store.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void *harness_shared(size_t bytes)
+{
+	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	memset(p, 0, bytes);
+	return p;
+}
+
+void harness_shared_free(void *p, size_t bytes)
+{
+	if (p != NULL)
+		munmap(p, bytes);
+}
+
+uint64_t harness_hash(const void *p, size_t len)
+{
+	const uint8_t *b = p;
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < len; i++) {
+		h ^= b[i];
+		h *= 1099511628211ull;
+	}
+	return h;
+}
+
+static bool skipped(const harness_opts *o, int r)
+{
+	for (const int *s = o->skip_ranks; s != NULL && *s >= 0; s++)
+		if (*s == r)
+			return true;
+	return false;
+}
+
+bool harness_run(const harness_opts *o, harness_body body, void *arg, harness_result *res)
+{
+	static int job_counter;
+	const char *secret = o->secret ? o->secret : "test-secret-0123456789";
+	store_server *srv;
+	kerr err;
+	pid_t pids[HARNESS_MAX_RANKS];
+	char addr[64], job[64];
+	double t0 = now_s(), deadline = o->deadline_s > 0 ? o->deadline_s : 60;
+	bool ok = true;
+	int left = 0;
+
+	memset(res, 0, sizeof(*res));
+	if (o->n < 1 || o->n > HARNESS_MAX_RANKS)
+		return false;
+	snprintf(job, sizeof(job), "%s", o->job_id ? o->job_id : "");
+	if (job[0] == '\0')
+		snprintf(job, sizeof(job), "t%d-%d", (int)getpid(), job_counter++);
+	if (store_server_start("127.0.0.1", 0, secret, job, &srv, &err) != KHOR_SUCCESS) {
+		fprintf(stderr, "harness: store: %s\n", err.text);
+		return false;
+	}
+	snprintf(addr, sizeof(addr), "127.0.0.1:%u", store_server_port(srv));
+	fflush(NULL);
+	for (int r = 0; r < o->n; r++) {
+		pids[r] = -1;
+		if (skipped(o, r)) {
+			res->status[r] = -1;
+			continue;
+		}
+		pids[r] = fork();
+		if (pids[r] == 0) {
+			khor_config *cfg;
+			char v[32];
+			khor_config_create(&cfg);
+			snprintf(v, sizeof(v), "%d", r);
+			khor_config_set(cfg, "KHOR_RANK", v);
+			snprintf(v, sizeof(v), "%d", o->n);
+			khor_config_set(cfg, "KHOR_SIZE", v);
+			khor_config_set(cfg, "KHOR_STORE_ADDR", addr);
+			khor_config_set(cfg, "KHOR_SECRET", secret);
+			khor_config_set(cfg, "KHOR_JOB_ID", job);
+			khor_config_set(cfg, "KHOR_TIMEOUT", o->timeout ? o->timeout : "30s");
+			int rc = body(r, o->n, cfg, arg);
+			khor_config_destroy(cfg);
+			fflush(NULL);
+			_exit(rc);
+		}
+		left++;
+	}
+	while (left > 0) {
+		int st;
+		pid_t p = waitpid(-1, &st, WNOHANG);
+		if (p > 0) {
+			for (int r = 0; r < o->n; r++) {
+				if (pids[r] == p) {
+					res->status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+					res->seconds[r] = now_s() - t0;
+					if (res->status[r] != 0)
+						ok = false;
+					pids[r] = -1;
+					left--;
+				}
+			}
+			continue;
+		}
+		if (now_s() - t0 > deadline) {
+			res->timed_out = true;
+			ok = false;
+			for (int r = 0; r < o->n; r++)
+				if (pids[r] > 0)
+					kill(pids[r], SIGKILL);
+			deadline += 1e9; /* reap them on the next turns */
+			continue;
+		}
+		struct timespec ts = { 0, 2 * 1000 * 1000 };
+		nanosleep(&ts, NULL);
+	}
+	store_server_stop(srv);
+	return ok;
+}

@@ -1,0 +1,48 @@
+/*
+ * harness.h -- multi-rank tests: real processes, real sockets, an in-process store.
+ *
+ * harness_run starts the embedded store on 127.0.0.1 in the test process, forks n ranks,
+ * and in each calls body(rank, n, cfg, arg) with a khor_config already holding the rank,
+ * size, store address, secret and job id (the body adds its own keys, then khor_init).
+ * A rank's return value is its exit status. The parent waits with a deadline and kills
+ * every rank that outlives it, so a hung test fails instead of hanging CI.
+ *
+ * harness_shared gives memory visible to all ranks and the parent (MAP_SHARED), used to
+ * bring results back for cross-rank comparison.
+ */
+#ifndef KHOR_TESTS_HARNESS_H
+#define KHOR_TESTS_HARNESS_H
+
+#include "khor.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define HARNESS_MAX_RANKS 16
+
+typedef int (*harness_body)(int rank, int n, khor_config *cfg, void *arg);
+
+typedef struct harness_result {
+	int status[HARNESS_MAX_RANKS];   /* exit status, or 128 + signal */
+	double seconds[HARNESS_MAX_RANKS]; /* when each rank ended, since the start */
+	bool timed_out;
+} harness_result;
+
+typedef struct harness_opts {
+	int n;
+	const char *secret;      /* NULL: a fixed test secret */
+	const char *timeout;     /* KHOR_TIMEOUT for the ranks, e.g. "20s" */
+	double deadline_s;       /* parent kills everything after this */
+	const int *skip_ranks;   /* ranks that are never started (-1 terminated), or NULL */
+	const char *job_id;
+} harness_opts;
+
+/* Runs a job; returns true when every started rank exited 0. */
+bool harness_run(const harness_opts *o, harness_body body, void *arg, harness_result *res);
+void *harness_shared(size_t bytes);
+void harness_shared_free(void *p, size_t bytes);
+/* FNV-1a over bytes, to compare buffers across ranks. */
+uint64_t harness_hash(const void *p, size_t len);
+
+#endif
