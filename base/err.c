@@ -12,6 +12,7 @@ khor_status kerr_set(kerr *e, khor_status status, const char *fmt, ...)
 	if (e == NULL)
 		return status;
 	e->status = status;
+	e->peer = -1;
 	va_start(ap, fmt);
 	vsnprintf(e->text, sizeof(e->text), fmt, ap);
 	va_end(ap);

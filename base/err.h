@@ -17,12 +17,14 @@
 
 typedef struct kerr {
 	khor_status status;
+	int peer; /* for a timeout: the rank that was being waited on, else -1 */
 	char text[KERR_TEXT_MAX];
 } kerr;
 
 static inline void kerr_clear(kerr *e)
 {
 	e->status = KHOR_SUCCESS;
+	e->peer = -1;
 	e->text[0] = '\0';
 }
 

@@ -54,17 +54,22 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 	if (kdeadline_passed(w->dl)) {
 		char peers[256] = "";
 		size_t off = 0;
+		int first = -1;
 		for (int i = 0; i < nxs && off + 32 < sizeof(peers); i++) {
 			if (xs[i].req == NULL)
 				continue;
+			if (first < 0 || !xs[i].is_send)
+				first = first < 0 || !xs[i].is_send ? xs[i].peer : first;
 			off += (size_t)snprintf(peers + off, sizeof(peers) - off, "%s%s rank %d",
 			                        off ? "," : "", xs[i].is_send ? " sending to" : " receiving from",
 			                        xs[i].peer);
 		}
-		return kerr_set(err, KHOR_ERR_TIMEOUT,
-		                "%s: timed out after %lld ms (KHOR_TIMEOUT), still waiting on:%s; "
-		                "that rank is hung, slow, or did not call the same collective",
-		                w->what, (long long)cc->timeout_ms, off ? peers : " (nothing?)");
+		kerr_set(err, KHOR_ERR_TIMEOUT,
+		         "%s: timed out after %lld ms (KHOR_TIMEOUT), still waiting on:%s; "
+		         "that rank is hung, slow, or did not call the same collective",
+		         w->what, (long long)cc->timeout_ms, off ? peers : " (nothing?)");
+		err->peer = first;
+		return KHOR_ERR_TIMEOUT;
 	}
 	now = kclock_ns();
 	if (cc->check_abort != NULL && now - w->last_abort_check_ns > 1000000000ull) {

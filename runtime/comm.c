@@ -296,11 +296,13 @@ static khor_status comm_get_link(void *owner, int peer, kdeadline dl, tp_link **
 			*link_out = l;
 			return KHOR_SUCCESS;
 		}
-		if (kdeadline_passed(dl))
-			return kerr_set(err, KHOR_ERR_TIMEOUT, "timed out %s rank %d (is it alive and "
-			                "inside the same collective?)",
-			                c->rank < peer ? "connecting to" : "waiting for a connection from",
-			                peer);
+		if (kdeadline_passed(dl)) {
+			kerr_set(err, KHOR_ERR_TIMEOUT, "timed out %s rank %d (is it alive and inside "
+			         "the same collective?)",
+			         c->rank < peer ? "connecting to" : "waiting for a connection from", peer);
+			err->peer = peer;
+			return KHOR_ERR_TIMEOUT;
+		}
 		st = c->tp->progress(c->ctx, kdeadline_left_ms(dl, 100), err);
 		if (st != KHOR_SUCCESS)
 			return st;

@@ -22,6 +22,45 @@
 #include <string.h>
 #include <time.h>
 
+/*
+ * After a timeout, find the rank at the end of the waiting chain. Every rank that times
+ * out records whom it waited for under "stuck/<rank>"; a rank that waits for someone who
+ * is not stuck himself has found the culprit: alive perhaps, but not in the collective.
+ * Without this, ranks two hops away would blame their innocent neighbour.
+ */
+static void blame_timeout(khor_comm *c, kerr *err)
+{
+	char key[32], val[16], chain[256];
+	int cur = err->peer, hops = 0;
+	size_t off = 0;
+	kerr e;
+
+	snprintf(key, sizeof(key), "stuck/%d", c->rank);
+	snprintf(val, sizeof(val), "%d", err->peer);
+	if (store_set(c->store, key, val, strlen(val), &e) != KHOR_SUCCESS)
+		return;
+	/* Let the other ranks, whose deadlines expire about now too, record theirs. */
+	struct timespec ts = { 0, 500 * 1000 * 1000 };
+	nanosleep(&ts, NULL);
+	off += (size_t)snprintf(chain, sizeof(chain), "%d waited for %d", c->rank, cur);
+	while (hops++ < c->size) {
+		void *v;
+		size_t len;
+		snprintf(key, sizeof(key), "stuck/%d", cur);
+		if (store_get(c->store, key, kdeadline_in_ms(0), &v, &len, &e) != KHOR_SUCCESS)
+			break;
+		int next = atoi(v);
+		free(v);
+		if (next < 0 || next >= c->size || next == c->rank)
+			break;
+		if (off + 32 < sizeof(chain))
+			off += (size_t)snprintf(chain + off, sizeof(chain) - off, ", %d for %d", cur,
+			                        next);
+		cur = next;
+	}
+	kerr_prefix(err, "rank %d is not taking part (waiting chain: %s)", cur, chain);
+}
+
 static khor_status run_one(khor_comm *c, struct khor_request *r)
 {
 	kerr err;
@@ -57,6 +96,8 @@ static khor_status run_one(khor_comm *c, struct khor_request *r)
 	default:
 		st = kerr_set(&err, KHOR_ERR_INTERNAL, "unknown collective kind %u", r->kind);
 	}
+	if (st == KHOR_ERR_TIMEOUT && err.peer >= 0 && c->store != NULL)
+		blame_timeout(c, &err);
 	if (st == KHOR_ERR_REMOTE && c->store != NULL &&
 	    strstr(err.text, "aborted by another rank") == NULL) {
 		/*

@@ -114,11 +114,18 @@ bool harness_run(const harness_opts *o, harness_body body, void *arg, harness_re
 					res->seconds[r] = now_s() - t0;
 					if (res->status[r] != 0)
 						ok = false;
+					if (r == o->kill_rank && o->kill_after_s > 0 && res->killed_at == 0)
+						res->killed_at = -1; /* it ended before we could kill it */
 					pids[r] = -1;
 					left--;
 				}
 			}
 			continue;
+		}
+		if (o->kill_after_s > 0 && res->killed_at == 0 && now_s() - t0 > o->kill_after_s &&
+		    o->kill_rank >= 0 && o->kill_rank < o->n && pids[o->kill_rank] > 0) {
+			kill(pids[o->kill_rank], SIGKILL);
+			res->killed_at = now_s() - t0;
 		}
 		if (now_s() - t0 > deadline) {
 			res->timed_out = true;

@@ -27,6 +27,7 @@ typedef struct harness_result {
 	int status[HARNESS_MAX_RANKS];   /* exit status, or 128 + signal */
 	double seconds[HARNESS_MAX_RANKS]; /* when each rank ended, since the start */
 	bool timed_out;
+	double killed_at;        /* seconds since the start, when kill_rank was killed */
 } harness_result;
 
 typedef struct harness_opts {
@@ -36,6 +37,8 @@ typedef struct harness_opts {
 	double deadline_s;       /* parent kills everything after this */
 	const int *skip_ranks;   /* ranks that are never started (-1 terminated), or NULL */
 	const char *job_id;
+	int kill_rank;           /* with kill_after_s > 0: SIGKILL this rank then */
+	double kill_after_s;
 } harness_opts;
 
 /* Runs a job; returns true when every started rank exited 0. */

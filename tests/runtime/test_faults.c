@@ -1,0 +1,175 @@
+/*
+ * test_faults.c -- no silent hang: a killed rank, a rank that never starts and a rank that
+ * stops participating each make every other rank fail within its deadline, with an error
+ * that names the rank at fault.
+ */
+#include "../harness.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TEXT 1024
+
+struct shared {
+	char err[HARNESS_MAX_RANKS][TEXT];
+	double failed_at[HARNESS_MAX_RANKS]; /* CLOCK_MONOTONIC seconds */
+	int iterations[HARNESS_MAX_RANKS];
+};
+
+static double mono(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int body_loop(int rank, int n, khor_config *cfg, void *arg)
+{
+	struct shared *sh = arg;
+	char err[TEXT];
+	khor_comm *comm;
+	size_t count = 1 << 20;
+	float *buf = calloc(count, sizeof(float));
+
+	if (khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS) {
+		snprintf(sh->err[rank], TEXT, "init: %s", err);
+		return 10;
+	}
+	double end = mono() + 60;
+	while (mono() < end) {
+		if (khor_allreduce(comm, buf, buf, count, KHOR_FLOAT32, KHOR_SUM) != KHOR_SUCCESS) {
+			sh->failed_at[rank] = mono();
+			snprintf(sh->err[rank], TEXT, "%s", khor_comm_error(comm));
+			khor_finalize(comm);
+			return 3;
+		}
+		sh->iterations[rank]++;
+	}
+	khor_finalize(comm);
+	return 0;
+}
+
+static void kill_one(int n, int victim, const char *algo_note)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	harness_opts o = { .n = n, .timeout = "30s", .deadline_s = 90, .kill_rank = victim,
+	                   .kill_after_s = 2.0 };
+	harness_result res;
+	double t0 = mono();
+	char want[32];
+
+	harness_run(&o, body_loop, sh, &res);
+	cr_assert(!res.timed_out, "the job hung after rank %d was killed", victim);
+	cr_assert(res.killed_at > 0, "rank %d ended before it was killed", victim);
+	cr_expect_eq(res.status[victim], 128 + 9);
+	snprintf(want, sizeof(want), "rank %d", victim);
+	for (int r = 0; r < n; r++) {
+		if (r == victim)
+			continue;
+		cr_expect_eq(res.status[r], 3, "rank %d exited %d, not with an error", r,
+		             res.status[r]);
+		cr_expect_gt(sh->iterations[r], 0, "rank %d never ran an allreduce", r);
+		double delay = sh->failed_at[r] - (t0 + res.killed_at);
+		cr_expect_lt(delay, 5.0, "rank %d noticed only after %.1f s", r, delay);
+		cr_expect(strstr(sh->err[r], want) != NULL, "rank %d's error does not name %s: %s", r,
+		          want, sh->err[r]);
+		fprintf(stderr, "%s rank %d after %.2f s: %s\n", algo_note, r, delay, sh->err[r]);
+	}
+	harness_shared_free(sh, sizeof(*sh));
+}
+
+Test(faults, kill9_rank_in_allreduce_loop_n4, .timeout = 120)
+{
+	kill_one(4, 2, "n=4");
+}
+
+Test(faults, kill9_rank_in_allreduce_loop_n6, .timeout = 120)
+{
+	kill_one(6, 0, "n=6");
+}
+
+static int body_init_only(int rank, int n, khor_config *cfg, void *arg)
+{
+	struct shared *sh = arg;
+	char err[TEXT];
+	khor_comm *comm;
+
+	khor_config_set(cfg, "KHOR_INIT_TIMEOUT", "2s");
+	if (khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS) {
+		sh->failed_at[rank] = mono();
+		snprintf(sh->err[rank], TEXT, "%s", err);
+		return 3;
+	}
+	khor_finalize(comm);
+	return 0;
+}
+
+Test(faults, rank_that_never_starts_is_named_at_init_deadline, .timeout = 60)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	int skip[] = { 1, 3, -1 };
+	harness_opts o = { .n = 5, .deadline_s = 30, .skip_ranks = skip };
+	harness_result res;
+	double t0 = mono();
+
+	harness_run(&o, body_init_only, sh, &res);
+	cr_assert(!res.timed_out);
+	for (int r = 0; r < 5; r++) {
+		if (r == 1 || r == 3)
+			continue;
+		cr_expect_eq(res.status[r], 3);
+		cr_expect(strstr(sh->err[r], "never came: 1, 3") != NULL, "rank %d: %s", r,
+		          sh->err[r]);
+		double when = sh->failed_at[r] - t0;
+		cr_expect(when > 1.5 && when < 10, "rank %d failed after %.1f s, expected ~2 s", r,
+		          when);
+	}
+	harness_shared_free(sh, sizeof(*sh));
+}
+
+static int body_hang(int rank, int n, khor_config *cfg, void *arg)
+{
+	struct shared *sh = arg;
+	char err[TEXT];
+	khor_comm *comm;
+	float x[1000] = { 0 };
+
+	khor_config_set(cfg, "KHOR_TIMEOUT", "2s");
+	if (khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS)
+		return 10;
+	if (rank == 1) {
+		sleep(8); /* alive, but never joins the collective */
+		khor_finalize(comm);
+		return 0;
+	}
+	if (khor_allreduce(comm, x, x, 1000, KHOR_FLOAT32, KHOR_SUM) == KHOR_SUCCESS)
+		return 20;
+	sh->failed_at[rank] = mono();
+	snprintf(sh->err[rank], TEXT, "%s", khor_comm_error(comm));
+	khor_finalize(comm);
+	return 3;
+}
+
+Test(faults, rank_that_stops_participating_times_out_with_names, .timeout = 60)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	harness_opts o = { .n = 4, .deadline_s = 40 };
+	harness_result res;
+
+	harness_run(&o, body_hang, sh, &res);
+	cr_assert(!res.timed_out);
+	/* The neighbours of rank 1 time out naming it; the others learn it from them. */
+	for (int r = 0; r < 4; r++) {
+		if (r == 1)
+			continue;
+		cr_expect_eq(res.status[r], 3, "rank %d exited %d", r, res.status[r]);
+		cr_expect(strncmp(strstr(sh->err[r], ": ") + 2, "rank 1 ", 7) == 0, "rank %d does "
+		          "not blame rank 1 first: %s", r, sh->err[r]);
+		fprintf(stderr, "hang: rank %d: %s\n", r, sh->err[r]);
+	}
+	harness_shared_free(sh, sizeof(*sh));
+}
