@@ -1,0 +1,127 @@
+/*
+ * khor_bench.c -- khor-bench, khor's collective benchmark in the manner of nccl-tests.
+ *
+ *   khorrun -np 4 khor-bench allreduce -b 8 -e 64M -f 2
+ *
+ * It uses only the public API of khor.h, the way a user's program would, so what it measures
+ * is what they get. The flags, the sweep, the checks and the output are in bench_common.h,
+ * shared with the OpenMPI peer (peers/mpi_bench.c) so the two print comparable columns; this
+ * file only joins the job and maps the benchmark's calls onto khor's.
+ *
+ * Started without khorrun it is a one-rank job (khor_init's rule), which is a quick way to
+ * see that the library loads and the reduction kernels are right.
+ */
+/* clock_gettime and posix_memalign, also under a strict -std=c11. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "khor.h"
+
+#include "bench_common.h"
+
+#define PROG "khor-bench"
+
+static khor_dtype to_khor_dtype(enum bench_dtype d)
+{
+	switch (d) {
+	case BENCH_F32: return KHOR_FLOAT32;
+	case BENCH_F64: return KHOR_FLOAT64;
+	case BENCH_I32: return KHOR_INT32;
+	case BENCH_I64: return KHOR_INT64;
+	}
+	return KHOR_FLOAT32;
+}
+
+static khor_op to_khor_op(enum bench_op op)
+{
+	switch (op) {
+	case BENCH_SUM: return KHOR_SUM;
+	case BENCH_AVG: return KHOR_AVG;
+	case BENCH_MIN: return KHOR_MIN;
+	case BENCH_MAX: return KHOR_MAX;
+	case BENCH_PROD: return KHOR_PROD;
+	}
+	return KHOR_SUM;
+}
+
+/*
+ * The comm's error text is the whole story when the comm has one; a call refused before it
+ * touched the comm (a bad argument) may leave it empty, so keep the status too.
+ */
+struct khor_ctx {
+	khor_comm *comm;
+	khor_status last;
+};
+
+static int kb_result(struct bench_backend *b, khor_status st)
+{
+	((struct khor_ctx *)b->ctx)->last = st;
+	return st == KHOR_SUCCESS ? 0 : -1;
+}
+
+static int kb_allreduce(struct bench_backend *b, const void *sendbuf, void *recvbuf,
+                        size_t count, enum bench_dtype dtype, enum bench_op op)
+{
+	struct khor_ctx *k = b->ctx;
+	return kb_result(b, khor_allreduce(k->comm, sendbuf, recvbuf, count, to_khor_dtype(dtype),
+	                                   to_khor_op(op)));
+}
+
+static int kb_broadcast(struct bench_backend *b, void *buf, size_t count, enum bench_dtype dtype,
+                        int root)
+{
+	struct khor_ctx *k = b->ctx;
+	return kb_result(b, khor_broadcast(k->comm, buf, count, to_khor_dtype(dtype), root));
+}
+
+static int kb_barrier(struct bench_backend *b)
+{
+	struct khor_ctx *k = b->ctx;
+	return kb_result(b, khor_barrier(k->comm));
+}
+
+static const char *kb_error(struct bench_backend *b)
+{
+	struct khor_ctx *k = b->ctx;
+	const char *text = khor_comm_error(k->comm);
+	return text && *text ? text : khor_strerror(k->last);
+}
+
+int main(int argc, char **argv)
+{
+	struct bench_args args;
+	int rc = bench_parse_args(argc, argv, PROG, &args);
+	if (rc)
+		return rc == 1 ? 0 : 2;
+
+	char err[1024] = "";
+	struct khor_ctx ctx = {0};
+	khor_status st = khor_init(NULL, err, sizeof err, &ctx.comm);
+	if (st != KHOR_SUCCESS) {
+		fprintf(stderr, PROG ": khor_init failed (%s): %s\n", khor_strerror(st),
+		        *err ? err : "no detail");
+		return 1;
+	}
+	char library[64];
+	snprintf(library, sizeof library, "khor %s", khor_version());
+	struct bench_backend b = {
+		.prog = PROG,
+		.library = library,
+		.rank = khor_rank(ctx.comm),
+		.size = khor_size(ctx.comm),
+		.ctx = &ctx,
+		.allreduce = kb_allreduce,
+		.broadcast = kb_broadcast,
+		.barrier = kb_barrier,
+		.error = kb_error,
+	};
+	rc = bench_run(&b, &args);
+	st = khor_finalize(ctx.comm);
+	if (st != KHOR_SUCCESS) {
+		/* The comm is gone, so only the status is left to report. */
+		fprintf(stderr, PROG ": rank %d: khor_finalize failed: %s\n", b.rank,
+		        khor_strerror(st));
+		if (rc == 0)
+			rc = 1;
+	}
+	return rc;
+}

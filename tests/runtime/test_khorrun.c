@@ -1,0 +1,705 @@
+/*
+ * test_khorrun.c -- runs the real khorrun binary (path in $KHORRUN, default ./khorrun) on
+ * real child programs (/bin/sh scripts) and checks what a user sees: each rank's
+ * environment, prefixed and complete output, the exit status and message when a rank fails
+ * or khorrun is interrupted, and that no rank or anything a rank started outlives khorrun
+ * (checked by pid). For the store, this binary is itself the rank program: started with
+ * KHORRUN_TEST_RANK set, it connects to khorrun's store with what khorrun gave it and
+ * exits before Criterion's main runs.
+ */
+#include <criterion/criterion.h>
+
+#include "runtime/store.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+struct buf {
+	char *data;
+	size_t len, cap;
+	bool eof;
+};
+
+/* A running khorrun with its stdout (b[0]) and stderr (b[1]) captured. */
+struct proc {
+	pid_t pid;
+	int fd[2];
+	struct buf b[2];
+	int status;
+	double secs; /* from start to exit */
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static const char *khorrun_path(void)
+{
+	const char *p = getenv("KHORRUN");
+
+	return p != NULL && *p != '\0' ? p : "./khorrun";
+}
+
+/* Starts khorrun with args (NULL-terminated, without argv[0]); env is "NAME=VALUE"s or NULL. */
+static void proc_start(struct proc *p, const char *const *args, const char *const *env)
+{
+	int po[2], pe[2];
+	size_t n = 0;
+
+	memset(p, 0, sizeof(*p));
+	while (args[n] != NULL)
+		n++;
+	cr_assert_eq(pipe(po), 0);
+	cr_assert_eq(pipe(pe), 0);
+	p->secs = now_s();
+	p->pid = fork();
+	cr_assert_geq(p->pid, 0, "fork: %s", strerror(errno));
+	if (p->pid == 0) {
+		const char **argv = calloc(n + 2, sizeof(*argv));
+
+		dup2(po[1], 1);
+		dup2(pe[1], 2);
+		close(po[0]);
+		close(po[1]);
+		close(pe[0]);
+		close(pe[1]);
+		for (size_t i = 0; env != NULL && env[i] != NULL; i++)
+			putenv((char *)env[i]);
+		argv[0] = khorrun_path();
+		memcpy(argv + 1, args, n * sizeof(*argv));
+		execv(argv[0], (char **)argv);
+		fprintf(stderr, "exec %s: %s (set KHORRUN to the built binary)\n", argv[0],
+		        strerror(errno));
+		_exit(99);
+	}
+	close(po[1]);
+	close(pe[1]);
+	p->fd[0] = po[0];
+	p->fd[1] = pe[0];
+}
+
+/* Reads what is there (waiting up to ms); returns false once both pipes are at EOF. */
+static bool proc_pump(struct proc *p, int ms)
+{
+	struct pollfd pfd[2];
+	int n = 0, map[2];
+
+	for (int k = 0; k < 2; k++) {
+		if (!p->b[k].eof) {
+			pfd[n] = (struct pollfd){ .fd = p->fd[k], .events = POLLIN };
+			map[n++] = k;
+		}
+	}
+	if (n == 0)
+		return false;
+	if (poll(pfd, (nfds_t)n, ms) <= 0)
+		return true;
+	for (int i = 0; i < n; i++) {
+		struct buf *b = &p->b[map[i]];
+		ssize_t r;
+
+		if (pfd[i].revents == 0)
+			continue;
+		if (b->cap - b->len < 65536 + 1) {
+			b->cap = b->cap * 2 + 65536 + 1;
+			b->data = realloc(b->data, b->cap);
+			cr_assert_not_null(b->data);
+		}
+		r = read(p->fd[map[i]], b->data + b->len, b->cap - b->len - 1);
+		if (r > 0)
+			b->len += (size_t)r;
+		else if (r == 0 || errno != EINTR)
+			b->eof = true;
+		b->data[b->len] = '\0';
+	}
+	return true;
+}
+
+/* Collects the rest of the output and the exit status; fails the test after timeout_s. */
+static void proc_finish(struct proc *p, double timeout_s)
+{
+	double start = p->secs, deadline = now_s() + timeout_s;
+	pid_t w = 0;
+
+	while (proc_pump(p, 100)) {
+		if (now_s() > deadline)
+			break;
+	}
+	while (now_s() <= deadline && (w = waitpid(p->pid, &p->status, WNOHANG)) == 0)
+		usleep(10000);
+	if (w != p->pid) {
+		kill(p->pid, SIGKILL);
+		waitpid(p->pid, &p->status, 0);
+		cr_assert_fail("khorrun did not exit within %.1f s\nstdout:\n%s\nstderr:\n%s",
+		               timeout_s, p->b[0].data ? p->b[0].data : "",
+		               p->b[1].data ? p->b[1].data : "");
+	}
+	p->secs = now_s() - start;
+	for (int k = 0; k < 2; k++) {
+		close(p->fd[k]);
+		if (p->b[k].data == NULL)
+			p->b[k].data = calloc(1, 1);
+	}
+}
+
+static void proc_free(struct proc *p)
+{
+	free(p->b[0].data);
+	free(p->b[1].data);
+}
+
+static int exit_code(const struct proc *p)
+{
+	cr_assert(WIFEXITED(p->status), "khorrun did not exit normally (status 0x%x)", p->status);
+	return WEXITSTATUS(p->status);
+}
+
+static struct proc run(const char *const *args, double timeout_s)
+{
+	struct proc p;
+
+	proc_start(&p, args, NULL);
+	proc_finish(&p, timeout_s);
+	return p;
+}
+
+static size_t count_str(const char *hay, const char *needle)
+{
+	size_t n = 0;
+
+	for (const char *s = strstr(hay, needle); s != NULL; s = strstr(s + 1, needle))
+		n++;
+	return n;
+}
+
+/* Waits until stdout holds n occurrences of needle. */
+static void wait_for(struct proc *p, const char *needle, size_t n, double timeout_s)
+{
+	double deadline = now_s() + timeout_s;
+
+	while (count_str(p->b[0].data ? p->b[0].data : "", needle) < n) {
+		cr_assert(now_s() < deadline, "no %zu x '%s' in khorrun's output after %.1f s:\n%s",
+		          n, needle, timeout_s, p->b[0].data ? p->b[0].data : "");
+		if (!proc_pump(p, 100))
+			cr_assert_fail("khorrun exited before printing %zu x '%s':\n%s\n%s", n, needle,
+			               p->b[0].data ? p->b[0].data : "", p->b[1].data ? p->b[1].data : "");
+	}
+}
+
+/* Every number that follows `key` (e.g. "pid=") in text, up to max. */
+static size_t collect_pids(const char *text, const char *key, pid_t *pids, size_t max)
+{
+	size_t n = 0;
+
+	for (const char *s = strstr(text, key); s != NULL && n < max; s = strstr(s + 1, key))
+		pids[n++] = (pid_t)atoi(s + strlen(key));
+	return n;
+}
+
+/* True when no process has this pid any more (zombies count as alive: nobody reaped them). */
+static bool pid_gone(pid_t pid)
+{
+	return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+static void assert_all_gone(const pid_t *pids, size_t n)
+{
+	/* khorrun reaps what it started before it exits, so there is no wait here. */
+	for (size_t i = 0; i < n; i++)
+		cr_assert(pid_gone(pids[i]), "process %d outlived khorrun", (int)pids[i]);
+}
+
+/*
+ * The rank side of the store tests: connect to KHOR_STORE_ADDR with KHOR_SECRET and
+ * KHOR_JOB_ID, publish a key, read every other rank's. With bad_secret it checks instead
+ * that the store refuses a rank without the job's secret.
+ */
+static int store_rank(bool bad_secret)
+{
+	const char *addr = getenv("KHOR_STORE_ADDR"), *job = getenv("KHOR_JOB_ID");
+	const char *secret = bad_secret ? "not-the-secret" : getenv("KHOR_SECRET");
+	int rank = atoi(getenv("KHOR_RANK")), size = atoi(getenv("KHOR_SIZE"));
+	char host[256], key[32], want[32];
+	const char *colon = strrchr(addr, ':');
+	store *s;
+	kerr err;
+	int64_t count;
+
+	snprintf(host, sizeof(host), "%.*s", (int)(colon - addr), addr);
+	kerr_clear(&err);
+	if (store_tcp_connect(host, (uint16_t)atoi(colon + 1), secret, job, kdeadline_in_ms(5000),
+	                      &s, &err) != KHOR_SUCCESS) {
+		printf("%s: %s\n", bad_secret ? "refused" : "connect failed", err.text);
+		return bad_secret ? 0 : 10;
+	}
+	if (bad_secret) {
+		printf("store accepted a wrong secret\n");
+		return 11;
+	}
+	store_set_prefix(s, job, 0);
+	snprintf(key, sizeof(key), "r%d", rank);
+	snprintf(want, sizeof(want), "hello %d", rank);
+	if (store_set(s, key, want, strlen(want), &err) != KHOR_SUCCESS ||
+	    store_add(s, "count", 1, &count, &err) != KHOR_SUCCESS)
+		goto fail;
+	for (int q = 0; q < size; q++) {
+		void *val;
+		size_t len;
+
+		snprintf(key, sizeof(key), "r%d", q);
+		snprintf(want, sizeof(want), "hello %d", q);
+		if (store_get(s, key, kdeadline_in_ms(10000), &val, &len, &err) != KHOR_SUCCESS)
+			goto fail;
+		if (len != strlen(want) || memcmp(val, want, len) != 0) {
+			printf("rank %d's key holds '%.*s'\n", q, (int)len, (char *)val);
+			free(val);
+			store_close(s);
+			return 12;
+		}
+		free(val);
+	}
+	printf("store ok\n");
+	store_close(s);
+	return 0;
+fail:
+	printf("store failed: %s\n", err.text);
+	store_close(s);
+	return 13;
+}
+
+__attribute__((constructor)) static void maybe_be_a_rank(void)
+{
+	const char *mode = getenv("KHORRUN_TEST_RANK");
+
+	if (mode == NULL)
+		return;
+	fflush(stdout);
+	exit(store_rank(strcmp(mode, "bad-secret") == 0));
+}
+
+static void self_path(char *buf, size_t len)
+{
+	ssize_t n = readlink("/proc/self/exe", buf, len - 1);
+
+	cr_assert_gt(n, 0);
+	buf[n] = '\0';
+}
+
+Test(khorrun, ranks_meet_in_the_store, .timeout = 30)
+{
+	char self[4096];
+	const char *args[] = { "-np", "4", "-x", "KHORRUN_TEST_RANK=good", self, NULL };
+	struct proc p;
+
+	self_path(self, sizeof(self));
+	p = run(args, 20);
+	cr_assert_eq(exit_code(&p), 0, "stdout:\n%s\nstderr:\n%s", p.b[0].data, p.b[1].data);
+	cr_assert_eq(count_str(p.b[0].data, "store ok\n"), 4, "%s", p.b[0].data);
+	proc_free(&p);
+}
+
+Test(khorrun, store_refuses_a_wrong_secret, .timeout = 30)
+{
+	char self[4096];
+	const char *args[] = { "-np", "1", "-x", "KHORRUN_TEST_RANK=bad-secret", self, NULL };
+	struct proc p;
+
+	self_path(self, sizeof(self));
+	p = run(args, 20);
+	cr_assert_eq(exit_code(&p), 0, "stdout:\n%s\nstderr:\n%s", p.b[0].data, p.b[1].data);
+	cr_assert_not_null(strstr(p.b[0].data, "[0] refused: "), "%s", p.b[0].data);
+	proc_free(&p);
+}
+
+Test(khorrun, env_per_rank, .timeout = 30)
+{
+	const char *args[] = {
+		"-np", "3", "-x", "FOO=bar", "-x", "KHOR_RANK=77", "--timeout", "10s", "/bin/sh", "-c",
+		"echo \"rank=$KHOR_RANK size=$KHOR_SIZE local=$KHOR_LOCAL_RANK/$KHOR_LOCAL_SIZE "
+		"cross=$KHOR_CROSS_RANK/$KHOR_CROSS_SIZE addr=$KHOR_STORE_ADDR job=$KHOR_JOB_ID "
+		"launcher=$KHOR_LAUNCHER secret=${#KHOR_SECRET} foo=$FOO timeout=$KHOR_TIMEOUT "
+		"inherited=$INHERITED\"",
+		NULL
+	};
+	const char *env[] = { "KHOR_RANK=99", "KHOR_SECRET=stale", "INHERITED=yes", NULL };
+	char addr0[64] = "", job0[64] = "";
+	struct proc p;
+
+	proc_start(&p, args, env);
+	proc_finish(&p, 20);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	for (int r = 0; r < 3; r++) {
+		char want[256], *line, addr[64], job[64];
+		unsigned port = 0;
+
+		snprintf(want, sizeof(want),
+		         "[%d] rank=%d size=3 local=%d/3 cross=0/1 addr=", r, r, r);
+		line = strstr(p.b[0].data, want);
+		cr_assert_not_null(line, "no line '%s...' in:\n%s", want, p.b[0].data);
+		cr_assert_eq(sscanf(line + strlen(want), "%63s job=%63s", addr, job), 2);
+		cr_assert_eq(strncmp(addr, "127.0.0.1:", 10), 0, "store address %s", addr);
+		port = (unsigned)atoi(addr + 10);
+		cr_assert(port > 0 && port < 65536, "store port in %s", addr);
+		cr_assert_eq(strncmp(job, "khor-", 5), 0, "job id %s", job);
+		cr_assert_eq(strlen(job), 13, "job id %s", job);
+		if (r == 0) {
+			strcpy(addr0, addr);
+			strcpy(job0, job);
+		} else {
+			cr_assert_str_eq(addr, addr0, "ranks disagree on the store address");
+			cr_assert_str_eq(job, job0, "ranks disagree on the job id");
+		}
+		cr_assert_not_null(strstr(line, "launcher=khorrun secret=64 foo=bar timeout=10s "
+		                                "inherited=yes\n"),
+		                   "rank %d line: %.300s", r, line);
+	}
+	proc_free(&p);
+}
+
+Test(khorrun, store_listens_while_ranks_run_and_sigterm_stops_them, .timeout = 30)
+{
+	const char *args[] = { "--job-id", "myjob.1", "-np", "1", "/bin/sh", "-c",
+		               "echo addr=$KHOR_STORE_ADDR job=$KHOR_JOB_ID pid=$$; exec sleep 1000",
+		               NULL };
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	struct proc p;
+	pid_t pid;
+	int fd;
+
+	proc_start(&p, args, NULL);
+	wait_for(&p, "pid=", 1, 10);
+	cr_assert_not_null(strstr(p.b[0].data, "job=myjob.1 "), "%s", p.b[0].data);
+	sa.sin_port = htons((uint16_t)atoi(strstr(p.b[0].data, "addr=127.0.0.1:") + 15));
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0,
+	             "store not listening: %s", strerror(errno));
+	close(fd);
+	collect_pids(p.b[0].data, "pid=", &pid, 1);
+
+	kill(p.pid, SIGTERM);
+	proc_finish(&p, 10);
+	cr_assert_eq(exit_code(&p), 143, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "interrupted by SIGTERM"), "%s", p.b[1].data);
+	assert_all_gone(&pid, 1);
+	proc_free(&p);
+}
+
+/* Every rank's lines arrive whole, in order, with the right prefix, on the right stream. */
+Test(khorrun, output_prefixed_complete_and_ordered, .timeout = 60)
+{
+	const char *args[] = { "-np", "4", "/bin/sh", "-c",
+		               "i=0; while [ $i -lt 3000 ]; do echo \"out $KHOR_RANK $i\"; "
+		               "if [ $((i % 6)) = 0 ]; then echo \"err $KHOR_RANK $i\" >&2; fi; "
+		               "i=$((i+1)); done",
+		               NULL };
+	struct proc p = run(args, 50);
+
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%.2000s", p.b[1].data);
+	for (int k = 0; k < 2; k++) {
+		int next[4] = { 0, 0, 0, 0 };
+		int step = k == 0 ? 1 : 6;
+		char *save = NULL;
+
+		for (char *l = strtok_r(p.b[k].data, "\n", &save); l != NULL;
+		     l = strtok_r(NULL, "\n", &save)) {
+			int r, r2, i;
+
+			cr_assert_eq(sscanf(l, "[%d] %*s %d %d", &r, &r2, &i), 3, "bad line '%s'", l);
+			cr_assert(r >= 0 && r < 4 && r == r2, "line '%s' has the wrong prefix", l);
+			cr_assert_eq(strncmp(strchr(l, ']') + 2, k == 0 ? "out " : "err ", 4), 0,
+			             "line '%s' on the wrong stream", l);
+			cr_assert_eq(i, next[r], "rank %d: line %d arrived, expected %d", r, i,
+			             next[r]);
+			next[r] += step;
+		}
+		for (int r = 0; r < 4; r++)
+			cr_assert_eq(next[r], 3000, "stream %d rank %d: %d lines", k, r, next[r] / step);
+	}
+	proc_free(&p);
+}
+
+/* A line longer than khorrun's buffer is split but not lost; a partial last line shows. */
+Test(khorrun, long_lines_and_partial_last_line, .timeout = 30)
+{
+	const char *args[] = { "-np", "2", "/bin/sh", "-c",
+		               "head -c 300000 /dev/zero | tr '\\0' x; echo; printf 'tail %s' "
+		               "$KHOR_RANK",
+		               NULL };
+	struct proc p = run(args, 20);
+
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	for (int r = 0; r < 2; r++) {
+		char prefix[16], tail[32];
+		size_t xs = 0, n = strlen(p.b[0].data);
+		int plen = snprintf(prefix, sizeof(prefix), "[%d] ", r);
+		char *last = NULL;
+
+		for (char *l = p.b[0].data; l < p.b[0].data + n;) {
+			char *e = strchr(l, '\n');
+
+			cr_assert_not_null(e, "output does not end in a newline");
+			if (strncmp(l, prefix, (size_t)plen) == 0) {
+				size_t len = (size_t)(e - l) - (size_t)plen;
+
+				if (len > 0 && l[plen] == 'x') {
+					cr_assert_eq(strspn(l + plen, "x"), len, "garbage in a long line");
+					xs += len;
+				} else {
+					last = l + plen;
+				}
+			}
+			l = e + 1;
+		}
+		cr_assert_eq(xs, 300000, "rank %d: %zu of 300000 bytes of its long line", r, xs);
+		snprintf(tail, sizeof(tail), "tail %d\n", r);
+		cr_assert_not_null(last);
+		cr_assert_eq(strncmp(last, tail, strlen(tail)), 0, "partial last line: '%.20s'", last);
+	}
+	proc_free(&p);
+}
+
+Test(khorrun, no_prefix, .timeout = 30)
+{
+	const char *args[] = { "--no-prefix", "-np", "2", "/bin/sh", "-c", "echo plain", NULL };
+	struct proc p = run(args, 20);
+
+	cr_assert_eq(exit_code(&p), 0);
+	cr_assert_str_eq(p.b[0].data, "plain\nplain\n");
+	proc_free(&p);
+}
+
+Test(khorrun, failing_rank_stops_the_others, .timeout = 30)
+{
+	const char *args[] = { "-np", "4", "/bin/sh", "-c",
+		               "if [ $KHOR_RANK = 2 ]; then sleep 0.5; echo bye; exit 3; fi; "
+		               "echo pid=$$; exec sleep 1000",
+		               NULL };
+	struct proc p;
+	pid_t pids[4];
+	size_t n;
+
+	proc_start(&p, args, NULL);
+	wait_for(&p, "pid=", 3, 10);
+	proc_finish(&p, 20);
+	cr_assert_eq(exit_code(&p), 3, "stderr:\n%s", p.b[1].data);
+	/* The others die of SIGTERM at once: no waiting out the 3 s grace period. */
+	cr_assert_lt(p.secs, 2.5, "khorrun took %.2f s", p.secs);
+	cr_assert_not_null(strstr(p.b[0].data, "[2] bye\n"), "%s", p.b[0].data);
+	cr_assert_not_null(strstr(p.b[1].data, "khorrun: rank 2 (pid "), "%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "failed first: exited with status 3"), "%s",
+	                   p.b[1].data);
+	n = collect_pids(p.b[0].data, "pid=", pids, 4);
+	cr_assert_eq(n, 3);
+	assert_all_gone(pids, n);
+	proc_free(&p);
+}
+
+/* A rank that ignores SIGTERM gets SIGKILL after --grace. */
+Test(khorrun, sigkill_after_grace, .timeout = 30)
+{
+	const char *args[] = { "--grace", "500ms", "-np", "2", "/bin/sh", "-c",
+		               "if [ $KHOR_RANK = 0 ]; then sleep 0.3; exit 5; fi; "
+		               "trap '' TERM; echo pid=$$; while :; do sleep 0.05; done",
+		               NULL };
+	struct proc p;
+	pid_t pid;
+
+	proc_start(&p, args, NULL);
+	wait_for(&p, "pid=", 1, 10);
+	proc_finish(&p, 20);
+	cr_assert_eq(exit_code(&p), 5, "stderr:\n%s", p.b[1].data);
+	cr_assert(p.secs > 0.7 && p.secs < 4, "khorrun took %.2f s", p.secs);
+	cr_assert_not_null(strstr(p.b[1].data, "sending SIGKILL"), "%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "rank 0 (pid "), "%s", p.b[1].data);
+	collect_pids(p.b[0].data, "pid=", &pid, 1);
+	assert_all_gone(&pid, 1);
+	proc_free(&p);
+}
+
+Test(khorrun, rank_killed_by_signal, .timeout = 30)
+{
+	const char *args[] = { "-np", "3", "/bin/sh", "-c",
+		               "if [ $KHOR_RANK = 1 ]; then sleep 0.2; kill -KILL $$; fi; "
+		               "exec sleep 1000",
+		               NULL };
+	struct proc p = run(args, 20);
+
+	cr_assert_eq(exit_code(&p), 137, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "rank 1 (pid "), "%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "killed by signal SIGKILL (9)"), "%s", p.b[1].data);
+	proc_free(&p);
+}
+
+Test(khorrun, all_ranks_succeed_at_different_times, .timeout = 30)
+{
+	const char *args[] = { "-np", "3", "/bin/sh", "-c",
+		               "[ $KHOR_RANK = 0 ] && exit 0; sleep 0.5; echo done", NULL };
+	struct proc p = run(args, 20);
+
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	cr_assert_eq(count_str(p.b[0].data, "done\n"), 2, "%s", p.b[0].data);
+	cr_assert_str_eq(p.b[1].data, "");
+	proc_free(&p);
+}
+
+/* Ctrl-C: every rank and what it forked is stopped, by pid, and khorrun exits 130. */
+Test(khorrun, sigint_stops_everything, .timeout = 30)
+{
+	const char *args[] = { "--grace", "300ms", "-np", "3", "/bin/sh", "-c",
+		               /* The shell ignores SIGINT, its background sleep too: SIGTERM must follow. */
+		               "trap '' INT; sleep 1000 & echo pid=$$ pid=$!; wait",
+		               NULL };
+	struct proc p;
+	pid_t pids[6];
+	size_t n;
+
+	proc_start(&p, args, NULL);
+	wait_for(&p, "pid=", 6, 10);
+	kill(p.pid, SIGINT);
+	proc_finish(&p, 10);
+	cr_assert_eq(exit_code(&p), 130, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "interrupted by SIGINT"), "%s", p.b[1].data);
+	n = collect_pids(p.b[0].data, "pid=", pids, 6);
+	cr_assert_eq(n, 6);
+	assert_all_gone(pids, n);
+	proc_free(&p);
+}
+
+Test(khorrun, sigint_forwarded_first, .timeout = 30)
+{
+	const char *args[] = { "-np", "2", "/bin/sh", "-c",
+		               "trap 'echo got-int; exit 0' INT; echo ready; "
+		               "while :; do sleep 0.05; done",
+		               NULL };
+	struct proc p;
+
+	proc_start(&p, args, NULL);
+	wait_for(&p, "ready", 2, 10);
+	kill(p.pid, SIGINT);
+	proc_finish(&p, 10);
+	cr_assert_eq(exit_code(&p), 130, "stderr:\n%s", p.b[1].data);
+	cr_assert_eq(count_str(p.b[0].data, "got-int\n"), 2, "%s", p.b[0].data);
+	cr_assert_lt(p.secs, 2.5, "took %.2f s: SIGINT should have ended the ranks", p.secs);
+	proc_free(&p);
+}
+
+/*
+ * Ranks that exit 0 but leave processes behind: one keeps the output pipe open, one
+ * detached itself completely (setsid, output closed). Both are stopped before khorrun exits.
+ */
+Test(khorrun, leftovers_of_successful_ranks_are_stopped, .timeout = 30)
+{
+	const char *args[] = { "--grace", "300ms", "-np", "2", "/bin/sh", "-c",
+		               "sleep 1000 & echo pid=$!; "
+		               "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo pid=$!",
+		               NULL };
+	struct proc p = run(args, 20);
+	pid_t pids[4];
+	size_t n;
+
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	cr_assert_lt(p.secs, 5, "took %.2f s", p.secs);
+	cr_assert_not_null(strstr(p.b[1].data, "stopping them"), "%s", p.b[1].data);
+	n = collect_pids(p.b[0].data, "pid=", pids, 4);
+	cr_assert_eq(n, 4, "%s", p.b[0].data);
+	assert_all_gone(pids, n);
+	proc_free(&p);
+}
+
+static void expect_usage_error(const char *const *args, const char *msg)
+{
+	struct proc p = run(args, 10);
+
+	cr_assert_eq(exit_code(&p), 2, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, msg), "wanted '%s' in:\n%s", msg, p.b[1].data);
+	cr_assert_str_eq(p.b[0].data, "");
+	proc_free(&p);
+}
+
+Test(khorrun, bad_command_lines, .timeout = 30)
+{
+	const char *bogus[] = { "--bogus", "-np", "2", "true", NULL };
+	const char *no_np[] = { "true", NULL };
+	const char *np0[] = { "-np", "0", "true", NULL };
+	const char *npx[] = { "-np", "4x", "true", NULL };
+	const char *grace[] = { "--grace", "inf", "-np", "1", "true", NULL };
+	const char *xbad[] = { "-x", "=v", "-np", "1", "true", NULL };
+	const char *noprog[] = { "-np", "2", NULL };
+	const char *noval[] = { "-np", NULL };
+	const char *hosts[] = { "-H", "a:2,b:2", "-np", "4", "true", NULL };
+
+	expect_usage_error(bogus, "usage: khorrun");
+	expect_usage_error(bogus, "unknown option '--bogus'");
+	expect_usage_error(no_np, "-np N is required");
+	expect_usage_error(np0, "-np");
+	expect_usage_error(npx, "'4x'");
+	expect_usage_error(grace, "--grace");
+	expect_usage_error(xbad, "-x");
+	expect_usage_error(noprog, "no program");
+	expect_usage_error(noval, "needs a value");
+	expect_usage_error(hosts, "not supported yet");
+}
+
+Test(khorrun, help_and_version, .timeout = 30)
+{
+	const char *help[] = { "--help", NULL };
+	const char *ver[] = { "--version", NULL };
+	struct proc p = run(help, 10);
+
+	cr_assert_eq(exit_code(&p), 0);
+	cr_assert_not_null(strstr(p.b[0].data, "usage: khorrun -np N"));
+	proc_free(&p);
+	p = run(ver, 10);
+	cr_assert_eq(exit_code(&p), 0);
+	cr_assert_eq(strncmp(p.b[0].data, "khorrun (khor) ", 15), 0, "%s", p.b[0].data);
+	proc_free(&p);
+}
+
+Test(khorrun, missing_or_unrunnable_program, .timeout = 30)
+{
+	const char *missing[] = { "-np", "2", "khor-no-such-program", NULL };
+	const char *missing_path[] = { "-np", "2", "/nonexistent/prog", NULL };
+	char file[] = "/tmp/khorrun-test-XXXXXX";
+	const char *noexec[] = { "-np", "2", file, NULL };
+	struct proc p;
+	int fd;
+
+	p = run(missing, 10);
+	cr_assert_eq(exit_code(&p), 127, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "'khor-no-such-program'"), "%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "not found"), "%s", p.b[1].data);
+	proc_free(&p);
+
+	p = run(missing_path, 10);
+	cr_assert_eq(exit_code(&p), 127, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "/nonexistent/prog"), "%s", p.b[1].data);
+	proc_free(&p);
+
+	/* Found but not executable: 126, as a shell says. */
+	fd = mkstemp(file);
+	cr_assert_geq(fd, 0);
+	close(fd);
+	chmod(file, 0644);
+	p = run(noexec, 10);
+	unlink(file);
+	cr_assert_eq(exit_code(&p), 126, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, file), "%s", p.b[1].data);
+	proc_free(&p);
+}
