@@ -1,6 +1,7 @@
 /* coll.c -- posting, testing and the deadline-bounded wait shared by all algorithms. */
 #include "coll.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -46,9 +47,22 @@ void coll_wait_init(coll_comm *cc, coll_wait *w, const char *what)
 khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int nxs, kerr *err)
 {
 	khor_status st;
-	uint64_t now;
+	uint64_t now, spin_end;
+	bool moved = false;
 
-	st = cc->tp->progress(cc->ctx, kdeadline_left_ms(w->dl, 200), err);
+	/*
+	 * Spin first: a reply on loopback or a fast network comes back in a few microseconds,
+	 * far sooner than a sleeping process is woken. sched_yield keeps the spin polite when
+	 * ranks outnumber cores (it returns at once when nobody else wants the core).
+	 */
+	spin_end = kclock_ns() + cc->spin_ns;
+	do {
+		st = cc->tp->progress(cc->ctx, 0, &moved, err);
+		if (st != KHOR_SUCCESS || moved)
+			return st;
+		sched_yield();
+	} while (kclock_ns() < spin_end);
+	st = cc->tp->progress(cc->ctx, kdeadline_left_ms(w->dl, 200), NULL, err);
 	if (st != KHOR_SUCCESS)
 		return st;
 	if (kdeadline_passed(w->dl)) {

@@ -243,6 +243,7 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	c->cc.timeout_ms = s->timeout_ms;
 	c->cc.rd_max_bytes = s->rd_max_bytes;
 	c->cc.algo = s->algo;
+	c->cc.spin_ns = s->spin_us * 1000;
 	KLOG_INFO("joined job '%s' as rank %d of %d (local %d/%d, cross %d/%d) via %s; links "
 	          "over %s at %s", s->job_id, c->rank, c->size, c->local_rank, c->local_size,
 	          c->cross_rank, c->cross_size, s->source, c->tp->name, addr);
@@ -303,7 +304,7 @@ static khor_status comm_get_link(void *owner, int peer, kdeadline dl, tp_link **
 			err->peer = peer;
 			return KHOR_ERR_TIMEOUT;
 		}
-		st = c->tp->progress(c->ctx, kdeadline_left_ms(dl, 100), err);
+		st = c->tp->progress(c->ctx, kdeadline_left_ms(dl, 100), NULL, err);
 		if (st != KHOR_SUCCESS)
 			return st;
 		if ((st = comm_check_abort(c, err)) != KHOR_SUCCESS)

@@ -32,6 +32,7 @@ const struct config_var config_vars[] = {
 	{ "KHOR_PIPELINE_DEPTH", "4", "Slices in flight per collective (1-64)" },
 	{ "KHOR_ALGO", "auto", "Allreduce algorithm: ring, rd (recursive doubling) or auto" },
 	{ "KHOR_RD_MAX_BYTES", "64K", "auto picks recursive doubling up to this size, the ring above" },
+	{ "KHOR_SPIN_US", "50", "Busy-poll this many microseconds before sleeping in a wait (0 = sleep at once)" },
 	{ "KHOR_TRANSPORT", "tcp", "Transport for links: tcp" },
 	{ "KHOR_LOG", "warn", "Log level: error, warn, info, debug, trace" },
 };
@@ -268,7 +269,8 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	    (st = get_size(cfg, "KHOR_PIPELINE_DEPTH", 1, 64, &u, err)))
 		return st;
 	s->pipeline_depth = (int)u;
-	if ((st = get_size(cfg, "KHOR_RD_MAX_BYTES", 0, 1ull << 30, &s->rd_max_bytes, err)))
+	if ((st = get_size(cfg, "KHOR_RD_MAX_BYTES", 0, 1ull << 30, &s->rd_max_bytes, err)) ||
+	    (st = get_size(cfg, "KHOR_SPIN_US", 0, 10000000, &s->spin_us, err)))
 		return st;
 	p = config_lookup(cfg, "KHOR_ALGO");
 	if (p == NULL || strcmp(p, "auto") == 0)

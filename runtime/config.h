@@ -51,6 +51,7 @@ typedef struct settings {
 	int pipeline_depth;
 	int algo;               /* enum allreduce_algo */
 	uint64_t rd_max_bytes;
+	uint64_t spin_us;
 } settings;
 
 /* Looks up name in cfg, then the environment; NULL when unset or empty. */

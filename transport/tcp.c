@@ -362,6 +362,9 @@ static void hs_acc_hello(struct tsock *s)
 		return;
 	}
 	h->job_id[TCP_JOB_MAX - 1] = '\0';
+	for (char *q = h->job_id; *q != '\0'; q++)
+		if (*q < 0x20 || *q > 0x7e)
+			*q = '?'; /* a stranger's bytes go into our log: keep them printable */
 	if (h->version != TCP_VERSION)
 		status = HS_BAD_VERSION;
 	else if (strcmp(h->job_id, ctx->job_id) != 0)
@@ -1157,13 +1160,15 @@ static bool drive_all(tp_ctx *ctx)
 	return moved;
 }
 
-static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, kerr *err)
+static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err)
 {
 	struct epoll_event evs[64];
 	int n;
 	bool moved = drive_all(ctx);
 
 	n = epoll_wait(ctx->epfd, evs, 64, moved ? 0 : timeout_ms);
+	if (moved_out != NULL)
+		*moved_out = moved || n > 0;
 	if (n < 0) {
 		if (errno == EINTR)
 			return KHOR_SUCCESS;

@@ -104,10 +104,11 @@ struct transport_ops {
 	khor_status (*test)(tp_req *req, bool *done_out, kerr *err);
 	/*
 	 * Moves bytes on every link; waits up to timeout_ms for socket events when nothing could
-	 * be done at once (0 = never wait). Errors on a link are reported through that link's
-	 * requests, not here; progress fails only when the instance itself is broken.
+	 * be done at once (0 = never wait). *moved_out (if not NULL) tells whether any byte or
+	 * connection moved. Errors on a link are reported through that link's requests, not
+	 * here; progress fails only when the instance itself is broken.
 	 */
-	khor_status (*progress)(tp_ctx *ctx, int timeout_ms, kerr *err);
+	khor_status (*progress)(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err);
 	/*
 	 * Abandons a request after an error elsewhere: its buffer is never touched again. A
 	 * request cut off mid-message breaks its link (the byte stream can't be resynchronised).

@@ -1,0 +1,244 @@
+/*
+ * test_tcp.c -- the TCP transport on real loopback sockets, two instances in one process
+ * driven in turn: connecting, tag matching (also out of order), striping, zero-length
+ * frames, length mismatches, and strangers: a wrong secret, garbage bytes and a silent
+ * client are refused while the real ranks carry on.
+ */
+#include "../../transport/transport.h"
+#include "../../base/sock.h"
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const struct transport_ops *tp = &tcp_transport_ops;
+
+static tp_ctx *make(int rank, int size, const char *secret, int nsocks)
+{
+	tp_options o = { .rank = rank, .size = size, .job_id = "tcp-test", .secret = secret,
+	                 .ifname_spec = "lo", .nsocks = nsocks, .min_stripe_bytes = 4096,
+	                 .handshake_timeout_ms = 2000 };
+	tp_ctx *c = NULL;
+	kerr e;
+	cr_assert_eq(tp->create(&o, &c, &e), KHOR_SUCCESS, "%s", e.text);
+	return c;
+}
+
+static void pump(tp_ctx **ctxs, int n, int ms)
+{
+	for (int i = 0; i < n; i++) {
+		kerr e;
+		cr_assert_eq(tp->progress(ctxs[i], ms, NULL, &e), KHOR_SUCCESS);
+	}
+}
+
+/* Connects rank 0 -> rank 1 and returns both ends once ready. */
+static void link_up(tp_ctx *a, tp_ctx *b, tp_link **la, tp_link **lb)
+{
+	kerr e;
+	tp_ctx *both[2] = { a, b };
+
+	cr_assert_eq(tp->connect(a, 1, tp->address(b), la, &e), KHOR_SUCCESS, "%s", e.text);
+	*lb = NULL;
+	for (int i = 0; i < 2000 && (*lb == NULL || !tp->link_ready(*la)); i++) {
+		pump(both, 2, 1);
+		if (*lb == NULL)
+			tp->accept(b, 0, lb, &e);
+	}
+	cr_assert(*lb != NULL && tp->link_ready(*la), "link did not come up: %s",
+	          tp->link_error(*la)->text);
+}
+
+static khor_status wait_req(tp_ctx **ctxs, tp_req *r, kerr *e)
+{
+	for (int i = 0; i < 5000; i++) {
+		bool done = false;
+		khor_status st = tp->test(r, &done, e);
+		if (done)
+			return st;
+		pump(ctxs, 2, 1);
+	}
+	cr_assert_fail("request never completed");
+	return KHOR_ERR_TIMEOUT;
+}
+
+Test(tcp, send_receive_sizes_and_out_of_order_tags)
+{
+	tp_ctx *a = make(0, 2, "s3cret", 3), *b = make(1, 2, "s3cret", 3);
+	tp_ctx *both[2] = { a, b };
+	tp_link *la, *lb;
+	kerr e;
+	size_t sizes[] = { 0, 1, 63, 4096, 12289, 1 << 20 };
+
+	link_up(a, b, &la, &lb);
+	for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+		size_t len = sizes[k];
+		uint8_t *x = malloc(len + 1), *y = malloc(len + 1), *z = malloc(len + 1);
+		for (size_t i = 0; i < len; i++)
+			x[i] = (uint8_t)(i * 7 + k);
+		memset(y, 0xee, len + 1);
+		memset(z, 0xee, len + 1);
+		tp_tag t1 = { 1, (uint32_t)k, 1, 0 }, t2 = { 1, (uint32_t)k, 2, 0 };
+		tp_req *s1, *s2, *r1, *r2;
+		/* Sender sends t1 then t2; receiver posts t2 first: t1 must wait parked. */
+		cr_assert_eq(tp->isend(la, x, len, t1, NULL, &s1, &e), KHOR_SUCCESS);
+		cr_assert_eq(tp->isend(la, x, len, t2, NULL, &s2, &e), KHOR_SUCCESS);
+		pump(both, 2, 1);
+		cr_assert_eq(tp->irecv(lb, z, len, t2, NULL, &r2, &e), KHOR_SUCCESS);
+		cr_assert_eq(tp->irecv(lb, y, len, t1, NULL, &r1, &e), KHOR_SUCCESS);
+		cr_assert_eq(wait_req(both, r2, &e), KHOR_SUCCESS, "%s", e.text);
+		cr_assert_eq(wait_req(both, r1, &e), KHOR_SUCCESS, "%s", e.text);
+		cr_assert_eq(wait_req(both, s1, &e), KHOR_SUCCESS);
+		cr_assert_eq(wait_req(both, s2, &e), KHOR_SUCCESS);
+		cr_assert(memcmp(x, y, len) == 0 && memcmp(x, z, len) == 0, "size %zu corrupted", len);
+		cr_assert(y[len] == 0xee && z[len] == 0xee, "wrote past the end at size %zu", len);
+		free(x);
+		free(y);
+		free(z);
+	}
+	tp->destroy(a);
+	tp->destroy(b);
+}
+
+Test(tcp, length_mismatch_fails_both_requests_without_overrun)
+{
+	tp_ctx *a = make(0, 2, "", 1), *b = make(1, 2, "", 1);
+	tp_ctx *both[2] = { a, b };
+	tp_link *la, *lb;
+	kerr e;
+	uint8_t big[100] = { 0 }, small[51];
+	tp_req *s, *r;
+
+	memset(small, 0x5a, sizeof(small));
+	link_up(a, b, &la, &lb);
+	tp_tag t = { 0, 7, 0, 0 };
+	tp->isend(la, big, 100, t, NULL, &s, &e);
+	tp->irecv(lb, small, 50, t, NULL, &r, &e);
+	cr_assert_eq(wait_req(both, r, &e), KHOR_ERR_PROTOCOL);
+	cr_assert(strstr(e.text, "100 bytes") && strstr(e.text, "50 bytes"), "%s", e.text);
+	cr_assert(strstr(e.text, "peer rank 0"), "error should name the peer: %s", e.text);
+	cr_assert_eq(small[50], 0x5a);
+	wait_req(both, s, &e);
+	tp->destroy(a);
+	tp->destroy(b);
+}
+
+Test(tcp, wrong_secret_is_refused_and_the_job_carries_on)
+{
+	tp_ctx *b = make(1, 2, "right", 1);
+	tp_ctx *bad = make(0, 2, "wrong", 1), *good = make(0, 2, "right", 1);
+	tp_ctx *pair_bad[2] = { bad, b };
+	tp_link *lbad, *la, *lb;
+	kerr e;
+
+	cr_assert_eq(tp->connect(bad, 1, tp->address(b), &lbad, &e), KHOR_SUCCESS);
+	for (int i = 0; i < 2000 && tp->link_error(lbad)->status == KHOR_SUCCESS; i++)
+		pump(pair_bad, 2, 1);
+	cr_assert_eq(tp->link_error(lbad)->status, KHOR_ERR_AUTH, "%s", tp->link_error(lbad)->text);
+	tp->accept(b, 0, &lb, &e);
+	cr_assert_null(lb, "the stranger must not become rank 0's link");
+	link_up(good, b, &la, &lb);
+	tp->destroy(bad);
+	tp->destroy(good);
+	tp->destroy(b);
+}
+
+static int raw_connect(tp_ctx *c)
+{
+	char host[256];
+	uint16_t port;
+	ksockaddr a;
+	kerr e;
+	int fd;
+
+	cr_assert(ksock_split_hostport(tp->address(c), host, sizeof(host), &port));
+	cr_assert_eq(ksock_resolve(host, port, &a, &e), KHOR_SUCCESS);
+	cr_assert_eq(ksock_connect_deadline(&a, kdeadline_in_ms(2000), false, &fd, &e), KHOR_SUCCESS);
+	return fd;
+}
+
+Test(tcp, garbage_and_silent_clients_do_not_harm_the_listener)
+{
+	tp_ctx *a = make(0, 2, "k", 2), *b = make(1, 2, "k", 2);
+	tp_ctx *both[2] = { a, b };
+	tp_link *la, *lb;
+	kerr e;
+	uint8_t junk[4096];
+
+	for (size_t i = 0; i < sizeof(junk); i++)
+		junk[i] = (uint8_t)(i * 131 + 17);
+	int silent = raw_connect(b);
+	int noisy = raw_connect(b);
+	cr_assert(write(noisy, junk, sizeof(junk)) > 0);
+	/* A hello-sized blob with the right magic but nonsense inside. */
+	int liar = raw_connect(b);
+	uint32_t fake[32];
+	memset(fake, 0xff, sizeof(fake));
+	fake[0] = 0x524f484bu;
+	cr_assert(write(liar, fake, sizeof(fake)) > 0);
+	pump(both, 2, 5);
+	link_up(a, b, &la, &lb);
+	/* The real link still moves data. */
+	uint32_t x = 0xdeadbeef, y = 0;
+	tp_req *s, *r;
+	tp_tag t = { 0, 1, 0, 0 };
+	tp->isend(la, &x, 4, t, NULL, &s, &e);
+	tp->irecv(lb, &y, 4, t, NULL, &r, &e);
+	cr_assert_eq(wait_req(both, r, &e), KHOR_SUCCESS);
+	cr_assert_eq(wait_req(both, s, &e), KHOR_SUCCESS);
+	cr_assert_eq(y, x);
+	/* The garbage senders were dropped: reading gives EOF or reset, not silence. */
+	char c;
+	cr_assert(read(noisy, &c, 1) <= 0);
+	close(silent);
+	close(noisy);
+	close(liar);
+	tp->destroy(a);
+	tp->destroy(b);
+}
+
+Test(tcp, closed_peer_fails_pending_receive_naming_the_rank)
+{
+	tp_ctx *a = make(0, 2, "", 1), *b = make(1, 2, "", 1);
+	tp_link *la, *lb;
+	kerr e;
+	uint8_t buf[16];
+	tp_req *r;
+
+	link_up(a, b, &la, &lb);
+	tp_tag t = { 0, 1, 0, 0 };
+	tp->irecv(la, buf, 16, t, NULL, &r, &e);
+	(void)lb;
+	tp->destroy(b);
+	tp_ctx *only[2] = { a, a };
+	for (int i = 0; i < 1000; i++) {
+		bool done = false;
+		khor_status st = tp->test(r, &done, &e);
+		if (done) {
+			cr_assert_eq(st, KHOR_ERR_REMOTE);
+			cr_assert(strstr(e.text, "peer rank 1"), "%s", e.text);
+			tp->destroy(a);
+			return;
+		}
+		pump(only, 1, 2);
+	}
+	cr_assert_fail("the receive did not fail after the peer closed");
+}
+
+Test(tcp, interface_spec_that_matches_nothing_lists_interfaces)
+{
+	tp_options o = { .rank = 0, .size = 2, .job_id = "x", .secret = "",
+	                 .ifname_spec = "nosuchif", .nsocks = 1 };
+	tp_ctx *c;
+	kerr e;
+
+	cr_assert_eq(tp->create(&o, &c, &e), KHOR_ERR_INVALID_ARG);
+	cr_assert(strstr(e.text, "nosuchif") && strstr(e.text, "lo="), "%s", e.text);
+	o.ifname_spec = "127.0.0.0/8";
+	cr_assert_eq(tp->create(&o, &c, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert(strncmp(tp->address(c), "127.", 4) == 0);
+	tp->destroy(c);
+	o.ifname_spec = "10.0.0.0/33";
+	cr_assert_eq(tp->create(&o, &c, &e), KHOR_ERR_INVALID_ARG);
+}
