@@ -52,15 +52,16 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 
 	/*
 	 * Spin first: a reply on loopback or a fast network comes back in a few microseconds,
-	 * far sooner than a sleeping process is woken. sched_yield keeps the spin polite when
-	 * ranks outnumber cores (it returns at once when nobody else wants the core).
+	 * far sooner than a sleeping process is woken. When ranks outnumber cores, sched_yield
+	 * hands the core to the rank we are waiting for instead of burning its time slice.
 	 */
 	spin_end = kclock_ns() + cc->spin_ns;
 	do {
 		st = cc->tp->progress(cc->ctx, 0, &moved, err);
 		if (st != KHOR_SUCCESS || moved)
 			return st;
-		sched_yield();
+		if (cc->spin_yield)
+			sched_yield();
 	} while (kclock_ns() < spin_end);
 	st = cc->tp->progress(cc->ctx, kdeadline_left_ms(w->dl, 200), NULL, err);
 	if (st != KHOR_SUCCESS)

@@ -34,6 +34,7 @@ typedef struct coll_comm {
 	size_t rd_max_bytes;  /* auto: recursive doubling up to this many bytes */
 	int algo;             /* enum allreduce_algo forced by KHOR_ALGO */
 	uint64_t spin_ns;     /* busy-poll this long before sleeping in epoll */
+	bool spin_yield;      /* more ranks than cores here: yield the core while spinning */
 	void *scratch;        /* reusable, max_lanes * slice_bytes */
 	size_t scratch_len;
 } coll_comm;

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static khor_status comm_get_link(void *owner, int peer, kdeadline dl, tp_link **link_out,
                                  kerr *err);
@@ -244,6 +245,8 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	c->cc.rd_max_bytes = s->rd_max_bytes;
 	c->cc.algo = s->algo;
 	c->cc.spin_ns = s->spin_us * 1000;
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	c->cc.spin_yield = ncpu < 1 || c->local_size > ncpu;
 	KLOG_INFO("joined job '%s' as rank %d of %d (local %d/%d, cross %d/%d) via %s; links "
 	          "over %s at %s", s->job_id, c->rank, c->size, c->local_rank, c->local_size,
 	          c->cross_rank, c->cross_size, s->source, c->tp->name, addr);
