@@ -1,46 +1,46 @@
 /* auth.c -- HMAC-SHA256 proofs and randomness for handshakes (see auth.h). */
+/* The SHA256_* block functions are deprecated in 3.0 but remain; see kauth_mac. */
+#define OPENSSL_API_COMPAT 10101
 #include "auth.h"
 
 #include <errno.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
+#include <openssl/sha.h>
 #include <string.h>
 #include <sys/random.h>
 
+/*
+ * HMAC (RFC 2104) over OpenSSL's one-shot SHA-256 block functions rather than EVP_MAC. The
+ * EVP path fetches the algorithm from the provider store under a global lock on every call;
+ * a process that forks while another of its threads (the store server) holds that lock
+ * leaves the child deadlocked in its own first handshake. The SHA256_* functions take no
+ * lock, so neither the server thread nor a forked rank can be caught that way.
+ */
 bool kauth_mac(const void *key, size_t key_len, const char *label, const void *a, size_t a_len,
                const void *b, size_t b_len, uint8_t mac_out[KAUTH_MAC_LEN])
 {
-	EVP_MAC *mac;
-	EVP_MAC_CTX *ctx;
-	OSSL_PARAM params[2];
-	size_t out_len = 0;
-	bool ok = false;
-	static const uint8_t empty_key[1] = { 0 };
+	uint8_t k0[SHA256_CBLOCK] = { 0 }, pad[SHA256_CBLOCK], inner[SHA256_DIGEST_LENGTH];
+	SHA256_CTX ctx;
 
-	mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
-	if (mac == NULL)
+	if (key_len > sizeof(k0))
+		SHA256(key, key_len, k0);
+	else if (key_len > 0)
+		memcpy(k0, key, key_len);
+	for (size_t i = 0; i < sizeof(pad); i++)
+		pad[i] = k0[i] ^ 0x36;
+	if (!SHA256_Init(&ctx) || !SHA256_Update(&ctx, pad, sizeof(pad)) ||
+	    !SHA256_Update(&ctx, label, strlen(label)) || (a_len && !SHA256_Update(&ctx, a, a_len)) ||
+	    (b_len && !SHA256_Update(&ctx, b, b_len)) || !SHA256_Final(inner, &ctx))
 		return false;
-	ctx = EVP_MAC_CTX_new(mac);
-	if (ctx == NULL)
-		goto out_free_mac;
-	params[0] = OSSL_PARAM_construct_utf8_string("digest", (char *)"SHA256", 0);
-	params[1] = OSSL_PARAM_construct_end();
-	/* HMAC with a zero-length key is well defined; OpenSSL wants a non-NULL pointer. */
-	if (!EVP_MAC_init(ctx, key_len ? key : empty_key, key_len, params))
-		goto out_free_ctx;
-	if (!EVP_MAC_update(ctx, (const unsigned char *)label, strlen(label)))
-		goto out_free_ctx;
-	if (a_len && !EVP_MAC_update(ctx, a, a_len))
-		goto out_free_ctx;
-	if (b_len && !EVP_MAC_update(ctx, b, b_len))
-		goto out_free_ctx;
-	ok = EVP_MAC_final(ctx, mac_out, &out_len, KAUTH_MAC_LEN) && out_len == KAUTH_MAC_LEN;
-out_free_ctx:
-	EVP_MAC_CTX_free(ctx);
-out_free_mac:
-	EVP_MAC_free(mac);
-	return ok;
+	for (size_t i = 0; i < sizeof(pad); i++)
+		pad[i] = k0[i] ^ 0x5c;
+	if (!SHA256_Init(&ctx) || !SHA256_Update(&ctx, pad, sizeof(pad)) ||
+	    !SHA256_Update(&ctx, inner, sizeof(inner)) || !SHA256_Final(mac_out, &ctx))
+		return false;
+	OPENSSL_cleanse(k0, sizeof(k0));
+	OPENSSL_cleanse(pad, sizeof(pad));
+	OPENSSL_cleanse(&ctx, sizeof(ctx));
+	return true;
 }
 
 bool kauth_equal(const uint8_t *x, const uint8_t *y, size_t len)

@@ -72,11 +72,12 @@ bool harness_run(const harness_opts *o, harness_body body, void *arg, harness_re
 	snprintf(job, sizeof(job), "%s", o->job_id ? o->job_id : "");
 	if (job[0] == '\0')
 		snprintf(job, sizeof(job), "t%d-%d", (int)getpid(), job_counter++);
-	if (store_server_start("127.0.0.1", 0, secret, job, &srv, &err) != KHOR_SUCCESS) {
-		fprintf(stderr, "harness: store: %s\n", err.text);
-		return false;
-	}
-	snprintf(addr, sizeof(addr), "127.0.0.1:%u", store_server_port(srv));
+	/*
+	 * Fork every rank before the store's thread exists: a fork while another thread holds
+	 * a lock (allocator, libc, a sanitizer's) can leave the child stuck on it. Each rank
+	 * learns the store's port through its pipe.
+	 */
+	int port_pipe[HARNESS_MAX_RANKS][2];
 	fflush(NULL);
 	for (int r = 0; r < o->n; r++) {
 		pids[r] = -1;
@@ -84,10 +85,18 @@ bool harness_run(const harness_opts *o, harness_body body, void *arg, harness_re
 			res->status[r] = -1;
 			continue;
 		}
+		if (pipe(port_pipe[r]) != 0)
+			return false;
 		pids[r] = fork();
 		if (pids[r] == 0) {
 			khor_config *cfg;
 			char v[32];
+			uint16_t port = 0;
+			close(port_pipe[r][1]);
+			if (read(port_pipe[r][0], &port, sizeof(port)) != (ssize_t)sizeof(port))
+				_exit(99); /* the parent could not start the store */
+			close(port_pipe[r][0]);
+			snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
 			khor_config_create(&cfg);
 			snprintf(v, sizeof(v), "%d", r);
 			khor_config_set(cfg, "KHOR_RANK", v);
@@ -102,7 +111,19 @@ bool harness_run(const harness_opts *o, harness_body body, void *arg, harness_re
 			fflush(NULL);
 			_exit(rc);
 		}
+		close(port_pipe[r][0]);
 		left++;
+	}
+	khor_status sst = store_server_start("127.0.0.1", 0, secret, job, &srv, &err);
+	uint16_t port = sst == KHOR_SUCCESS ? store_server_port(srv) : 0;
+	if (sst != KHOR_SUCCESS)
+		fprintf(stderr, "harness: store: %s\n", err.text);
+	for (int r = 0; r < o->n; r++) {
+		if (pids[r] <= 0)
+			continue;
+		if (sst == KHOR_SUCCESS && write(port_pipe[r][1], &port, sizeof(port)) != sizeof(port))
+			fprintf(stderr, "harness: cannot hand the store port to rank %d\n", r);
+		close(port_pipe[r][1]);
 	}
 	while (left > 0) {
 		int st;
@@ -139,6 +160,7 @@ bool harness_run(const harness_opts *o, harness_body body, void *arg, harness_re
 		struct timespec ts = { 0, 2 * 1000 * 1000 };
 		nanosleep(&ts, NULL);
 	}
-	store_server_stop(srv);
-	return ok;
+	if (sst == KHOR_SUCCESS)
+		store_server_stop(srv);
+	return ok && sst == KHOR_SUCCESS;
 }

@@ -76,22 +76,36 @@ static void assert_serves(store_server *srv, const char *key)
 }
 
 /*
- * Children are forked while the server thread sits idle in epoll_wait and connect only when
- * the gate opens, so none is forked while that thread holds a libcrypto or libc lock.
+ * Child processes are forked before the server thread exists (a fork while another thread
+ * holds a libc, libcrypto or sanitizer lock can leave the child deadlocked) and learn the
+ * server's port through this pipe once it runs.
  */
-static void gate_wait(int gate[2])
+static uint16_t gate_wait(int gate[2])
 {
-	char c;
+	uint16_t port = 0;
 
 	close(gate[1]);
-	(void)!read(gate[0], &c, 1);
+	if (read(gate[0], &port, sizeof(port)) != sizeof(port))
+		_exit(10);
 	close(gate[0]);
+	return port;
 }
 
-static void gate_open(int gate[2])
+static void gate_open(int gate[2], int children, uint16_t port)
 {
 	close(gate[0]);
+	for (int i = 0; i < children; i++)
+		cr_assert_eq(write(gate[1], &port, sizeof(port)), sizeof(port));
 	close(gate[1]);
+}
+
+static khor_status child_connect(uint16_t port, store **s, kerr *err)
+{
+	khor_status st = store_tcp_connect("127.0.0.1", port, SECRET, JOB, kdeadline_in_ms(5000),
+	                                   s, err);
+	if (st == KHOR_SUCCESS)
+		store_set_prefix(*s, JOB, 0);
+	return st;
 }
 
 static store *connect_unprefixed(store_server *srv)
@@ -323,24 +337,26 @@ Test(store, get_waits_for_a_thread, .timeout = 30)
 
 Test(store, get_waits_for_another_process, .timeout = 30)
 {
-	store_server *srv = start_server(SECRET, JOB);
-	store *s = connect_ok(srv);
+	int gate[2];
 	void *v = NULL;
 	size_t len;
 	kerr err;
 	int status;
 
-	/* The server thread is idle in epoll_wait, holding no lock, when we fork. */
+	cr_assert_eq(pipe(gate), 0);
 	pid_t pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
 		store *c = NULL;
+		uint16_t port = gate_wait(gate);
 		sleep_ms(300);
-		if (try_connect(srv, SECRET, JOB, &c, &err) != KHOR_SUCCESS)
+		if (child_connect(port, &c, &err) != KHOR_SUCCESS)
 			_exit(2);
-		store_set_prefix(c, JOB, 0);
 		_exit(store_set(c, "from-child", "42", 2, &err) == KHOR_SUCCESS ? 0 : 3);
 	}
+	store_server *srv = start_server(SECRET, JOB);
+	gate_open(gate, 1, store_server_port(srv));
+	store *s = connect_ok(srv);
 	cr_assert_eq(store_get(s, "from-child", kdeadline_in_ms(10000), &v, &len, &err),
 	             KHOR_SUCCESS, "%s", err.text);
 	cr_assert_str_eq(v, "42");
@@ -382,7 +398,6 @@ Test(store, get_times_out, .timeout = 30)
 
 Test(store, add_is_atomic_across_processes, .timeout = 60)
 {
-	store_server *srv = start_server(SECRET, JOB);
 	pid_t pids[4];
 	int gate[2];
 	kerr err;
@@ -394,10 +409,8 @@ Test(store, add_is_atomic_across_processes, .timeout = 60)
 		if (pids[p] == 0) {
 			store *c = NULL;
 			int64_t last = 0, now;
-			gate_wait(gate);
-			if (try_connect(srv, SECRET, JOB, &c, &err) != KHOR_SUCCESS)
+			if (child_connect(gate_wait(gate), &c, &err) != KHOR_SUCCESS)
 				_exit(2);
-			store_set_prefix(c, JOB, 0);
 			for (int i = 0; i < 1000; i++) {
 				if (store_add(c, "counter", 1, &now, &err) != KHOR_SUCCESS)
 					_exit(3);
@@ -409,7 +422,8 @@ Test(store, add_is_atomic_across_processes, .timeout = 60)
 			_exit(0);
 		}
 	}
-	gate_open(gate);
+	store_server *srv = start_server(SECRET, JOB);
+	gate_open(gate, 4, store_server_port(srv));
 	for (int p = 0; p < 4; p++) {
 		int status;
 		cr_assert_eq(waitpid(pids[p], &status, 0), pids[p]);
@@ -523,7 +537,6 @@ Test(store, prefix_isolates_jobs_and_generations, .timeout = 30)
 Test(store, many_waiters_all_woken, .timeout = 30)
 {
 	enum { N = 32 };
-	store_server *srv = start_server(SECRET, JOB);
 	pid_t pids[N];
 	int gate[2];
 	kerr err;
@@ -536,10 +549,8 @@ Test(store, many_waiters_all_woken, .timeout = 30)
 			store *c = NULL;
 			void *v;
 			size_t len;
-			gate_wait(gate);
-			if (try_connect(srv, SECRET, JOB, &c, &err) != KHOR_SUCCESS)
+			if (child_connect(gate_wait(gate), &c, &err) != KHOR_SUCCESS)
 				_exit(2);
-			store_set_prefix(c, JOB, 0);
 			if (store_add(c, "ready", 1, NULL, &err) != KHOR_SUCCESS)
 				_exit(3);
 			if (store_get(c, "go", kdeadline_in_ms(10000), &v, &len, &err) != KHOR_SUCCESS)
@@ -547,7 +558,8 @@ Test(store, many_waiters_all_woken, .timeout = 30)
 			_exit(strcmp(v, "now") == 0 ? 0 : 5);
 		}
 	}
-	gate_open(gate);
+	store_server *srv = start_server(SECRET, JOB);
+	gate_open(gate, N, store_server_port(srv));
 	store *s = connect_ok(srv);
 	int64_t ready = 0;
 	uint64_t t0 = kclock_ns();

@@ -1,0 +1,100 @@
+/*
+ * store.c -- the store_* wrappers every caller uses (see store.h). They put each key under
+ * "<job id>/<generation>/" so two jobs sharing a store, or two generations of one elastic
+ * job, never read each other's keys, and they check the full key against STORE_KEY_MAX
+ * here so every backend sees only keys it accepts.
+ */
+#include "store.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/*
+ * A valid prefix is empty or ends with '/'. A job id that cannot make one leaves this
+ * marker instead, so every later operation fails loudly rather than running under a
+ * truncated prefix that another job might share.
+ */
+#define STORE_PREFIX_INVALID "!"
+
+void store_set_prefix(store *s, const char *job_id, int generation)
+{
+	int n;
+
+	if (job_id == NULL || strchr(job_id, '/') != NULL) {
+		strcpy(s->prefix, STORE_PREFIX_INVALID);
+		return;
+	}
+	n = snprintf(s->prefix, sizeof(s->prefix), "%s/%d/", job_id, generation);
+	if (n < 0 || (size_t)n >= sizeof(s->prefix))
+		strcpy(s->prefix, STORE_PREFIX_INVALID);
+}
+
+/* Builds prefix + key into full (STORE_KEY_MAX + 1 bytes) or explains why it cannot. */
+static khor_status store_full_key(const store *s, const char *op, const char *key, char *full,
+                                  kerr *err)
+{
+	int n;
+
+	if (strcmp(s->prefix, STORE_PREFIX_INVALID) == 0)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG,
+		                "store %s '%s': the job id given to store_set_prefix cannot make a "
+		                "key prefix: it must not contain '/', and '<job id>/<generation>/' "
+		                "must fit in %zu characters",
+		                op, key != NULL ? key : "(null)", sizeof(s->prefix) - 1);
+	if (key == NULL || *key == '\0')
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "store %s: empty key", op);
+	n = snprintf(full, STORE_KEY_MAX + 1, "%s%s", s->prefix, key);
+	if (n < 0 || n > STORE_KEY_MAX)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG,
+		                "store %s '%s%.64s...': the key is %d bytes with its prefix, over the "
+		                "limit of %d",
+		                op, s->prefix, key, n, STORE_KEY_MAX);
+	return KHOR_SUCCESS;
+}
+
+khor_status store_set(store *s, const char *key, const void *val, size_t len, kerr *err)
+{
+	char full[STORE_KEY_MAX + 1];
+	khor_status st = store_full_key(s, "set", key, full, err);
+
+	if (st != KHOR_SUCCESS)
+		return st;
+	return s->ops->set(s, full, val, len, err);
+}
+
+khor_status store_get(store *s, const char *key, kdeadline dl, void **val_out, size_t *len_out,
+                      kerr *err)
+{
+	char full[STORE_KEY_MAX + 1];
+	khor_status st = store_full_key(s, "get", key, full, err);
+
+	if (st != KHOR_SUCCESS)
+		return st;
+	return s->ops->get(s, full, dl, val_out, len_out, err);
+}
+
+khor_status store_add(store *s, const char *key, int64_t delta, int64_t *value_out, kerr *err)
+{
+	char full[STORE_KEY_MAX + 1];
+	khor_status st = store_full_key(s, "add", key, full, err);
+
+	if (st != KHOR_SUCCESS)
+		return st;
+	return s->ops->add(s, full, delta, value_out, err);
+}
+
+khor_status store_del(store *s, const char *key, kerr *err)
+{
+	char full[STORE_KEY_MAX + 1];
+	khor_status st = store_full_key(s, "del", key, full, err);
+
+	if (st != KHOR_SUCCESS)
+		return st;
+	return s->ops->del(s, full, err);
+}
+
+void store_close(store *s)
+{
+	if (s != NULL)
+		s->ops->close(s);
+}
