@@ -8,6 +8,7 @@
 #include "khor.h"
 
 #include "../base/err.h"
+#include "../collectives/algos.h"
 #include "../collectives/coll.h"
 #include "../collectives/reduce.h"
 #include "../runtime/comm.h"
@@ -175,14 +176,25 @@ static khor_status prepare(khor_comm *c, const char *fn, unsigned kind, const vo
 	memset(r, 0, sizeof(*r));
 	if (esz == 0)
 		return bad_arg(c, "%s: unknown dtype %d", fn, (int)dtype);
-	if (kind == COLL_ALLREDUCE && !reduce_supported(dtype, op))
+	bool reduces = kind == COLL_ALLREDUCE || kind == COLL_REDUCE || kind == COLL_REDUCESCATTER;
+	if (reduces && !reduce_supported(dtype, op))
 		return bad_arg(c, "%s: op %d is not supported for dtype %d", fn, (int)op, (int)dtype);
-	if (count > 0 && (recvbuf == NULL || (kind == COLL_ALLREDUCE && sendbuf == NULL)))
-		return bad_arg(c, "%s: NULL buffer with count %zu", fn, count);
-	if (count > SIZE_MAX / esz)
+	if (count > SIZE_MAX / esz / (size_t)c->size)
 		return bad_arg(c, "%s: count %zu overflows the buffer size", fn, count);
-	if (kind == COLL_BROADCAST && (root < 0 || root >= c->size))
+	bool rooted = kind == COLL_BROADCAST || kind == COLL_REDUCE || kind == COLL_GATHER ||
+	              kind == COLL_SCATTER;
+	if (rooted && (root < 0 || root >= c->size))
 		return bad_arg(c, "%s: root %d is not a rank of this %d-rank comm", fn, root, c->size);
+	bool is_root = !rooted || root == c->rank;
+	/* Which buffers this rank really uses for this collective. */
+	bool need_send = count > 0 && kind != COLL_BROADCAST && kind != COLL_BARRIER &&
+	                 (kind != COLL_SCATTER || is_root);
+	bool need_recv = count > 0 && kind != COLL_BARRIER &&
+	                 (kind == COLL_BROADCAST || kind == COLL_SCATTER ||
+	                  (kind != COLL_REDUCE && kind != COLL_GATHER) || is_root);
+	if ((need_send && sendbuf == NULL) || (need_recv && recvbuf == NULL))
+		return bad_arg(c, "%s: NULL %s buffer with count %zu", fn,
+		               need_send && sendbuf == NULL ? "send" : "receive", count);
 	if (kind == COLL_ALLREDUCE && sendbuf != recvbuf && count > 0) {
 		const char *s = sendbuf, *d = recvbuf;
 		size_t b = count * esz;
@@ -200,9 +212,63 @@ static khor_status prepare(khor_comm *c, const char *fn, unsigned kind, const vo
 	return KHOR_SUCCESS;
 }
 
+static void free_arrays(struct khor_request *r)
+{
+	/* One allocation holds every array of a v request (see take_arrays). */
+	free(r->scounts != NULL ? r->scounts : r->rcounts);
+	r->scounts = r->sdispls = r->rcounts = r->rdispls = NULL;
+}
+
 static khor_status run_blocking(khor_comm *c, struct khor_request *r, khor_status st)
 {
-	return st != KHOR_SUCCESS ? st : comm_run(c, r);
+	if (st == KHOR_SUCCESS)
+		st = comm_run(c, r);
+	free_arrays(r);
+	return st;
+}
+
+/*
+ * Copies the count arrays of a v collective (and packs displacements when NULL) into one
+ * allocation the request owns, after checking them: negative space can't be expressed with
+ * size_t, but overflow and regions past the buffer's implied end can.
+ */
+static khor_status take_arrays(khor_comm *c, const char *fn, struct khor_request *r,
+                               const size_t *scounts, const size_t *sdispls,
+                               const size_t *rcounts, const size_t *rdispls)
+{
+	size_t n = (size_t)c->size, esz = khor_dtype_size(r->dtype);
+	size_t *block;
+	bool two = scounts != NULL;
+
+	if (rcounts == NULL)
+		return bad_arg(c, "%s: receive counts are NULL", fn);
+	block = calloc(two ? 4 * n : 2 * n, sizeof(size_t));
+	if (block == NULL)
+		return bad_arg(c, "%s: out of memory for %zu counts", fn, n);
+	r->rcounts = block;
+	r->rdispls = block + n;
+	if (two) {
+		r->scounts = block;
+		r->sdispls = block + n;
+		r->rcounts = block + 2 * n;
+		r->rdispls = block + 3 * n;
+	}
+	const size_t *in_c[2] = { scounts, rcounts }, *in_d[2] = { sdispls, rdispls };
+	size_t *out_c[2] = { r->scounts, r->rcounts }, *out_d[2] = { r->sdispls, r->rdispls };
+	for (int k = two ? 0 : 1; k < 2; k++) {
+		size_t packed = 0;
+		for (size_t i = 0; i < n; i++) {
+			out_c[k][i] = in_c[k][i];
+			out_d[k][i] = in_d[k] != NULL ? in_d[k][i] : packed;
+			if (in_c[k][i] > SIZE_MAX / esz / 2 || packed > SIZE_MAX / esz / 2 ||
+			    out_d[k][i] > SIZE_MAX / esz / 2) {
+				free_arrays(r);
+				return bad_arg(c, "%s: count or displacement of rank %zu overflows", fn, i);
+			}
+			packed += in_c[k][i];
+		}
+	}
+	return KHOR_SUCCESS;
 }
 
 static khor_status run_async(khor_comm *c, struct khor_request *tmpl, khor_status st,
@@ -215,12 +281,15 @@ static khor_status run_async(khor_comm *c, struct khor_request *tmpl, khor_statu
 	if (out == NULL)
 		return bad_arg(c, "request_out is NULL");
 	r = malloc(sizeof(*r));
-	if (r == NULL)
+	if (r == NULL) {
+		free_arrays(tmpl);
 		return bad_arg(c, "out of memory for a request");
+	}
 	*r = *tmpl;
 	r->heap = true;
 	st = comm_submit(c, r);
 	if (st != KHOR_SUCCESS) {
+		free_arrays(r);
 		free(r);
 		return st;
 	}
@@ -305,5 +374,204 @@ KHOR_API void khor_request_free(khor_request *request)
 	if (request == NULL)
 		return;
 	comm_wait(request->comm, request);
+	free_arrays(request);
 	free(request);
+}
+
+/* Blocking and non-blocking twins share one preparation; B(...) and I(...) run it. */
+#define B(prep) \
+	struct khor_request r; \
+	khor_status st = (prep); \
+	return run_blocking(comm, &r, st)
+#define I(prep) \
+	struct khor_request r; \
+	khor_status st = (prep); \
+	return run_async(comm, &r, st, request_out)
+
+static khor_status prep_reduce(khor_comm *comm, const char *fn, const void *sendbuf,
+                               void *recvbuf, size_t count, khor_dtype dtype, khor_op op,
+                               int root, struct khor_request *r)
+{
+	return prepare(comm, fn, COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root, r);
+}
+
+KHOR_API khor_status khor_reduce(khor_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                                 khor_dtype dtype, khor_op op, int root)
+{
+	B(prep_reduce(comm, "khor_reduce", sendbuf, recvbuf, count, dtype, op, root, &r));
+}
+
+KHOR_API khor_status khor_ireduce(khor_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                                  khor_dtype dtype, khor_op op, int root,
+                                  khor_request **request_out)
+{
+	I(prep_reduce(comm, "khor_ireduce", sendbuf, recvbuf, count, dtype, op, root, &r));
+}
+
+KHOR_API khor_status khor_allgather(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, khor_dtype dtype)
+{
+	B(prepare(comm, "khor_allgather", COLL_ALLGATHER, sendbuf, recvbuf, count, dtype, KHOR_SUM,
+	          0, &r));
+}
+
+KHOR_API khor_status khor_iallgather(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, khor_dtype dtype, khor_request **request_out)
+{
+	I(prepare(comm, "khor_iallgather", COLL_ALLGATHER, sendbuf, recvbuf, count, dtype,
+	          KHOR_SUM, 0, &r));
+}
+
+static khor_status prep_allgatherv(khor_comm *comm, const char *fn, const void *sendbuf,
+                                   size_t sendcount, void *recvbuf, const size_t *recvcounts,
+                                   const size_t *displs, khor_dtype dtype,
+                                   struct khor_request *r)
+{
+	/* count is the total, for the overflow and NULL checks of prepare. */
+	size_t total = 0;
+	khor_status st;
+
+	if (comm == NULL)
+		return KHOR_ERR_INVALID_ARG;
+	if (recvcounts == NULL)
+		return bad_arg(comm, "%s: recvcounts is NULL", fn);
+	if (recvcounts[comm->rank] != sendcount)
+		return bad_arg(comm, "%s: sendcount %zu differs from recvcounts[%d] = %zu", fn,
+		               sendcount, comm->rank, recvcounts[comm->rank]);
+	for (int i = 0; i < comm->size; i++) {
+		if (recvcounts[i] > SIZE_MAX / 2 - total)
+			return bad_arg(comm, "%s: the counts overflow", fn);
+		total += recvcounts[i];
+	}
+	/* An empty contribution may come with a NULL sendbuf; hand prepare a valid pointer. */
+	st = prepare(comm, fn, COLL_ALLGATHER, sendcount ? sendbuf : recvbuf, recvbuf,
+	             total > 0 ? 1 : 0, dtype, KHOR_SUM, 0, r);
+	if (st != KHOR_SUCCESS)
+		return st;
+	if (sendcount > 0 && sendbuf == NULL)
+		return bad_arg(comm, "%s: NULL send buffer with count %zu", fn, sendcount);
+	r->count = sendcount;
+	return take_arrays(comm, fn, r, NULL, NULL, recvcounts, displs);
+}
+
+KHOR_API khor_status khor_allgatherv(khor_comm *comm, const void *sendbuf, size_t sendcount,
+                                     void *recvbuf, const size_t *recvcounts,
+                                     const size_t *displs, khor_dtype dtype)
+{
+	B(prep_allgatherv(comm, "khor_allgatherv", sendbuf, sendcount, recvbuf, recvcounts, displs,
+	                  dtype, &r));
+}
+
+KHOR_API khor_status khor_iallgatherv(khor_comm *comm, const void *sendbuf, size_t sendcount,
+                                      void *recvbuf, const size_t *recvcounts,
+                                      const size_t *displs, khor_dtype dtype,
+                                      khor_request **request_out)
+{
+	I(prep_allgatherv(comm, "khor_iallgatherv", sendbuf, sendcount, recvbuf, recvcounts,
+	                  displs, dtype, &r));
+}
+
+KHOR_API khor_status khor_reduce_scatter(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                         size_t count, khor_dtype dtype, khor_op op)
+{
+	B(prepare(comm, "khor_reduce_scatter", COLL_REDUCESCATTER, sendbuf, recvbuf, count, dtype,
+	          op, 0, &r));
+}
+
+KHOR_API khor_status khor_ireduce_scatter(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                          size_t count, khor_dtype dtype, khor_op op,
+                                          khor_request **request_out)
+{
+	I(prepare(comm, "khor_ireduce_scatter", COLL_REDUCESCATTER, sendbuf, recvbuf, count, dtype,
+	          op, 0, &r));
+}
+
+KHOR_API khor_status khor_alltoall(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, khor_dtype dtype)
+{
+	B(prepare(comm, "khor_alltoall", COLL_ALLTOALL, sendbuf, recvbuf, count, dtype, KHOR_SUM,
+	          0, &r));
+}
+
+KHOR_API khor_status khor_ialltoall(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, khor_dtype dtype, khor_request **request_out)
+{
+	I(prepare(comm, "khor_ialltoall", COLL_ALLTOALL, sendbuf, recvbuf, count, dtype, KHOR_SUM,
+	          0, &r));
+}
+
+static khor_status prep_alltoallv(khor_comm *comm, const char *fn, const void *sendbuf,
+                                  const size_t *sendcounts, const size_t *sdispls,
+                                  void *recvbuf, const size_t *recvcounts,
+                                  const size_t *rdispls, khor_dtype dtype,
+                                  struct khor_request *r)
+{
+	khor_status st;
+
+	if (comm == NULL)
+		return KHOR_ERR_INVALID_ARG;
+	if (sendcounts == NULL || recvcounts == NULL)
+		return bad_arg(comm, "%s: sendcounts or recvcounts is NULL", fn);
+	/* Buffers may be NULL only where every count on that side is 0. */
+	size_t s = 0, rc = 0;
+	for (int i = 0; i < comm->size; i++) {
+		s |= sendcounts[i];
+		rc |= recvcounts[i];
+	}
+	if ((s && sendbuf == NULL) || (rc && recvbuf == NULL))
+		return bad_arg(comm, "%s: NULL buffer with non-zero counts", fn);
+	st = prepare(comm, fn, COLL_ALLTOALL, sendbuf, recvbuf, 0, dtype, KHOR_SUM, 0, r);
+	if (st != KHOR_SUCCESS)
+		return st;
+	r->count = SIZE_MAX; /* marks the v form for the dispatcher */
+	return take_arrays(comm, fn, r, sendcounts, sdispls, recvcounts, rdispls);
+}
+
+KHOR_API khor_status khor_alltoallv(khor_comm *comm, const void *sendbuf, const size_t *sendcounts,
+                                    const size_t *sdispls, void *recvbuf,
+                                    const size_t *recvcounts, const size_t *rdispls,
+                                    khor_dtype dtype)
+{
+	B(prep_alltoallv(comm, "khor_alltoallv", sendbuf, sendcounts, sdispls, recvbuf,
+	                 recvcounts, rdispls, dtype, &r));
+}
+
+KHOR_API khor_status khor_ialltoallv(khor_comm *comm, const void *sendbuf,
+                                     const size_t *sendcounts, const size_t *sdispls,
+                                     void *recvbuf, const size_t *recvcounts,
+                                     const size_t *rdispls, khor_dtype dtype,
+                                     khor_request **request_out)
+{
+	I(prep_alltoallv(comm, "khor_ialltoallv", sendbuf, sendcounts, sdispls, recvbuf,
+	                 recvcounts, rdispls, dtype, &r));
+}
+
+KHOR_API khor_status khor_gather(khor_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                                 khor_dtype dtype, int root)
+{
+	B(prepare(comm, "khor_gather", COLL_GATHER, sendbuf, recvbuf, count, dtype, KHOR_SUM, root,
+	          &r));
+}
+
+KHOR_API khor_status khor_igather(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                  size_t count, khor_dtype dtype, int root,
+                                  khor_request **request_out)
+{
+	I(prepare(comm, "khor_igather", COLL_GATHER, sendbuf, recvbuf, count, dtype, KHOR_SUM,
+	          root, &r));
+}
+
+KHOR_API khor_status khor_scatter(khor_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                                  khor_dtype dtype, int root)
+{
+	B(prepare(comm, "khor_scatter", COLL_SCATTER, sendbuf, recvbuf, count, dtype, KHOR_SUM,
+	          root, &r));
+}
+
+KHOR_API khor_status khor_iscatter(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, khor_dtype dtype, int root,
+                                   khor_request **request_out)
+{
+	I(prepare(comm, "khor_iscatter", COLL_SCATTER, sendbuf, recvbuf, count, dtype, KHOR_SUM,
+	          root, &r));
 }

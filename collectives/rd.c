@@ -21,6 +21,7 @@
  * why the ring takes over for large messages.
  */
 #include "rd.h"
+#include "algos.h"
 
 #include "reduce.h"
 
@@ -131,7 +132,15 @@ enum allreduce_algo allreduce_pick(const coll_comm *cc, enum allreduce_algo forc
 {
 	if (forced == ALGO_RD && bytes <= cc->scratch_len)
 		return ALGO_RD;
+	if (forced == ALGO_TREE || forced == ALGO_HD)
+		return forced;
 	if (forced != ALGO_AUTO)
 		return ALGO_RING;
 	return bytes <= cc->rd_max_bytes && bytes <= cc->scratch_len ? ALGO_RD : ALGO_RING;
+}
+
+khor_status hd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size_t count,
+                         khor_dtype dtype, khor_op op, uint32_t seq, kerr *err)
+{
+	return kerr_set(err, KHOR_ERR_NOT_SUPPORTED, "halving-doubling is not implemented yet");
 }

@@ -7,7 +7,7 @@
 khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size_t count,
                          khor_dtype dtype, khor_op op, uint32_t seq, unsigned kind, kerr *err);
 
-enum allreduce_algo { ALGO_AUTO = 0, ALGO_RING, ALGO_RD };
+enum allreduce_algo { ALGO_AUTO = 0, ALGO_RING, ALGO_RD, ALGO_TREE, ALGO_HD };
 
 /*
  * Which schedule runs an allreduce of `bytes` on this comm: the forced one, or for AUTO a

@@ -121,6 +121,40 @@ KHOR_API khor_status khor_broadcast(khor_comm *comm, void *buf, size_t count,
                                     khor_dtype dtype, int root);
 KHOR_API khor_status khor_barrier(khor_comm *comm);
 
+/* reduce: the reduction of every rank's sendbuf lands in root's recvbuf (ignored elsewhere). */
+KHOR_API khor_status khor_reduce(khor_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                                 khor_dtype dtype, khor_op op, int root);
+/* allgather: rank r's count elements land at recvbuf + r * count on every rank. */
+KHOR_API khor_status khor_allgather(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, khor_dtype dtype);
+/*
+ * allgatherv: rank r sends sendcount (== recvcounts[r]) elements, which land at
+ * recvbuf + displs[r] elements on every rank; displs NULL packs the blocks in rank order.
+ */
+KHOR_API khor_status khor_allgatherv(khor_comm *comm, const void *sendbuf, size_t sendcount,
+                                     void *recvbuf, const size_t *recvcounts,
+                                     const size_t *displs, khor_dtype dtype);
+/*
+ * reduce_scatter: sendbuf holds count elements on every rank; rank r receives block r of
+ * the reduction. Blocks are count / n elements, and the first count % n ranks get one more.
+ */
+KHOR_API khor_status khor_reduce_scatter(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                         size_t count, khor_dtype dtype, khor_op op);
+/* alltoall: block j (count elements) of rank i's sendbuf lands in block i of rank j's recvbuf. */
+KHOR_API khor_status khor_alltoall(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, khor_dtype dtype);
+/* alltoallv: per-peer counts and displacements in elements (NULL displs = packed). */
+KHOR_API khor_status khor_alltoallv(khor_comm *comm, const void *sendbuf, const size_t *sendcounts,
+                                    const size_t *sdispls, void *recvbuf,
+                                    const size_t *recvcounts, const size_t *rdispls,
+                                    khor_dtype dtype);
+/* gather: rank r's count elements land at root's recvbuf + r * count. */
+KHOR_API khor_status khor_gather(khor_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                                 khor_dtype dtype, int root);
+/* scatter: block r (count elements) of root's sendbuf lands in rank r's recvbuf. */
+KHOR_API khor_status khor_scatter(khor_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                                  khor_dtype dtype, int root);
+
 /*
  * Non-blocking forms. The collective runs on the comm's collective thread (started on first
  * use) in call order, after any earlier collective on the same comm; blocking calls keep that
@@ -132,6 +166,32 @@ KHOR_API khor_status khor_iallreduce(khor_comm *comm, const void *sendbuf, void 
 KHOR_API khor_status khor_ibroadcast(khor_comm *comm, void *buf, size_t count,
                                      khor_dtype dtype, int root, khor_request **request_out);
 KHOR_API khor_status khor_ibarrier(khor_comm *comm, khor_request **request_out);
+KHOR_API khor_status khor_ireduce(khor_comm *comm, const void *sendbuf, void *recvbuf, size_t count,
+                                  khor_dtype dtype, khor_op op, int root,
+                                  khor_request **request_out);
+KHOR_API khor_status khor_iallgather(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, khor_dtype dtype, khor_request **request_out);
+/* The count and displacement arrays of the v forms are copied; they need not stay valid. */
+KHOR_API khor_status khor_iallgatherv(khor_comm *comm, const void *sendbuf, size_t sendcount,
+                                      void *recvbuf, const size_t *recvcounts,
+                                      const size_t *displs, khor_dtype dtype,
+                                      khor_request **request_out);
+KHOR_API khor_status khor_ireduce_scatter(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                          size_t count, khor_dtype dtype, khor_op op,
+                                          khor_request **request_out);
+KHOR_API khor_status khor_ialltoall(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, khor_dtype dtype, khor_request **request_out);
+KHOR_API khor_status khor_ialltoallv(khor_comm *comm, const void *sendbuf,
+                                     const size_t *sendcounts, const size_t *sdispls,
+                                     void *recvbuf, const size_t *recvcounts,
+                                     const size_t *rdispls, khor_dtype dtype,
+                                     khor_request **request_out);
+KHOR_API khor_status khor_igather(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                  size_t count, khor_dtype dtype, int root,
+                                  khor_request **request_out);
+KHOR_API khor_status khor_iscatter(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, khor_dtype dtype, int root,
+                                   khor_request **request_out);
 /* Waits for completion (bounded by KHOR_TIMEOUT) and returns the collective's status. */
 KHOR_API khor_status khor_wait(khor_request *request);
 /* KHOR_SUCCESS or an error when complete, KHOR_IN_PROGRESS when not. Never blocks. */

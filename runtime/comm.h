@@ -23,6 +23,8 @@ struct khor_request {
 	khor_dtype dtype;
 	khor_op op;
 	int root;
+	/* v forms: per-rank counts and displacements in elements (owned when heap) */
+	size_t *scounts, *sdispls, *rcounts, *rdispls;
 	uint32_t seq;
 	bool done;
 	bool heap;           /* made by an i* call; freed by khor_request_free */

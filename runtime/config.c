@@ -30,7 +30,7 @@ const struct config_var config_vars[] = {
 	{ "KHOR_MIN_STRIPE", "256K", "Smallest piece a message is striped into across sockets" },
 	{ "KHOR_SLICE_BYTES", "512K", "Pipeline slice of ring allreduce and chain broadcast" },
 	{ "KHOR_PIPELINE_DEPTH", "4", "Slices in flight per collective (1-64)" },
-	{ "KHOR_ALGO", "auto", "Allreduce algorithm: ring, rd (recursive doubling) or auto" },
+	{ "KHOR_ALGO", "auto", "Allreduce algorithm: ring, tree (double binary), rd (recursive doubling), hd (halving-doubling) or auto (cost model)" },
 	{ "KHOR_RD_MAX_BYTES", "64K", "auto picks recursive doubling up to this size, the ring above" },
 	{ "KHOR_SPIN_US", "50", "Busy-poll this many microseconds before sleeping in a wait (0 = sleep at once)" },
 	{ "KHOR_TRANSPORT", "tcp", "Transport for links: tcp" },
@@ -279,8 +279,12 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 		s->algo = 1;
 	else if (strcmp(p, "rd") == 0)
 		s->algo = 2;
+	else if (strcmp(p, "tree") == 0)
+		s->algo = 3;
+	else if (strcmp(p, "hd") == 0)
+		s->algo = 4;
 	else
-		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_ALGO='%s': expected ring, rd or auto",
-		                p);
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_ALGO='%s': expected ring, tree, rd, "
+		                "hd or auto", p);
 	return KHOR_SUCCESS;
 }

@@ -12,6 +12,7 @@
 #include "comm.h"
 
 #include "../base/log.h"
+#include "../collectives/algos.h"
 #include "../collectives/rd.h"
 #include "../collectives/reduce.h"
 #include "../collectives/ring.h"
@@ -61,6 +62,139 @@ static void blame_timeout(khor_comm *c, kerr *err)
 	kerr_prefix(err, "rank %d is not taking part (waiting chain: %s)", cur, chain);
 }
 
+/* Equal-block allgather through the v schedule: counts all equal, packed in rank order. */
+static khor_status ring_allgather_equal(coll_comm *cc, const void *sendbuf, void *recvbuf,
+                                       size_t count, khor_dtype dtype, uint32_t seq, kerr *err)
+{
+	size_t n = (size_t)cc->size, *a = malloc(2 * n * sizeof(size_t));
+	khor_status st;
+
+	if (a == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "allgather seq %u: out of memory", seq);
+	for (size_t i = 0; i < n; i++) {
+		a[i] = count;
+		a[n + i] = count * i;
+	}
+	st = ring_allgatherv(cc, sendbuf, recvbuf, a, a + n, dtype, seq, err);
+	free(a);
+	return st;
+}
+
+static khor_status alltoall_run(coll_comm *cc, struct khor_request *r, kerr *err)
+{
+	size_t n = (size_t)cc->size, *a;
+	khor_status st;
+
+	if (r->scounts != NULL)
+		return pairwise_alltoallv(cc, r->sendbuf, r->scounts, r->sdispls, r->recvbuf,
+		                          r->rcounts, r->rdispls, r->dtype, r->seq, err);
+	a = malloc(2 * n * sizeof(size_t));
+	if (a == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "alltoall seq %u: out of memory", r->seq);
+	for (size_t i = 0; i < n; i++) {
+		a[i] = r->count;
+		a[n + i] = r->count * i;
+	}
+	st = pairwise_alltoallv(cc, r->sendbuf, a, a + n, r->recvbuf, a, a + n, r->dtype, r->seq,
+	                        err);
+	free(a);
+	return st;
+}
+
+/* Local-only semantics of each collective on a one-rank comm. */
+static khor_status run_single(struct khor_request *r)
+{
+	size_t bytes = r->count * khor_dtype_size(r->dtype);
+
+	switch (r->kind) {
+	case COLL_ALLREDUCE: case COLL_REDUCE: case COLL_ALLGATHER: case COLL_REDUCESCATTER:
+	case COLL_GATHER: case COLL_SCATTER:
+		if (r->kind == COLL_ALLGATHER && r->rcounts != NULL)
+			bytes = r->rcounts[0] * khor_dtype_size(r->dtype);
+		if (r->kind == COLL_ALLGATHER && r->rcounts != NULL) {
+			if (bytes > 0)
+				memmove((char *)r->recvbuf + r->rdispls[0] * khor_dtype_size(r->dtype),
+				        r->sendbuf, bytes);
+		} else if (r->sendbuf != r->recvbuf && bytes > 0) {
+			memmove(r->recvbuf, r->sendbuf, bytes);
+		}
+		break;
+	case COLL_ALLTOALL: {
+		size_t esz = khor_dtype_size(r->dtype);
+		if (r->scounts != NULL) {
+			if (r->scounts[0] != r->rcounts[0])
+				return KHOR_ERR_INVALID_ARG;
+			bytes = r->scounts[0] * esz;
+			if (bytes > 0)
+				memmove((char *)r->recvbuf + r->rdispls[0] * esz,
+				        (const char *)r->sendbuf + r->sdispls[0] * esz, bytes);
+		} else if (r->sendbuf != r->recvbuf && bytes > 0) {
+			memmove(r->recvbuf, r->sendbuf, bytes);
+		}
+		break;
+	}
+	default:
+		break;
+	}
+	return KHOR_SUCCESS;
+}
+
+/* Picks the schedule for one collective and runs it. */
+static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
+{
+	coll_comm *cc = &c->cc;
+	size_t esz = khor_dtype_size(r->dtype), bytes = r->count * esz;
+
+	if (c->size == 1)
+		return run_single(r);
+	switch (r->kind) {
+	case COLL_ALLREDUCE:
+	case COLL_BARRIER:
+		switch (allreduce_pick(cc, (enum allreduce_algo)cc->algo, bytes)) {
+		case ALGO_RD:
+			return rd_allreduce(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op, r->seq,
+			                    r->kind, err);
+		case ALGO_TREE:
+			return dbtree_allreduce(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op,
+			                        r->seq, err);
+		case ALGO_HD:
+			return hd_allreduce(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op, r->seq,
+			                    err);
+		default:
+			return ring_allreduce(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op,
+			                      r->seq, r->kind, err);
+		}
+	case COLL_BROADCAST:
+		if (bytes <= cc->rd_max_bytes)
+			return binomial_broadcast(cc, r->recvbuf, r->count, r->dtype, r->root, r->seq, err);
+		return chain_broadcast(cc, r->recvbuf, r->count, r->dtype, r->root, r->seq, err);
+	case COLL_REDUCE:
+		return binomial_reduce(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op, r->root,
+		                       r->seq, err);
+	case COLL_ALLGATHER:
+		if (r->rcounts != NULL)
+			return ring_allgatherv(cc, r->sendbuf, r->recvbuf, r->rcounts, r->rdispls,
+			                       r->dtype, r->seq, err);
+		if (bytes * (size_t)c->size <= cc->rd_max_bytes)
+			return rd_allgather(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->seq, err);
+		return ring_allgather_equal(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->seq,
+		                            err);
+	case COLL_REDUCESCATTER:
+		return ring_reduce_scatter(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op,
+		                           r->seq, err);
+	case COLL_ALLTOALL:
+		return alltoall_run(cc, r, err);
+	case COLL_GATHER:
+		return binomial_gather(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->root, r->seq,
+		                       err);
+	case COLL_SCATTER:
+		return binomial_scatter(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->root,
+		                        r->seq, err);
+	default:
+		return kerr_set(err, KHOR_ERR_INTERNAL, "unknown collective kind %u", r->kind);
+	}
+}
+
 static khor_status run_one(khor_comm *c, struct khor_request *r)
 {
 	kerr err;
@@ -72,30 +206,7 @@ static khor_status run_one(khor_comm *c, struct khor_request *r)
 	pthread_mutex_unlock(&c->mu);
 	if (st != KHOR_SUCCESS)
 		return st; /* sticky: fail fast with the first error */
-	switch (r->kind) {
-	case COLL_ALLREDUCE:
-	case COLL_BARRIER:
-		if (c->size == 1) {
-			if (r->sendbuf != r->recvbuf && r->count > 0)
-				memmove(r->recvbuf, r->sendbuf, r->count * khor_dtype_size(r->dtype));
-			return KHOR_SUCCESS;
-		}
-		if (allreduce_pick(&c->cc, (enum allreduce_algo)c->cc.algo,
-		                   r->count * khor_dtype_size(r->dtype)) == ALGO_RD)
-			st = rd_allreduce(&c->cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op,
-			                  r->seq, r->kind, &err);
-		else
-			st = ring_allreduce(&c->cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op,
-			                    r->seq, r->kind, &err);
-		break;
-	case COLL_BROADCAST:
-		if (c->size == 1)
-			return KHOR_SUCCESS;
-		st = chain_broadcast(&c->cc, r->recvbuf, r->count, r->dtype, r->root, r->seq, &err);
-		break;
-	default:
-		st = kerr_set(&err, KHOR_ERR_INTERNAL, "unknown collective kind %u", r->kind);
-	}
+	st = dispatch(c, r, &err);
 	if (st == KHOR_ERR_TIMEOUT && err.peer >= 0 && c->store != NULL)
 		blame_timeout(c, &err);
 	if (st == KHOR_ERR_REMOTE && c->store != NULL &&
