@@ -10,10 +10,11 @@
  *
  * f16 and bf16 are converted with integer bit tricks written without branches, so that the
  * conversions vectorise too (bf16 is a truncated f32, its conversions cost a shift and an
- * add). The f16 ones are exhaustively bit-identical to x86's F16C instructions, but GCC 12
+ * add). The f16 ones are exhaustively bit-identical to x86's F16C instructions. But GCC 12
  * neither vectorises _Float16 conversions nor generates good code for the bit tricks
- * (~1.4 GB/s against ~24 GB/s with F16C), so f16 has a second, hand-written AVX2+F16C path
- * chosen at run time; the portable loops stay for other CPUs and as the tests' reference.
+ * (f16 ~1.4 GB/s against ~17 GB/s with F16C in L1; bf16 ~4.5 against ~13), so both have
+ * a hand-written AVX2 path (F16C for f16) chosen at run time; the portable loops stay for
+ * other CPUs and as the tests' reference, and give the same bits.
  *
  * Float min/max select with compares rather than fminf: fminf drops NaN, and we want NaN
  * to propagate and the same answer from every ISA.
@@ -21,6 +22,7 @@
 #include "reduce.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -193,20 +195,21 @@ static const reduce_fn portable[][5] = {
  * iteration for the load ports; the tail uses the scalar conversions, which give the same
  * bits. Rounding comes from the immediate (nearest even), not from MXCSR.
  */
+#define AVX2_TARGET __attribute__((target("avx2")))
 #define F16C_TARGET __attribute__((target("avx2,f16c")))
 
-F16C_TARGET static inline __m256 v_sum(__m256 x, __m256 y) { return _mm256_add_ps(x, y); }
-F16C_TARGET static inline __m256 v_prod(__m256 x, __m256 y) { return _mm256_mul_ps(x, y); }
+AVX2_TARGET static inline __m256 v_sum(__m256 x, __m256 y) { return _mm256_add_ps(x, y); }
+AVX2_TARGET static inline __m256 v_prod(__m256 x, __m256 y) { return _mm256_mul_ps(x, y); }
 
 /* Same selection as OP_FMIN/OP_FMAX: take y where y is smaller (larger) or NaN. */
-F16C_TARGET static inline __m256 v_min(__m256 x, __m256 y)
+AVX2_TARGET static inline __m256 v_min(__m256 x, __m256 y)
 {
 	__m256 take_y = _mm256_or_ps(_mm256_cmp_ps(y, x, _CMP_LT_OQ), _mm256_cmp_ps(y, y, _CMP_UNORD_Q));
 
 	return _mm256_blendv_ps(x, y, take_y);
 }
 
-F16C_TARGET static inline __m256 v_max(__m256 x, __m256 y)
+AVX2_TARGET static inline __m256 v_max(__m256 x, __m256 y)
 {
 	__m256 take_y = _mm256_or_ps(_mm256_cmp_ps(y, x, _CMP_GT_OQ), _mm256_cmp_ps(y, y, _CMP_UNORD_Q));
 
@@ -247,6 +250,69 @@ DEFINE_F16C_KERNEL(max_f16c, v_max, OP_FMAX)
 
 static const reduce_fn f16c_row[5] = ROW(f16c);
 
+/*
+ * The AVX2 path for bf16. Interleaving zero words below each bf16 (unpack) widens sixteen
+ * values in two instructions, and packing the rounded top halves back (packus) undoes the
+ * unpack's in-lane order, so no cross-lane shuffle is needed; GCC's own code for the
+ * portable loop zero-extends, shifts and permutes, at about a third of the speed.
+ */
+AVX2_TARGET static inline __m256i bf16_round_v(__m256 v)
+{
+	__m256i u = _mm256_castps_si256(v);
+	__m256i top = _mm256_srli_epi32(u, 16);
+	__m256i lsb = _mm256_and_si256(top, _mm256_set1_epi32(1));
+	__m256i rounded = _mm256_srli_epi32(
+		_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+	__m256i nan = _mm256_or_si256(top, _mm256_set1_epi32(0x0040));
+
+	return _mm256_blendv_epi8(rounded, nan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+
+#define DEFINE_BF16_AVX2_KERNEL(name, VOP, OP)                                         \
+	AVX2_TARGET static void name(void *dst, const void *a, const void *b,          \
+	                             size_t count)                                      \
+	{                                                                              \
+		uint16_t *d = dst;                                                     \
+		const uint16_t *x = a, *y = b;                                         \
+		const __m256i zero = _mm256_setzero_si256();                           \
+		size_t i = 0;                                                          \
+		for (; i + 16 <= count; i += 16) {                                     \
+			__m256i vx = _mm256_loadu_si256((const __m256i *)(x + i));     \
+			__m256i vy = _mm256_loadu_si256((const __m256i *)(y + i));     \
+			__m256 lo = VOP(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, vx)), \
+			                _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, vy))); \
+			__m256 hi = VOP(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, vx)), \
+			                _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, vy))); \
+			_mm256_storeu_si256((__m256i *)(d + i),                        \
+			                    _mm256_packus_epi32(bf16_round_v(lo), bf16_round_v(hi))); \
+		}                                                                      \
+		for (; i < count; i++)                                                 \
+			d[i] = bf16_round(OP(bf16_widen(x[i]), bf16_widen(y[i])));     \
+	}
+
+DEFINE_BF16_AVX2_KERNEL(sum_bf16avx2, v_sum, OP_SUM)
+DEFINE_BF16_AVX2_KERNEL(prod_bf16avx2, v_prod, OP_PROD)
+DEFINE_BF16_AVX2_KERNEL(min_bf16avx2, v_min, OP_FMIN)
+DEFINE_BF16_AVX2_KERNEL(max_bf16avx2, v_max, OP_FMAX)
+
+static const reduce_fn bf16avx2_row[5] = ROW(bf16avx2);
+
+AVX2_TARGET static void avg_finish_bf16avx2(uint16_t *p, size_t count, float n)
+{
+	const __m256i zero = _mm256_setzero_si256();
+	__m256 vn = _mm256_set1_ps(n);
+	size_t i = 0;
+
+	for (; i + 16 <= count; i += 16) {
+		__m256i v = _mm256_loadu_si256((const __m256i *)(p + i));
+		__m256 lo = _mm256_div_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)), vn);
+		__m256 hi = _mm256_div_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v)), vn);
+		_mm256_storeu_si256((__m256i *)(p + i), _mm256_packus_epi32(bf16_round_v(lo), bf16_round_v(hi)));
+	}
+	for (; i < count; i++)
+		p[i] = bf16_round(bf16_widen(p[i]) / n);
+}
+
 F16C_TARGET static void avg_finish_f16c(uint16_t *p, size_t count, float n)
 {
 	__m256 vn = _mm256_set1_ps(n);
@@ -258,12 +324,22 @@ F16C_TARGET static void avg_finish_f16c(uint16_t *p, size_t count, float n)
 		p[i] = f16_round(f16_widen(p[i]) / n);
 }
 
-static bool cpu_has_f16c(void)
+static bool cpu_has_avx2(void)
 {
 	__builtin_cpu_init();
-	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+	return __builtin_cpu_supports("avx2");
+}
+
+static bool cpu_has_f16c(void)
+{
+	return cpu_has_avx2() && __builtin_cpu_supports("f16c");
 }
 #else
+static bool cpu_has_avx2(void)
+{
+	return false;
+}
+
 static bool cpu_has_f16c(void)
 {
 	return false;
@@ -282,6 +358,8 @@ reduce_fn reduce_kernel(khor_dtype dtype, khor_op op)
 #if defined(__x86_64__)
 	if (dtype == KHOR_FLOAT16 && (unsigned)op <= KHOR_PROD && cpu_has_f16c())
 		return f16c_row[op];
+	if (dtype == KHOR_BFLOAT16 && (unsigned)op <= KHOR_PROD && cpu_has_avx2())
+		return bf16avx2_row[op];
 #endif
 	return reduce_kernel_portable(dtype, op);
 }
@@ -291,22 +369,20 @@ bool reduce_supported(khor_dtype dtype, khor_op op)
 	return reduce_kernel(dtype, op) != NULL;
 }
 
-const char *reduce_isa(void)
+void reduce_isa(char *out, size_t len)
 {
-	static const char *const names[][2] = {
-		{ "baseline clones, f16: portable", "baseline clones, f16: avx2+f16c" },
-		{ "avx2 clones, f16: portable", "avx2 clones, f16: avx2+f16c" },
-		{ "avx512f clones, f16: portable", "avx512f clones, f16: avx2+f16c" },
-		{ "no clones (sanitizer or non-x86 build), f16: portable",
-		  "no clones (sanitizer or non-x86 build), f16: avx2+f16c" },
-	};
-	int isa = 3;
+	const char *clones = "no clones (sanitizer or non-x86 build)";
+	const char *halves = cpu_has_f16c() ? "f16: avx2+f16c, bf16: avx2"
+	                     : cpu_has_avx2() ? "f16: portable, bf16: avx2"
+	                                      : "f16 and bf16: portable";
 
 #if HAVE_CLONES
 	__builtin_cpu_init();
-	isa = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+	clones = __builtin_cpu_supports("avx512f") ? "avx512f clones"
+	         : __builtin_cpu_supports("avx2") ? "avx2 clones"
+	                                          : "baseline clones";
 #endif
-	return names[isa][cpu_has_f16c()];
+	snprintf(out, len, "%s, %s", clones, halves);
 }
 
 #define DEFINE_AVG_FINISH(name, T, DIV_T)                        \
@@ -345,7 +421,15 @@ void reduce_avg_finish(void *buf, size_t count, khor_dtype dtype, int n)
 	case KHOR_INT64: avg_i64(buf, count, n); break;
 	case KHOR_INT8: avg_i8(buf, count, n); break;
 	case KHOR_UINT8: avg_u8(buf, count, n); break;
-	case KHOR_BFLOAT16: avg_bf16(buf, count, n); break;
+	case KHOR_BFLOAT16:
+#if defined(__x86_64__)
+		if (cpu_has_avx2()) {
+			avg_finish_bf16avx2(buf, count, (float)n);
+			break;
+		}
+#endif
+		avg_bf16(buf, count, n);
+		break;
 	case KHOR_FLOAT16:
 #if defined(__x86_64__)
 		if (cpu_has_f16c()) {

@@ -42,8 +42,8 @@ bool reduce_supported(khor_dtype dtype, khor_op op);
  */
 reduce_fn reduce_kernel_portable(khor_dtype dtype, khor_op op);
 
-/* Which code the kernels run on this CPU, for benchmark headers ("avx2, f16: f16c"). */
-const char *reduce_isa(void);
+/* Which code the kernels run on this CPU, for benchmark headers: "avx2 clones, f16: ...". */
+void reduce_isa(char *out, size_t len);
 
 /* Scalar conversions with exactly the kernels' rounding, for tests and data preparation. */
 float reduce_f16_to_f32(uint16_t h);

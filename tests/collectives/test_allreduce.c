@@ -176,6 +176,16 @@ static void run_all(int n, struct job *j)
 	{                                                                  \
 		struct job j = { "rd", "64K", "1" };                       \
 		run_all(N, &j);                                            \
+	}                                                                  \
+	Test(allreduce, tree_n##N, .timeout = 180)                         \
+	{                                                                  \
+		struct job j = { "tree", "512", "2" };                     \
+		run_all(N, &j);                                            \
+	}                                                                  \
+	Test(allreduce, hd_n##N, .timeout = 180)                           \
+	{                                                                  \
+		struct job j = { "hd", "1K", "2" };                        \
+		run_all(N, &j);                                            \
 	}
 
 N_TEST(1)
