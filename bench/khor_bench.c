@@ -16,6 +16,10 @@
 
 #include "khor.h"
 
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "bench_common.h"
 
 #define PROG "khor-bench"
@@ -86,9 +90,51 @@ static const char *kb_error(struct bench_backend *b)
 	return text && *text ? text : khor_strerror(k->last);
 }
 
+/*
+ * khor's own flags, --algo NAME and --transport NAME, become KHOR_ALGO and KHOR_TRANSPORT
+ * before init and are taken out of argv, so the shared parser (and mpi-bench) never see
+ * them. Returns the new argc, or -1 after printing a usage error.
+ */
+static int take_khor_flags(int argc, char **argv)
+{
+	static const struct { const char *flag, *var; } flags[] = {
+		{ "--algo", "KHOR_ALGO" }, { "--transport", "KHOR_TRANSPORT" },
+	};
+	int out = 1;
+
+	for (int i = 1; i < argc; i++) {
+		bool taken = false;
+		for (size_t f = 0; f < sizeof(flags) / sizeof(flags[0]) && !taken; f++) {
+			size_t fl = strlen(flags[f].flag);
+			if (strncmp(argv[i], flags[f].flag, fl) != 0)
+				continue;
+			const char *v = NULL;
+			if (argv[i][fl] == '=')
+				v = argv[i] + fl + 1;
+			else if (argv[i][fl] == '\0' && i + 1 < argc)
+				v = argv[++i];
+			else if (argv[i][fl] != '\0')
+				continue;
+			if (v == NULL || *v == '\0') {
+				fprintf(stderr, PROG ": %s needs a value\n", flags[f].flag);
+				return -1;
+			}
+			setenv(flags[f].var, v, 1);
+			taken = true;
+		}
+		if (!taken)
+			argv[out++] = argv[i];
+	}
+	argv[out] = NULL;
+	return out;
+}
+
 int main(int argc, char **argv)
 {
 	struct bench_args args;
+	argc = take_khor_flags(argc, argv);
+	if (argc < 0)
+		return 2;
 	int rc = bench_parse_args(argc, argv, PROG, &args);
 	if (rc)
 		return rc == 1 ? 0 : 2;

@@ -35,6 +35,10 @@ typedef struct coll_comm {
 	int algo;             /* enum allreduce_algo forced by KHOR_ALGO */
 	uint64_t spin_ns;     /* busy-poll this long before sleeping in epoll */
 	bool spin_yield;      /* more ranks than cores here: yield the core while spinning */
+	struct {
+		double alpha, beta, gamma; /* the cost model (select.h); valid when alpha > 0 */
+	} model;
+	uint64_t logged_buckets; /* sizes (log2) whose algorithm choice was logged */
 	void *scratch;        /* reusable, max_lanes * slice_bytes */
 	size_t scratch_len;
 } coll_comm;

@@ -24,6 +24,7 @@
 #include "algos.h"
 
 #include "reduce.h"
+#include "select.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,6 +161,14 @@ enum allreduce_algo allreduce_pick(const coll_comm *cc, enum allreduce_algo forc
 		return forced;
 	if (forced != ALGO_AUTO)
 		return ALGO_RING;
+	if (cc->model.alpha > 0) {
+		cost_model m = { cc->model.alpha, cc->model.beta, cc->model.gamma, true };
+		double t;
+		int a = cost_pick_allreduce(&m, cc->size, bytes, cc->slice_bytes, &t);
+		if (a == ALGO_RD && bytes > cc->scratch_len)
+			a = ALGO_HD; /* rd works in scratch; hd needs only half a buffer */
+		return (enum allreduce_algo)a;
+	}
 	return bytes <= cc->rd_max_bytes && bytes <= cc->scratch_len ? ALGO_RD : ALGO_RING;
 }
 

@@ -20,6 +20,7 @@
 #include "../base/log.h"
 #include "../base/sock.h"
 #include "../collectives/ring.h"
+#include "../collectives/select.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -247,6 +248,23 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	c->cc.spin_ns = s->spin_us * 1000;
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	c->cc.spin_yield = ncpu < 1 || c->local_size > ncpu;
+	if (s->cost[0] > 0) {
+		c->cc.model.alpha = s->cost[0];
+		c->cc.model.beta = s->cost[1];
+		c->cc.model.gamma = s->cost[2];
+	} else {
+		cost_model m;
+		st = cost_calibrate(&c->cc, c->next_seq, &m, err);
+		c->next_seq += 2;
+		if (st != KHOR_SUCCESS)
+			goto fail;
+		c->cc.model.alpha = m.alpha;
+		c->cc.model.beta = m.beta;
+		c->cc.model.gamma = m.gamma;
+	}
+	KLOG_INFO("cost model: alpha %.1f us, link %.2f GB/s, reduce %.2f GB/s (%s)",
+	          c->cc.model.alpha * 1e6, 1e-9 / c->cc.model.beta, 1e-9 / c->cc.model.gamma,
+	          s->cost[0] > 0 ? "from KHOR_COST_*" : "measured at init");
 	KLOG_INFO("joined job '%s' as rank %d of %d (local %d/%d, cross %d/%d) via %s; links "
 	          "over %s at %s", s->job_id, c->rank, c->size, c->local_rank, c->local_size,
 	          c->cross_rank, c->cross_size, s->source, c->tp->name, addr);

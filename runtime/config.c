@@ -32,6 +32,9 @@ const struct config_var config_vars[] = {
 	{ "KHOR_PIPELINE_DEPTH", "4", "Slices in flight per collective (1-64)" },
 	{ "KHOR_ALGO", "auto", "Allreduce algorithm: ring, tree (double binary), rd (recursive doubling), hd (halving-doubling) or auto (cost model)" },
 	{ "KHOR_RD_MAX_BYTES", "64K", "auto picks recursive doubling up to this size, the ring above" },
+	{ "KHOR_COST_ALPHA_US", NULL, "Cost model: per-message time in us (with BETA and GAMMA set, init skips its measurement)" },
+	{ "KHOR_COST_BETA_GBPS", NULL, "Cost model: link bandwidth in GB/s" },
+	{ "KHOR_COST_GAMMA_GBPS", NULL, "Cost model: reduction speed in GB/s" },
 	{ "KHOR_SPIN_US", "50", "Busy-poll this many microseconds before sleeping in a wait (0 = sleep at once)" },
 	{ "KHOR_TRANSPORT", "tcp", "Transport for links: tcp" },
 	{ "KHOR_LOG", "warn", "Log level: error, warn, info, debug, trace" },
@@ -272,6 +275,24 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	if ((st = get_size(cfg, "KHOR_RD_MAX_BYTES", 0, 1ull << 30, &s->rd_max_bytes, err)) ||
 	    (st = get_size(cfg, "KHOR_SPIN_US", 0, 10000000, &s->spin_us, err)))
 		return st;
+	static const char *const cost_names[3] = { "KHOR_COST_ALPHA_US", "KHOR_COST_BETA_GBPS",
+	                                           "KHOR_COST_GAMMA_GBPS" };
+	int ncost = 0;
+	for (int i = 0; i < 3; i++) {
+		const char *cv = config_lookup(cfg, cost_names[i]);
+		char *end;
+		if (cv == NULL)
+			continue;
+		double d = strtod(cv, &end);
+		if (*end != '\0' || !(d > 0))
+			return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected a positive number",
+			                cost_names[i], cv);
+		s->cost[i] = i == 0 ? d * 1e-6 : 1.0 / (d * 1e9);
+		ncost++;
+	}
+	if (ncost != 0 && ncost != 3)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "set all of KHOR_COST_ALPHA_US, "
+		                "KHOR_COST_BETA_GBPS and KHOR_COST_GAMMA_GBPS, or none");
 	p = config_lookup(cfg, "KHOR_ALGO");
 	if (p == NULL || strcmp(p, "auto") == 0)
 		s->algo = 0;

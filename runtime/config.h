@@ -52,6 +52,7 @@ typedef struct settings {
 	int algo;               /* enum allreduce_algo */
 	uint64_t rd_max_bytes;
 	uint64_t spin_us;
+	double cost[3];         /* alpha s, beta s/B, gamma s/B from config; 0 = measure */
 } settings;
 
 /* Looks up name in cfg, then the environment; NULL when unset or empty. */

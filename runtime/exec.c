@@ -14,6 +14,7 @@
 #include "../base/log.h"
 #include "../collectives/algos.h"
 #include "../collectives/rd.h"
+#include "../collectives/select.h"
 #include "../collectives/reduce.h"
 #include "../collectives/ring.h"
 
@@ -60,6 +61,27 @@ static void blame_timeout(khor_comm *c, kerr *err)
 		cur = next;
 	}
 	kerr_prefix(err, "rank %d is not taking part (waiting chain: %s)", cur, chain);
+}
+
+/* KHOR_LOG=debug: the allreduce choice with every prediction, once per power-of-two size. */
+static void log_choice(coll_comm *cc, size_t bytes)
+{
+	static const char *const names[] = { "auto", "ring", "rd", "tree", "hd" };
+	int bucket = 0;
+	cost_model m = { cc->model.alpha, cc->model.beta, cc->model.gamma, cc->model.alpha > 0 };
+
+	while (bucket < 63 && (1ull << (bucket + 1)) <= bytes)
+		bucket++;
+	if (cc->logged_buckets & (1ull << bucket))
+		return;
+	cc->logged_buckets |= 1ull << bucket;
+	enum allreduce_algo a = allreduce_pick(cc, (enum allreduce_algo)cc->algo, bytes);
+	KLOG_DEBUG("allreduce %zu B on %d ranks: %s%s (predicted us: ring %.1f, tree %.1f, rd %.1f, "
+	           "hd %.1f)", bytes, cc->size, names[a], cc->algo ? " (forced by KHOR_ALGO)" : "",
+	           cost_allreduce(&m, ALGO_RING, cc->size, bytes, cc->slice_bytes) * 1e6,
+	           cost_allreduce(&m, ALGO_TREE, cc->size, bytes, cc->slice_bytes) * 1e6,
+	           cost_allreduce(&m, ALGO_RD, cc->size, bytes, cc->slice_bytes) * 1e6,
+	           cost_allreduce(&m, ALGO_HD, cc->size, bytes, cc->slice_bytes) * 1e6);
 }
 
 /* Equal-block allgather through the v schedule: counts all equal, packed in rank order. */
@@ -150,6 +172,8 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 	switch (r->kind) {
 	case COLL_ALLREDUCE:
 	case COLL_BARRIER:
+		if (klog_threshold >= KLOG_DEBUG)
+			log_choice(cc, bytes);
 		switch (allreduce_pick(cc, (enum allreduce_algo)cc->algo, bytes)) {
 		case ALGO_RD:
 			return rd_allreduce(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op, r->seq,

@@ -1,0 +1,207 @@
+/*
+ * select.c -- predicted times of each schedule (see select.h).
+ *
+ * With p the largest power of two <= n, lp = log2 p, f = 2 extra steps when n != p (the
+ * fold-in/fold-out of recursive doubling), D = depth of the binary trees, S the bytes:
+ *
+ *   ring       2(n-1) a + 2(n-1)/n S b + (n-1)/n S g
+ *   rd         (lp+f) a + (lp+f) S b + (lp + f/2) S g
+ *   hd         (2lp+f) a + (2(p-1)/p + f) S b + ((p-1)/p + f/2) S g
+ *   tree       2D a + 2D s b + 2 S b + S g           (s = slice: the pipeline's fill)
+ *   binomial   ceil(log2 n) (a + S b)
+ *   chain      (n - 2 + ceil(S/s)) (a + s b)
+ *
+ * The tree's 2 S b is what one rank sends: half the buffer up one tree, both halves down to
+ * two children in the other... it is no cheaper than the ring in bandwidth, but its latency
+ * grows with log n instead of n. The model is deliberately simple: its job is to rank the
+ * schedules correctly, and the benchmark (khor-bench --algo auto against each fixed
+ * algorithm) is what checks it.
+ */
+#include "select.h"
+
+#include "rd.h"
+
+#include <math.h>
+
+static int ilog2(int n)
+{
+	int l = 0;
+	while ((1 << (l + 1)) <= n)
+		l++;
+	return l;
+}
+
+double cost_allreduce(const cost_model *m, int a, int n, size_t bytes, size_t slice)
+{
+	double S = (double)bytes, al = m->alpha, b = m->beta, g = m->gamma;
+	int lp = ilog2(n), p = 1 << lp, f = n != p ? 2 : 0;
+	int D = ilog2(n);
+
+	if (n <= 1)
+		return 0;
+	switch (a) {
+	case ALGO_RD:
+		return (lp + f) * al + (lp + f) * S * b + (lp + f / 2.0) * S * g;
+	case ALGO_HD:
+		return (2 * lp + f) * al + (2.0 * (p - 1) / p + f) * S * b +
+		       ((double)(p - 1) / p + f / 2.0) * S * g;
+	case ALGO_TREE: {
+		double s = S / 2 < (double)slice ? S / 2 : (double)slice;
+		return 2 * D * al + 2 * D * s * b + 2 * S * b + S * g;
+	}
+	default:
+		return 2.0 * (n - 1) * al + 2.0 * (n - 1) / n * S * b + (double)(n - 1) / n * S * g;
+	}
+}
+
+double cost_broadcast(const cost_model *m, int a, int n, size_t bytes, size_t slice)
+{
+	double S = (double)bytes, s = S < (double)slice ? S : (double)slice;
+
+	if (n <= 1)
+		return 0;
+	if (a == BCAST_BINOMIAL)
+		return ceil(log2(n)) * (m->alpha + S * m->beta);
+	return (n - 2 + ceil(S / (s > 0 ? s : 1))) * (m->alpha + s * m->beta);
+}
+
+double cost_allgather(const cost_model *m, int a, int n, size_t bytes)
+{
+	double S = (double)bytes;
+	int lp = ilog2(n), p = 1 << lp, f = n != p ? 2 : 0;
+
+	if (n <= 1)
+		return 0;
+	if (a == AG_RD)
+		return (lp + f) * m->alpha + ((double)(p - 1) / p + f) * S * m->beta;
+	return (n - 1) * m->alpha + (double)(n - 1) / n * S * m->beta;
+}
+
+int cost_pick_allreduce(const cost_model *m, int n, size_t bytes, size_t slice, double *t_out)
+{
+	static const int algos[] = { ALGO_RING, ALGO_RD, ALGO_HD, ALGO_TREE };
+	int best = ALGO_RING;
+	double bt = INFINITY;
+
+	for (size_t i = 0; i < sizeof(algos) / sizeof(algos[0]); i++) {
+		double t = cost_allreduce(m, algos[i], n, bytes, slice);
+		if (t < bt) {
+			bt = t;
+			best = algos[i];
+		}
+	}
+	if (t_out != NULL)
+		*t_out = bt;
+	return best;
+}
+
+int cost_pick_broadcast(const cost_model *m, int n, size_t bytes, size_t slice)
+{
+	return cost_broadcast(m, BCAST_BINOMIAL, n, bytes, slice) <=
+	               cost_broadcast(m, BCAST_CHAIN, n, bytes, slice)
+	           ? BCAST_BINOMIAL
+	           : BCAST_CHAIN;
+}
+
+int cost_pick_allgather(const cost_model *m, int n, size_t bytes)
+{
+	return cost_allgather(m, AG_RD, n, bytes) <= cost_allgather(m, AG_RING, n, bytes) ? AG_RD
+	                                                                                 : AG_RING;
+}
+
+/*
+ * Calibration. Neighbours r and r^1 swap 8 bytes a few times (alpha) and 1 MiB a few times
+ * (beta) in both directions at once, the way the schedules use links; gamma is one local
+ * kernel run. Ranks without a partner contribute zeros, and an allreduce(max) makes every
+ * rank hold the same, most pessimistic, model.
+ */
+#include "reduce.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static khor_status swap(coll_comm *cc, coll_wait *w, int peer, void *sbuf, void *rbuf,
+                        size_t len, tp_tag tag, kerr *err)
+{
+	coll_xfer x[2];
+	khor_status st;
+
+	memset(x, 0, sizeof(x));
+	st = coll_post(cc, &x[0], peer, false, rbuf, len, tag, w->dl, err);
+	if (st == KHOR_SUCCESS)
+		st = coll_post(cc, &x[1], peer, true, sbuf, len, tag, w->dl, err);
+	while (st == KHOR_SUCCESS) {
+		bool a = coll_done(cc, &x[0], &st, err);
+		bool b = coll_done(cc, &x[1], &st, err);
+		if (st != KHOR_SUCCESS || (a && b))
+			break;
+		st = coll_wait_step(cc, w, x, 2, err);
+	}
+	if (st != KHOR_SUCCESS)
+		coll_drain(cc, x, 2);
+	return st;
+}
+
+khor_status cost_calibrate(coll_comm *cc, uint32_t seq, cost_model *out, kerr *err)
+{
+	enum { SMALL_ITERS = 30, BIG_ITERS = 4, BIG = 1 << 20 };
+	double v[3] = { 0, 0, 0 };
+	int peer = cc->rank ^ 1;
+	uint8_t *a = malloc(BIG), *b = malloc(BIG);
+	coll_wait w;
+	khor_status st = KHOR_SUCCESS;
+
+	if (a == NULL || b == NULL) {
+		free(a);
+		free(b);
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "cost model calibration: out of memory");
+	}
+	memset(a, 1, BIG);
+	memset(b, 2, BIG);
+	coll_wait_init(cc, &w, "cost model calibration");
+	if (peer < cc->size) {
+		const uint32_t meta = tp_meta_make(9, KHOR_UINT8, 0);
+		uint64_t t0 = 0, t1 = 0, t2;
+		for (int i = 0; i < SMALL_ITERS + 2 && st == KHOR_SUCCESS; i++) {
+			if (i == 2)
+				t0 = kclock_ns(); /* the first swaps also make the link */
+			tp_tag tag = { cc->comm_id, seq, (uint32_t)i, meta };
+			st = swap(cc, &w, peer, a, b, 8, tag, err);
+		}
+		/* Two untimed big swaps first: TCP's congestion window and buffers grow there. */
+		for (int i = 0; i < BIG_ITERS + 2 && st == KHOR_SUCCESS; i++) {
+			if (i == 2)
+				t1 = kclock_ns();
+			tp_tag tag = { cc->comm_id, seq, (uint32_t)(100 + i), meta };
+			st = swap(cc, &w, peer, a, b, BIG, tag, err);
+		}
+		t2 = kclock_ns();
+		v[0] = (double)(t1 - t0) / 1e9 / SMALL_ITERS;
+		v[1] = ((double)(t2 - t1) / 1e9 / BIG_ITERS - v[0]) / BIG;
+		if (v[1] < 1e-12)
+			v[1] = 1e-12;
+	}
+	if (st == KHOR_SUCCESS) {
+		reduce_fn fn = reduce_kernel(KHOR_FLOAT32, KHOR_SUM);
+		uint64_t best = UINT64_MAX;
+		for (int i = 0; i < 3; i++) {
+			uint64_t t0 = kclock_ns();
+			fn(a, a, b, BIG / 4);
+			uint64_t t = kclock_ns() - t0;
+			best = t < best ? t : best;
+		}
+		v[2] = (double)best / 1e9 / BIG;
+		st = rd_allreduce(cc, v, v, 3, KHOR_FLOAT64, KHOR_MAX, seq + 1, COLL_ALLREDUCE, err);
+	}
+	free(a);
+	free(b);
+	if (st != KHOR_SUCCESS) {
+		kerr_prefix(err, "cost model calibration");
+		return st;
+	}
+	out->alpha = v[0];
+	out->beta = v[1];
+	out->gamma = v[2];
+	out->valid = true;
+	return KHOR_SUCCESS;
+}

@@ -1,0 +1,43 @@
+/*
+ * select.h -- the cost model that picks an algorithm per call.
+ *
+ * Every schedule's time is predicted from three numbers: alpha, the cost of one message
+ * (latency plus per-message software overhead, seconds); beta, seconds per byte moved over
+ * a link; gamma, seconds per byte reduced on the CPU. They are measured at init with a few
+ * short exchanges between neighbouring ranks and a local kernel run, then agreed on by an
+ * allreduce(max) so that every rank predicts the same times and picks the same algorithm
+ * (KHOR_COST_ALPHA_US, KHOR_COST_BETA_GBPS, KHOR_COST_GAMMA_GBPS skip the measurement).
+ */
+#ifndef KHOR_SELECT_H
+#define KHOR_SELECT_H
+
+#include "coll.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct cost_model {
+	double alpha; /* s per message */
+	double beta;  /* s per byte on a link */
+	double gamma; /* s per byte reduced */
+	bool valid;
+} cost_model;
+
+enum bcast_algo { BCAST_BINOMIAL = 0, BCAST_CHAIN };
+enum allgather_algo { AG_RD = 0, AG_RING };
+
+/* Predicted seconds of an allreduce of `bytes` on n ranks with algorithm a (enum allreduce_algo). */
+double cost_allreduce(const cost_model *m, int a, int n, size_t bytes, size_t slice);
+double cost_broadcast(const cost_model *m, int a, int n, size_t bytes, size_t slice);
+/* bytes = the whole gathered buffer. */
+double cost_allgather(const cost_model *m, int a, int n, size_t bytes);
+
+/* The cheapest allreduce that fits (rd and hd need scratch or memory; all fit here). */
+int cost_pick_allreduce(const cost_model *m, int n, size_t bytes, size_t slice, double *t_out);
+int cost_pick_broadcast(const cost_model *m, int n, size_t bytes, size_t slice);
+int cost_pick_allgather(const cost_model *m, int n, size_t bytes);
+
+/* Measures the model (uses collective sequence numbers seq and seq + 1). */
+khor_status cost_calibrate(coll_comm *cc, uint32_t seq, cost_model *out, kerr *err);
+
+#endif
