@@ -307,7 +307,8 @@ AVX2_TARGET static void avg_finish_bf16avx2(uint16_t *p, size_t count, float n)
 		__m256i v = _mm256_loadu_si256((const __m256i *)(p + i));
 		__m256 lo = _mm256_div_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)), vn);
 		__m256 hi = _mm256_div_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v)), vn);
-		_mm256_storeu_si256((__m256i *)(p + i), _mm256_packus_epi32(bf16_round_v(lo), bf16_round_v(hi)));
+		__m256i packed = _mm256_packus_epi32(bf16_round_v(lo), bf16_round_v(hi));
+		_mm256_storeu_si256((__m256i *)(p + i), packed);
 	}
 	for (; i < count; i++)
 		p[i] = bf16_round(bf16_widen(p[i]) / n);
