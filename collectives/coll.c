@@ -10,15 +10,17 @@ khor_status coll_post(coll_comm *cc, coll_xfer *x, int peer, bool is_send, void 
 {
 	tp_link *link;
 	khor_status st;
+	int tpi;
 
-	st = cc->get_link(cc->owner, peer, dl, &link, err);
+	st = cc->get_link(cc->owner, peer, dl, &link, &tpi, err);
 	if (st != KHOR_SUCCESS)
 		return st;
 	x->peer = peer;
 	x->is_send = is_send;
+	x->tpi = tpi;
 	if (is_send)
-		return cc->tp->isend(link, buf, len, tag, NULL, &x->req, err);
-	return cc->tp->irecv(link, buf, len, tag, NULL, &x->req, err);
+		return cc->tps[tpi].ops->isend(link, buf, len, tag, NULL, &x->req, err);
+	return cc->tps[tpi].ops->irecv(link, buf, len, tag, NULL, &x->req, err);
 }
 
 bool coll_done(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
@@ -28,12 +30,39 @@ bool coll_done(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
 
 	if (x->req == NULL)
 		return true;
-	s = cc->tp->test(x->req, &done, err);
+	s = cc->tps[x->tpi].ops->test(x->req, &done, err);
 	if (done)
 		x->req = NULL;
 	if (s != KHOR_SUCCESS && *st == KHOR_SUCCESS)
 		*st = s;
 	return done;
+}
+
+khor_status coll_progress(coll_comm *cc, int timeout_ms, bool *moved, kerr *err)
+{
+	bool any = false;
+
+	if (cc->ntps == 1)
+		return cc->tps[0].ops->progress(cc->tps[0].ctx, timeout_ms, moved, err);
+	/*
+	 * Several transports: poll each without sleeping, then sleep in one of them for a short
+	 * slice only, so that the other's traffic waits at most a millisecond.
+	 */
+	for (int i = 0; i < cc->ntps; i++) {
+		bool m = false;
+		khor_status st = cc->tps[i].ops->progress(cc->tps[i].ctx, 0, &m, err);
+		if (st != KHOR_SUCCESS)
+			return st;
+		any |= m;
+	}
+	if (!any && timeout_ms > 0) {
+		khor_status st = cc->tps[0].ops->progress(cc->tps[0].ctx, 1, &any, err);
+		if (st != KHOR_SUCCESS)
+			return st;
+	}
+	if (moved != NULL)
+		*moved = any;
+	return KHOR_SUCCESS;
 }
 
 void coll_wait_init(coll_comm *cc, coll_wait *w, const char *what)
@@ -57,13 +86,13 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 	 */
 	spin_end = kclock_ns() + cc->spin_ns;
 	do {
-		st = cc->tp->progress(cc->ctx, 0, &moved, err);
+		st = coll_progress(cc, 0, &moved, err);
 		if (st != KHOR_SUCCESS || moved)
 			return st;
 		if (cc->spin_yield)
 			sched_yield();
 	} while (kclock_ns() < spin_end);
-	st = cc->tp->progress(cc->ctx, kdeadline_left_ms(w->dl, 200), NULL, err);
+	st = coll_progress(cc, kdeadline_left_ms(w->dl, 200), NULL, err);
 	if (st != KHOR_SUCCESS)
 		return st;
 	if (kdeadline_passed(w->dl)) {
@@ -98,7 +127,7 @@ void coll_drain(coll_comm *cc, coll_xfer *xs, int nxs)
 {
 	for (int i = 0; i < nxs; i++) {
 		if (xs[i].req != NULL) {
-			cc->tp->cancel(xs[i].req);
+			cc->tps[xs[i].tpi].ops->cancel(xs[i].req);
 			xs[i].req = NULL;
 		}
 	}

@@ -18,14 +18,26 @@ enum coll_kind {
 	COLL_BARRIER = 2,
 };
 
+#define COLL_MAX_TP 2
+
+/* One transport instance the comm's links come from (tcp, shm). */
+typedef struct coll_tp {
+	const struct transport_ops *ops;
+	tp_ctx *ctx;
+} coll_tp;
+
 typedef struct coll_comm {
 	int rank, size;
 	uint32_t comm_id;
-	const struct transport_ops *tp;
-	tp_ctx *ctx;
+	coll_tp tps[COLL_MAX_TP];
+	int ntps;
 	void *owner; /* the runtime's comm, passed back to the callbacks */
-	/* A ready link to peer, made or accepted on first use; waits up to dl. */
-	khor_status (*get_link)(void *owner, int peer, kdeadline dl, tp_link **link_out, kerr *err);
+	/*
+	 * A ready link to peer, made or accepted on first use, and the index in tps[] of the
+	 * transport it belongs to; waits up to dl.
+	 */
+	khor_status (*get_link)(void *owner, int peer, kdeadline dl, tp_link **link_out,
+	                        int *tp_out, kerr *err);
 	/* KHOR_SUCCESS, or the error another rank published for the whole job. */
 	khor_status (*check_abort)(void *owner, kerr *err);
 	size_t slice_bytes;   /* pipeline slice */
@@ -47,8 +59,12 @@ typedef struct coll_comm {
 typedef struct coll_xfer {
 	tp_req *req;
 	int peer;
+	int tpi;      /* which of cc->tps the request belongs to */
 	bool is_send;
 } coll_xfer;
+
+/* Drives every transport once; *moved tells whether anything happened. */
+khor_status coll_progress(coll_comm *cc, int timeout_ms, bool *moved, kerr *err);
 
 /* Posts a send/receive and records it in x (req NULL means "nothing pending"). */
 khor_status coll_post(coll_comm *cc, coll_xfer *x, int peer, bool is_send, void *buf,

@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 static khor_status comm_get_link(void *owner, int peer, kdeadline dl, tp_link **link_out,
-                                 kerr *err);
+                                 int *tp_out, kerr *err);
 static khor_status comm_check_abort(void *owner, kerr *err);
 
 static khor_status start_store(khor_comm *c, kerr *err)
@@ -69,7 +69,7 @@ static void name_missing(khor_comm *c, char *out, size_t len)
 		void *v;
 		size_t vl;
 		kerr e;
-		snprintf(key, sizeof(key), "addr/%d", r);
+		snprintf(key, sizeof(key), "addr/tcp/%d", r);
 		if (store_get(c->store, key, now, &v, &vl, &e) == KHOR_SUCCESS) {
 			free(v);
 			continue;
@@ -169,11 +169,20 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	}
 
 	kdeadline dl = kdeadline_in_ms(s->init_timeout_ms);
-	c->tp = transport_find(s->transport);
-	if (c->tp == NULL) {
-		st = kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_TRANSPORT='%s' is not built into this "
-		              "library (available: tcp)", s->transport);
+	bool want_shm = strcmp(s->transport, "tcp") != 0;
+	if (strcmp(s->transport, "tcp") != 0 && strcmp(s->transport, "shm") != 0 &&
+	    strcmp(s->transport, "auto") != 0) {
+		st = kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_TRANSPORT='%s': expected tcp, shm or "
+		              "auto", s->transport);
 		goto fail;
+	}
+	if (want_shm && transport_find("shm") == NULL) {
+		if (strcmp(s->transport, "shm") == 0) {
+			st = kerr_set(err, KHOR_ERR_NOT_SUPPORTED, "KHOR_TRANSPORT=shm, but this library "
+			              "was built without the shared-memory transport");
+			goto fail;
+		}
+		want_shm = false;
 	}
 	st = start_store(c, err);
 	if (st != KHOR_SUCCESS)
@@ -191,21 +200,35 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 		.nsocks = s->nsocks, .min_stripe_bytes = s->min_stripe,
 		.sock_bufsize = s->sock_bufsize, .handshake_timeout_ms = 30000,
 	};
-	st = c->tp->create(&o, &c->ctx, err);
-	if (st != KHOR_SUCCESS)
-		goto fail;
+	const char *names[2] = { "tcp", want_shm ? "shm" : NULL };
+	c->tcp_i = c->shm_i = -1;
+	for (int i = 0; i < 2 && names[i] != NULL; i++) {
+		coll_tp *t = &c->cc.tps[c->cc.ntps];
+		t->ops = transport_find(names[i]);
+		st = t->ops->create(&o, &t->ctx, err);
+		if (st != KHOR_SUCCESS) {
+			t->ops = NULL;
+			goto fail;
+		}
+		if (i == 0)
+			c->tcp_i = c->cc.ntps;
+		else
+			c->shm_i = c->cc.ntps;
+		c->cc.ntps++;
+		const char *addr = t->ops->address(t->ctx);
+		snprintf(key, sizeof(key), "addr/%s/%d", names[i], c->rank);
+		if ((st = store_set(c->store, key, addr, strlen(addr), err)))
+			goto fail;
+	}
 	c->links = calloc((size_t)c->size, sizeof(tp_link *));
+	c->link_tp = malloc((size_t)c->size);
 	c->cc.scratch_len = (size_t)s->pipeline_depth * s->slice_bytes;
 	c->cc.scratch = aligned_alloc(64, (c->cc.scratch_len + 63) & ~(size_t)63);
-	if (c->links == NULL || c->cc.scratch == NULL) {
+	if (c->links == NULL || c->link_tp == NULL || c->cc.scratch == NULL) {
 		st = kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory");
 		goto fail;
 	}
-
-	const char *addr = c->tp->address(c->ctx);
-	snprintf(key, sizeof(key), "addr/%d", c->rank);
-	if ((st = store_set(c->store, key, addr, strlen(addr), err)))
-		goto fail;
+	memset(c->link_tp, -1, (size_t)c->size);
 	snprintf(key, sizeof(key), "host/%d", c->rank);
 	if ((st = store_set(c->store, key, s->hostname, strlen(s->hostname), err)))
 		goto fail;
@@ -235,8 +258,6 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	c->cc.rank = c->rank;
 	c->cc.size = c->size;
 	c->cc.comm_id = 0;
-	c->cc.tp = c->tp;
-	c->cc.ctx = c->ctx;
 	c->cc.owner = c;
 	c->cc.get_link = comm_get_link;
 	c->cc.check_abort = comm_check_abort;
@@ -265,9 +286,12 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	KLOG_INFO("cost model: alpha %.1f us, link %.2f GB/s, reduce %.2f GB/s (%s)",
 	          c->cc.model.alpha * 1e6, 1e-9 / c->cc.model.beta, 1e-9 / c->cc.model.gamma,
 	          s->cost[0] > 0 ? "from KHOR_COST_*" : "measured at init");
-	KLOG_INFO("joined job '%s' as rank %d of %d (local %d/%d, cross %d/%d) via %s; links "
-	          "over %s at %s", s->job_id, c->rank, c->size, c->local_rank, c->local_size,
-	          c->cross_rank, c->cross_size, s->source, c->tp->name, addr);
+	KLOG_INFO("joined job '%s' as rank %d of %d (local %d/%d, cross %d/%d) via %s; "
+	          "transports: %s at %s%s%s", s->job_id, c->rank, c->size, c->local_rank,
+	          c->local_size, c->cross_rank, c->cross_size, s->source, "tcp",
+	          c->cc.tps[c->tcp_i].ops->address(c->cc.tps[c->tcp_i].ctx),
+	          c->shm_i >= 0 ? ", shm at " : "",
+	          c->shm_i >= 0 ? c->cc.tps[c->shm_i].ops->address(c->cc.tps[c->shm_i].ctx) : "");
 	*comm_out = c;
 	return KHOR_SUCCESS;
 
@@ -277,26 +301,73 @@ fail:
 	return st;
 }
 
+/*
+ * Which transport carries the link to peer: shm when both share a host (and the job allows
+ * it), tcp otherwise. The peer's host name is read from the store once, on first use.
+ */
+static khor_status choose_transport(khor_comm *c, int peer, kdeadline dl, int *tpi_out,
+                                    kerr *err)
+{
+	char key[32];
+	void *host;
+	size_t len;
+	khor_status st;
+	bool same;
+
+	if (c->link_tp[peer] >= 0) {
+		*tpi_out = c->link_tp[peer];
+		return KHOR_SUCCESS;
+	}
+	if (c->shm_i < 0) {
+		c->link_tp[peer] = (int8_t)c->tcp_i;
+		*tpi_out = c->tcp_i;
+		return KHOR_SUCCESS;
+	}
+	snprintf(key, sizeof(key), "host/%d", peer);
+	st = store_get(c->store, key, dl, &host, &len, err);
+	if (st != KHOR_SUCCESS)
+		return st;
+	same = strcmp(host, c->cfg.hostname) == 0;
+	if (!same && strcmp(c->cfg.transport, "shm") == 0) {
+		st = kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_TRANSPORT=shm, but rank %d is on host "
+		              "'%s' and this rank on '%s': shared memory reaches only the same host",
+		              peer, (char *)host, c->cfg.hostname);
+		free(host);
+		return st;
+	}
+	free(host);
+	c->link_tp[peer] = (int8_t)(same ? c->shm_i : c->tcp_i);
+	*tpi_out = c->link_tp[peer];
+	return KHOR_SUCCESS;
+}
+
 static khor_status comm_get_link(void *owner, int peer, kdeadline dl, tp_link **link_out,
-                                 kerr *err)
+                                 int *tp_out, kerr *err)
 {
 	khor_comm *c = owner;
 	tp_link *l = c->links[peer];
 	khor_status st;
+	int tpi = 0;
 
-	if (l != NULL && c->tp->link_ready(l)) {
+	if (l != NULL && c->cc.tps[c->link_tp[peer]].ops->link_ready(l)) {
 		*link_out = l;
+		*tp_out = c->link_tp[peer];
 		return KHOR_SUCCESS;
 	}
+	st = choose_transport(c, peer, dl, &tpi, err);
+	if (st != KHOR_SUCCESS)
+		return st;
+	const struct transport_ops *ops = c->cc.tps[tpi].ops;
+	tp_ctx *ctx = c->cc.tps[tpi].ctx;
 	if (l == NULL && c->rank < peer) {
-		char key[32];
+		char key[48];
 		void *addr;
 		size_t len;
-		snprintf(key, sizeof(key), "addr/%d", peer);
+		snprintf(key, sizeof(key), "addr/%s/%d", ops->name, peer);
 		st = store_get(c->store, key, dl, &addr, &len, err);
 		if (st != KHOR_SUCCESS)
 			return st;
-		st = c->tp->connect(c->ctx, peer, addr, &l, err);
+		st = ops->connect(ctx, peer, addr, &l, err);
 		free(addr);
 		if (st != KHOR_SUCCESS)
 			return st;
@@ -304,28 +375,30 @@ static khor_status comm_get_link(void *owner, int peer, kdeadline dl, tp_link **
 	}
 	for (;;) {
 		if (l == NULL) {
-			st = c->tp->accept(c->ctx, peer, &l, err);
+			st = ops->accept(ctx, peer, &l, err);
 			if (st != KHOR_SUCCESS)
 				return st;
 			c->links[peer] = l;
 		}
-		if (l != NULL && c->tp->link_error(l)->status != KHOR_SUCCESS) {
-			*err = *c->tp->link_error(l);
+		if (l != NULL && ops->link_error(l)->status != KHOR_SUCCESS) {
+			*err = *ops->link_error(l);
 			return err->status;
 		}
-		if (l != NULL && c->tp->link_ready(l)) {
-			KLOG_DEBUG("link to rank %d ready", peer);
+		if (l != NULL && ops->link_ready(l)) {
+			KLOG_INFO("link to rank %d uses %s", peer, ops->name);
 			*link_out = l;
+			*tp_out = tpi;
 			return KHOR_SUCCESS;
 		}
 		if (kdeadline_passed(dl)) {
-			kerr_set(err, KHOR_ERR_TIMEOUT, "timed out %s rank %d (is it alive and inside "
-			         "the same collective?)",
-			         c->rank < peer ? "connecting to" : "waiting for a connection from", peer);
+			kerr_set(err, KHOR_ERR_TIMEOUT, "timed out %s rank %d over %s (is it alive and "
+			         "inside the same collective?)",
+			         c->rank < peer ? "connecting to" : "waiting for a connection from", peer,
+			         ops->name);
 			err->peer = peer;
 			return KHOR_ERR_TIMEOUT;
 		}
-		st = c->tp->progress(c->ctx, kdeadline_left_ms(dl, 100), NULL, err);
+		st = coll_progress(&c->cc, kdeadline_left_ms(dl, 100), NULL, err);
 		if (st != KHOR_SUCCESS)
 			return st;
 		if ((st = comm_check_abort(c, err)) != KHOR_SUCCESS)
@@ -395,11 +468,12 @@ void comm_finalize(khor_comm *c)
 		}
 		store_close(c->store);
 	}
-	if (c->ctx != NULL)
-		c->tp->destroy(c->ctx);
+	for (int i = 0; i < c->cc.ntps; i++)
+		c->cc.tps[i].ops->destroy(c->cc.tps[i].ctx);
 	if (c->server != NULL)
 		store_server_stop(c->server);
 	free(c->links);
+	free(c->link_tp);
 	free(c->cc.scratch);
 	pthread_cond_destroy(&c->cv);
 	pthread_mutex_destroy(&c->mu);

@@ -38,9 +38,9 @@ struct khor_comm {
 	store_server *server; /* when this rank serves the store */
 	store *store;
 	char store_addr[300];
-	const struct transport_ops *tp;
-	tp_ctx *ctx;
-	tp_link **links;
+	int tcp_i, shm_i;    /* index of each transport in cc.tps, -1 when not used */
+	tp_link **links;     /* per peer, once made */
+	int8_t *link_tp;     /* per peer: index in cc.tps, -1 = not chosen yet */
 	coll_comm cc;
 
 	/* Execution order: seq numbers are given at call time; one collective runs at a time. */

@@ -36,7 +36,7 @@ const struct config_var config_vars[] = {
 	{ "KHOR_COST_BETA_GBPS", NULL, "Cost model: link bandwidth in GB/s" },
 	{ "KHOR_COST_GAMMA_GBPS", NULL, "Cost model: reduction speed in GB/s" },
 	{ "KHOR_SPIN_US", "50", "Busy-poll this many microseconds before sleeping in a wait (0 = sleep at once)" },
-	{ "KHOR_TRANSPORT", "tcp", "Transport for links: tcp" },
+	{ "KHOR_TRANSPORT", "auto", "Links: tcp, shm (same-host peers only) or auto (shm within a host, tcp across)" },
 	{ "KHOR_LOG", "warn", "Log level: error, warn, info, debug, trace" },
 };
 const int config_nvars = sizeof(config_vars) / sizeof(config_vars[0]);
@@ -247,7 +247,7 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	p = config_lookup(cfg, "KHOR_SOCKET_IFNAME");
 	kstrlcpy(s->ifname, p ? p : "", sizeof(s->ifname));
 	p = config_lookup(cfg, "KHOR_TRANSPORT");
-	kstrlcpy(s->transport, p ? p : "tcp", sizeof(s->transport));
+	kstrlcpy(s->transport, p ? p : "auto", sizeof(s->transport));
 
 	if ((st = get_duration(cfg, "KHOR_TIMEOUT", config_default("KHOR_TIMEOUT"), &s->timeout_ms,
 	                       err)))
