@@ -12,6 +12,8 @@ khor_status coll_post(coll_comm *cc, coll_xfer *x, int peer, bool is_send, void 
 	khor_status st;
 	int tpi;
 
+	if (cc->map != NULL)
+		peer = cc->map[peer]; /* links belong to the world comm; groups share them */
 	st = cc->get_link(cc->owner, peer, dl, &link, &tpi, err);
 	if (st != KHOR_SUCCESS)
 		return st;

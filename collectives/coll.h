@@ -31,6 +31,7 @@ typedef struct coll_comm {
 	uint32_t comm_id;
 	coll_tp tps[COLL_MAX_TP];
 	int ntps;
+	const int *map; /* a sub-group (node, cross): group rank -> world rank; NULL = world */
 	void *owner; /* the runtime's comm, passed back to the callbacks */
 	/*
 	 * A ready link to peer, made or accepted on first use, and the index in tps[] of the
@@ -58,7 +59,7 @@ typedef struct coll_comm {
 /* One in-flight transfer a collective is waiting for, kept for progress and timeouts. */
 typedef struct coll_xfer {
 	tp_req *req;
-	int peer;
+	int peer;     /* world rank, for messages */
 	int tpi;      /* which of cc->tps the request belongs to */
 	bool is_send;
 } coll_xfer;

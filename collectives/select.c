@@ -142,15 +142,15 @@ static khor_status swap(coll_comm *cc, coll_wait *w, int peer, void *sbuf, void 
 	return st;
 }
 
-khor_status cost_calibrate(coll_comm *cc, uint32_t seq, cost_model *out, kerr *err)
+khor_status cost_measure(coll_comm *cc, uint32_t seq, double v[3], kerr *err)
 {
 	enum { SMALL_ITERS = 30, BIG_ITERS = 4, BIG = 1 << 20 };
-	double v[3] = { 0, 0, 0 };
 	int peer = cc->rank ^ 1;
 	uint8_t *a = malloc(BIG), *b = malloc(BIG);
 	coll_wait w;
 	khor_status st = KHOR_SUCCESS;
 
+	v[0] = v[1] = v[2] = 0;
 	if (a == NULL || b == NULL) {
 		free(a);
 		free(b);
@@ -191,17 +191,22 @@ khor_status cost_calibrate(coll_comm *cc, uint32_t seq, cost_model *out, kerr *e
 			best = t < best ? t : best;
 		}
 		v[2] = (double)best / 1e9 / BIG;
-		st = rd_allreduce(cc, v, v, 3, KHOR_FLOAT64, KHOR_MAX, seq + 1, COLL_ALLREDUCE, err);
 	}
 	free(a);
 	free(b);
-	if (st != KHOR_SUCCESS) {
+	if (st != KHOR_SUCCESS)
 		kerr_prefix(err, "cost model calibration");
-		return st;
-	}
-	out->alpha = v[0];
-	out->beta = v[1];
-	out->gamma = v[2];
-	out->valid = true;
-	return KHOR_SUCCESS;
+	return st;
+}
+
+double cost_hier_allreduce(const cost_model *inner, const cost_model *outer, int L, int H,
+                           size_t bytes, size_t slice)
+{
+	double S = (double)bytes, t = 0, cross;
+
+	if (L > 1) /* reduce-scatter and allgather halves of a ring inside the host */
+		t = 2.0 * (L - 1) * inner->alpha + 2.0 * (L - 1) / L * S * inner->beta +
+		    (double)(L - 1) / L * S * inner->gamma;
+	cost_pick_allreduce(outer, H, bytes / (size_t)(L > 0 ? L : 1), slice, &cross);
+	return t + cross;
 }

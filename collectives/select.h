@@ -37,7 +37,14 @@ int cost_pick_allreduce(const cost_model *m, int n, size_t bytes, size_t slice, 
 int cost_pick_broadcast(const cost_model *m, int n, size_t bytes, size_t slice);
 int cost_pick_allgather(const cost_model *m, int n, size_t bytes);
 
-/* Measures the model (uses collective sequence numbers seq and seq + 1). */
-khor_status cost_calibrate(coll_comm *cc, uint32_t seq, cost_model *out, kerr *err);
+/*
+ * Measures alpha, beta (with neighbour r^1 of the group, if any; else zeros) and gamma into
+ * v[0..2]. The caller agrees on the values with an allreduce(max) over the world.
+ */
+khor_status cost_measure(coll_comm *cc, uint32_t seq, double v[3], kerr *err);
+
+/* Node-aware allreduce: inner = intra-host links, outer = inter-host links. */
+double cost_hier_allreduce(const cost_model *inner, const cost_model *outer, int L, int H,
+                           size_t bytes, size_t slice);
 
 #endif

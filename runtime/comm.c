@@ -19,6 +19,7 @@
 
 #include "../base/log.h"
 #include "../base/sock.h"
+#include "../collectives/rd.h"
 #include "../collectives/ring.h"
 #include "../collectives/select.h"
 
@@ -81,25 +82,28 @@ static void name_missing(khor_comm *c, char *out, size_t len)
 		snprintf(out + off, len - off, " and %d more", missing - 32);
 }
 
-/* local/cross rank and size from every rank's host name, when the launcher didn't say. */
+/*
+ * Host names of every rank give the topology: local rank and size, cross rank and size
+ * (Horovod's meaning: the index among ranks with the same local rank), and the two groups
+ * the node-aware collectives run on. Launcher-given values win for the getters. The node
+ * and cross groups exist only when every host runs the same number of ranks.
+ */
 static khor_status compute_topology(khor_comm *c, kdeadline dl, kerr *err)
 {
 	char (*hosts)[256] = NULL;
+	int *first = NULL;
 	khor_status st = KHOR_SUCCESS;
 	settings *s = &c->cfg;
-	int host_index = 0, nhosts = 0;
 
-	if (s->local_rank >= 0 && s->local_size > 0 && s->cross_rank >= 0 && s->cross_size > 0) {
-		c->local_rank = s->local_rank;
-		c->local_size = s->local_size;
-		c->cross_rank = s->cross_rank;
-		c->cross_size = s->cross_size;
-		return KHOR_SUCCESS;
-	}
 	hosts = calloc((size_t)c->size, sizeof(*hosts));
-	if (hosts == NULL)
-		return kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory for %d host names",
-		                c->size);
+	first = calloc((size_t)c->size, sizeof(int));
+	c->node_map = calloc((size_t)c->size, sizeof(int));
+	c->cross_map = calloc((size_t)c->size, sizeof(int));
+	if (hosts == NULL || first == NULL || c->node_map == NULL || c->cross_map == NULL) {
+		st = kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory for %d host names",
+		              c->size);
+		goto out;
+	}
 	for (int r = 0; r < c->size && st == KHOR_SUCCESS; r++) {
 		char key[32];
 		void *v;
@@ -111,31 +115,114 @@ static khor_status compute_topology(khor_comm *c, kdeadline dl, kerr *err)
 			free(v);
 		}
 	}
-	if (st == KHOR_SUCCESS) {
-		int lr = 0, ls = 0;
+	if (st != KHOR_SUCCESS)
+		goto out;
+	/* first[r]: the index of r's host, hosts numbered by their lowest rank. */
+	int nhosts = 0, lr = 0, ls = 0, my_host = 0;
+	int *per_host = calloc((size_t)c->size, sizeof(int));
+	if (per_host == NULL) {
+		st = kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory");
+		goto out;
+	}
+	for (int r = 0; r < c->size; r++) {
+		int h = -1;
+		for (int q = 0; q < r && h < 0; q++)
+			if (strcmp(hosts[q], hosts[r]) == 0)
+				h = first[q];
+		first[r] = h >= 0 ? h : nhosts++;
+		per_host[first[r]]++;
+		if (strcmp(hosts[r], s->hostname) == 0) {
+			if (r < c->rank)
+				lr++;
+			c->node_map[ls++] = r;
+		}
+	}
+	my_host = first[c->rank];
+	bool uniform = true;
+	for (int h = 0; h < nhosts; h++)
+		uniform = uniform && per_host[h] == ls;
+	free(per_host);
+	c->nhosts = nhosts;
+	c->node_n = ls;
+	c->local_rank = s->local_rank >= 0 ? s->local_rank : lr;
+	c->local_size = s->local_size > 0 ? s->local_size : ls;
+	c->cross_rank = s->cross_rank >= 0 ? s->cross_rank : my_host;
+	c->cross_size = s->cross_size > 0 ? s->cross_size : nhosts;
+	c->hier_ok = uniform && nhosts > 1 && ls > 1;
+	/* The cross group: on every host, the rank with my local index. */
+	c->cross_n = 0;
+	for (int h = 0; h < nhosts && uniform; h++) {
+		int k = 0;
 		for (int r = 0; r < c->size; r++) {
-			bool first = true;
-			for (int q = 0; q < r && first; q++)
-				first = strcmp(hosts[q], hosts[r]) != 0;
-			if (first) {
-				if (strcmp(hosts[r], s->hostname) == 0)
-					host_index = nhosts;
-				nhosts++;
-			}
-			if (strcmp(hosts[r], s->hostname) == 0) {
-				if (r < c->rank)
-					lr++;
-				ls++;
+			if (first[r] != h)
+				continue;
+			if (k++ == lr) {
+				if (r == c->rank)
+					c->cross_me = c->cross_n;
+				c->cross_map[c->cross_n++] = r;
 			}
 		}
-		c->local_rank = s->local_rank >= 0 ? s->local_rank : lr;
-		c->local_size = s->local_size > 0 ? s->local_size : ls;
-		/* Horovod's cross rank: index among the ranks with the same local rank. */
-		c->cross_rank = s->cross_rank >= 0 ? s->cross_rank : host_index;
-		c->cross_size = s->cross_size > 0 ? s->cross_size : nhosts;
 	}
+	c->node_me = lr;
+	if (uniform) {
+		c->host_ranks = calloc((size_t)c->size, sizeof(int));
+		int *fill = calloc((size_t)nhosts, sizeof(int));
+		if (c->host_ranks == NULL || fill == NULL) {
+			free(fill);
+			st = kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory");
+			goto out;
+		}
+		for (int r = 0; r < c->size; r++)
+			c->host_ranks[first[r] * ls + fill[first[r]]++] = r;
+		free(fill);
+	} else {
+		c->hier_ok = false;
+	}
+out:
 	free(hosts);
+	free(first);
 	return st;
+}
+
+/* A sub-group comm that shares the world's links, scratch and model. */
+static void make_group(const khor_comm *c, coll_comm *g, uint32_t id, const int *map, int n,
+                       int me)
+{
+	*g = c->cc;
+	g->comm_id = id;
+	g->map = map;
+	g->size = n;
+	g->rank = me;
+	g->logged_buckets = 0;
+}
+
+/*
+ * Measures the cost model: with node groups, intra-host pairs (node group) and inter-host
+ * pairs (cross group) separately; otherwise neighbours in the world. One allreduce(max)
+ * over the world then gives every rank the same numbers, so every rank picks the same
+ * algorithm for every call.
+ */
+static khor_status calibrate(khor_comm *c, kerr *err)
+{
+	double v[6] = { 0, 0, 0, 0, 0, 0 };
+	khor_status st;
+	uint32_t seq = c->next_seq++;
+
+	if (c->hier_ok) {
+		st = cost_measure(&c->node_cc, seq, v, err);
+		if (st == KHOR_SUCCESS)
+			st = cost_measure(&c->cross_cc, seq, v + 3, err);
+	} else {
+		st = cost_measure(&c->cc, seq, c->nhosts > 1 ? v + 3 : v, err);
+		memcpy(c->nhosts > 1 ? v : v + 3, c->nhosts > 1 ? v + 3 : v, 3 * sizeof(double));
+	}
+	if (st == KHOR_SUCCESS)
+		st = rd_allreduce(&c->cc, v, v, 6, KHOR_FLOAT64, KHOR_MAX, seq, COLL_ALLREDUCE, err);
+	if (st != KHOR_SUCCESS)
+		return st;
+	c->inner = (cost_model){ v[0], v[1], v[2], true };
+	c->outer = (cost_model){ v[3], v[4], v[5], true };
+	return KHOR_SUCCESS;
 }
 
 khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr *err)
@@ -269,23 +356,30 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	c->cc.spin_ns = s->spin_us * 1000;
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	c->cc.spin_yield = ncpu < 1 || c->local_size > ncpu;
+	make_group(c, &c->node_cc, 1, c->node_map, c->node_n, c->node_me);
+	make_group(c, &c->cross_cc, 2, c->cross_map, c->cross_n, c->cross_me);
 	if (s->cost[0] > 0) {
-		c->cc.model.alpha = s->cost[0];
-		c->cc.model.beta = s->cost[1];
-		c->cc.model.gamma = s->cost[2];
-	} else {
-		cost_model m;
-		st = cost_calibrate(&c->cc, c->next_seq, &m, err);
-		c->next_seq += 2;
-		if (st != KHOR_SUCCESS)
-			goto fail;
-		c->cc.model.alpha = m.alpha;
-		c->cc.model.beta = m.beta;
-		c->cc.model.gamma = m.gamma;
+		c->inner = (cost_model){ s->cost[0], s->cost[1], s->cost[2], true };
+		c->outer = c->inner;
+	} else if ((st = calibrate(c, err)) != KHOR_SUCCESS) {
+		goto fail;
 	}
-	KLOG_INFO("cost model: alpha %.1f us, link %.2f GB/s, reduce %.2f GB/s (%s)",
-	          c->cc.model.alpha * 1e6, 1e-9 / c->cc.model.beta, 1e-9 / c->cc.model.gamma,
-	          s->cost[0] > 0 ? "from KHOR_COST_*" : "measured at init");
+	/* Flat schedules are only as fast as the slowest links they cross. */
+	const cost_model *flat = c->nhosts > 1 ? &c->outer : &c->inner;
+	c->cc.model.alpha = flat->alpha;
+	c->cc.model.beta = flat->beta;
+	c->cc.model.gamma = flat->gamma;
+	c->node_cc.model.alpha = c->inner.alpha;
+	c->node_cc.model.beta = c->inner.beta;
+	c->node_cc.model.gamma = c->inner.gamma;
+	c->cross_cc.model.alpha = c->outer.alpha;
+	c->cross_cc.model.beta = c->outer.beta;
+	c->cross_cc.model.gamma = c->outer.gamma;
+	KLOG_INFO("cost model (%s): intra-host alpha %.1f us, link %.2f GB/s; inter-host alpha "
+	          "%.1f us, link %.2f GB/s; reduce %.2f GB/s; %d host(s), node-aware %s",
+	          s->cost[0] > 0 ? "from KHOR_COST_*" : "measured at init", c->inner.alpha * 1e6,
+	          1e-9 / c->inner.beta, c->outer.alpha * 1e6, 1e-9 / c->outer.beta,
+	          1e-9 / c->inner.gamma, c->nhosts, c->hier_ok ? "possible" : "off");
 	KLOG_INFO("joined job '%s' as rank %d of %d (local %d/%d, cross %d/%d) via %s; "
 	          "transports: %s at %s%s%s", s->job_id, c->rank, c->size, c->local_rank,
 	          c->local_size, c->cross_rank, c->cross_size, s->source, "tcp",
@@ -474,6 +568,9 @@ void comm_finalize(khor_comm *c)
 		store_server_stop(c->server);
 	free(c->links);
 	free(c->link_tp);
+	free(c->node_map);
+	free(c->cross_map);
+	free(c->host_ranks);
 	free(c->cc.scratch);
 	pthread_cond_destroy(&c->cv);
 	pthread_mutex_destroy(&c->mu);

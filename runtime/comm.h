@@ -7,6 +7,7 @@
 #define KHOR_RUNTIME_COMM_H
 
 #include "../collectives/coll.h"
+#include "../collectives/select.h"
 #include "config.h"
 #include "store.h"
 
@@ -42,6 +43,14 @@ struct khor_comm {
 	tp_link **links;     /* per peer, once made */
 	int8_t *link_tp;     /* per peer: index in cc.tps, -1 = not chosen yet */
 	coll_comm cc;
+	/* node-aware collectives: the ranks on this host, and those with my local index */
+	int nhosts;
+	bool hier_ok;         /* every host has the same number (> 1) of ranks, > 1 host */
+	int *node_map, node_n, node_me;
+	int *cross_map, cross_n, cross_me;
+	int *host_ranks;      /* [host * node_n + k]: k-th rank of each host (when hier_ok) */
+	coll_comm node_cc, cross_cc;
+	cost_model inner, outer; /* intra-host and inter-host links */
 
 	/* Execution order: seq numbers are given at call time; one collective runs at a time. */
 	pthread_mutex_t mu;

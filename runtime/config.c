@@ -31,6 +31,7 @@ const struct config_var config_vars[] = {
 	{ "KHOR_SLICE_BYTES", "512K", "Pipeline slice of ring allreduce and chain broadcast" },
 	{ "KHOR_PIPELINE_DEPTH", "4", "Slices in flight per collective (1-64)" },
 	{ "KHOR_ALGO", "auto", "Allreduce algorithm: ring, tree (double binary), rd (recursive doubling), hd (halving-doubling) or auto (cost model)" },
+	{ "KHOR_HIER", "auto", "Node-aware allreduce/broadcast across hosts: on, off or auto (cost model)" },
 	{ "KHOR_RD_MAX_BYTES", "64K", "auto picks recursive doubling up to this size, the ring above" },
 	{ "KHOR_COST_ALPHA_US", NULL, "Cost model: per-message time in us (with BETA and GAMMA set, init skips its measurement)" },
 	{ "KHOR_COST_BETA_GBPS", NULL, "Cost model: link bandwidth in GB/s" },
@@ -293,6 +294,17 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	if (ncost != 0 && ncost != 3)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "set all of KHOR_COST_ALPHA_US, "
 		                "KHOR_COST_BETA_GBPS and KHOR_COST_GAMMA_GBPS, or none");
+	p = config_lookup(cfg, "KHOR_HIER");
+	if (p == NULL || strcmp(p, "auto") == 0)
+		s->hier = 2;
+	else if (!kparse_bool(p, &(bool){ false }))
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_HIER='%s': expected on, off or auto",
+		                p);
+	else {
+		bool b = false;
+		kparse_bool(p, &b);
+		s->hier = b ? 1 : 0;
+	}
 	p = config_lookup(cfg, "KHOR_ALGO");
 	if (p == NULL || strcmp(p, "auto") == 0)
 		s->algo = 0;

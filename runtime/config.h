@@ -52,6 +52,7 @@ typedef struct settings {
 	int algo;               /* enum allreduce_algo */
 	uint64_t rd_max_bytes;
 	uint64_t spin_us;
+	int hier;               /* 0 off, 1 on, 2 auto */
 	double cost[3];         /* alpha s, beta s/B, gamma s/B from config; 0 = measure */
 } settings;
 

@@ -13,6 +13,7 @@
 
 #include "../base/log.h"
 #include "../collectives/algos.h"
+#include "../collectives/hier.h"
 #include "../collectives/rd.h"
 #include "../collectives/select.h"
 #include "../collectives/reduce.h"
@@ -161,6 +162,46 @@ static khor_status run_single(struct khor_request *r)
 	return KHOR_SUCCESS;
 }
 
+/*
+ * Node-aware or flat? KHOR_HIER=on/off decides; auto asks the cost model, with intra-host
+ * links for the node phases and inter-host links for the rest. Same inputs on every rank,
+ * so the same answer everywhere.
+ */
+static bool use_hier(khor_comm *c, size_t bytes)
+{
+	if (!c->hier_ok || c->cfg.hier == 0)
+		return false;
+	if (c->cfg.hier == 1)
+		return true;
+	double flat;
+	cost_pick_allreduce(&c->outer, c->size, bytes, c->cc.slice_bytes, &flat);
+	double hier = cost_hier_allreduce(&c->inner, &c->outer, c->node_n, c->nhosts, bytes,
+	                                  c->cc.slice_bytes);
+	KLOG_DEBUG("allreduce %zu B: node-aware %.1f us vs flat %.1f us", bytes, hier * 1e6,
+	           flat * 1e6);
+	return hier < flat;
+}
+
+/* The root's index in its cross group (its host's number) and in its node group. */
+static int host_index_of(const khor_comm *c, int root)
+{
+	/* The cross group holds one rank per host in host order; find root's host there. */
+	for (int h = 0; h < c->cross_n; h++)
+		for (int k = 0; k < c->node_n; k++)
+			if (root == c->host_ranks[h * c->node_n + k])
+				return h;
+	return 0;
+}
+
+static int local_index_of(const khor_comm *c, int root)
+{
+	for (int h = 0; h < c->cross_n; h++)
+		for (int k = 0; k < c->node_n; k++)
+			if (root == c->host_ranks[h * c->node_n + k])
+				return k;
+	return 0;
+}
+
 /* Picks the schedule for one collective and runs it. */
 static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 {
@@ -171,6 +212,10 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 		return run_single(r);
 	switch (r->kind) {
 	case COLL_ALLREDUCE:
+		if (use_hier(c, bytes))
+			return hier_allreduce(&c->node_cc, &c->cross_cc, c->size, r->sendbuf, r->recvbuf,
+			                      r->count, r->dtype, r->op, r->seq, err);
+		/* fall through */
 	case COLL_BARRIER:
 		if (klog_threshold >= KLOG_DEBUG)
 			log_choice(cc, bytes);
@@ -189,6 +234,10 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 			                      r->seq, r->kind, err);
 		}
 	case COLL_BROADCAST:
+		if (use_hier(c, bytes))
+			return hier_broadcast(&c->node_cc, &c->cross_cc, host_index_of(c, r->root),
+			                      local_index_of(c, r->root), r->recvbuf, r->count, r->dtype,
+			                      r->seq, err);
 		if (bytes <= cc->rd_max_bytes)
 			return binomial_broadcast(cc, r->recvbuf, r->count, r->dtype, r->root, r->seq, err);
 		return chain_broadcast(cc, r->recvbuf, r->count, r->dtype, r->root, r->seq, err);

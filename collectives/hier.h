@@ -1,0 +1,15 @@
+/* hier.h -- node-aware collectives over a node group and a cross-node group (hier.c). */
+#ifndef KHOR_HIER_H
+#define KHOR_HIER_H
+
+#include "coll.h"
+
+khor_status hier_allreduce(coll_comm *node, coll_comm *cross, int world_size,
+                           const void *sendbuf, void *recvbuf, size_t count, khor_dtype dtype,
+                           khor_op op, uint32_t seq, kerr *err);
+/* root_host_index: the root's rank in its cross group; root_local: its node rank. */
+khor_status hier_broadcast(coll_comm *node, coll_comm *cross, int root_host_index,
+                           int root_local, void *buf, size_t count, khor_dtype dtype,
+                           uint32_t seq, kerr *err);
+
+#endif
