@@ -2,6 +2,7 @@
 #include "coll.h"
 
 #include <sched.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -38,6 +39,19 @@ bool coll_done(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
 	if (s != KHOR_SUCCESS && *st == KHOR_SUCCESS)
 		*st = s;
 	return done;
+}
+
+void *coll_big(coll_comm *cc, size_t len)
+{
+	if (*cc->big_len < len) {
+		void *p = malloc(len);
+		if (p == NULL)
+			return NULL;
+		free(*cc->big);
+		*cc->big = p;
+		*cc->big_len = len;
+	}
+	return *cc->big;
 }
 
 khor_status coll_progress(coll_comm *cc, int timeout_ms, bool *moved, kerr *err)

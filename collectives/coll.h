@@ -54,6 +54,8 @@ typedef struct coll_comm {
 	uint64_t logged_buckets; /* sizes (log2) whose algorithm choice was logged */
 	void *scratch;        /* reusable, max_lanes * slice_bytes */
 	size_t scratch_len;
+	void **big;           /* grow-only temp buffer shared by the comm's groups (coll_big) */
+	size_t *big_len;
 } coll_comm;
 
 /* One in-flight transfer a collective is waiting for, kept for progress and timeouts. */
@@ -63,6 +65,12 @@ typedef struct coll_xfer {
 	int tpi;      /* which of cc->tps the request belongs to */
 	bool is_send;
 } coll_xfer;
+
+/*
+ * A temp buffer of at least len bytes that lives as long as the comm: large temp buffers
+ * allocated per call cost a page fault per 4 KiB, which at 64 MiB is milliseconds.
+ */
+void *coll_big(coll_comm *cc, size_t len);
 
 /* Drives every transport once; *moved tells whether anything happened. */
 khor_status coll_progress(coll_comm *cc, int timeout_ms, bool *moved, kerr *err);

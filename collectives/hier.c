@@ -64,7 +64,7 @@ khor_status hier_allreduce(coll_comm *node, coll_comm *cross, int world_size,
 		const void *src = sendbuf;
 		void *copy = NULL;
 		if (sendbuf == recvbuf && count > 0) {
-			copy = malloc(count * esz);
+			copy = coll_big(node, count * esz);
 			if (copy == NULL)
 				return kerr_set(err, KHOR_ERR_NO_MEMORY, "allreduce seq %u (hierarchical): "
 				                "no memory for a %zu-byte copy", seq, count * esz);
@@ -72,7 +72,6 @@ khor_status hier_allreduce(coll_comm *node, coll_comm *cross, int world_size,
 			src = copy;
 		}
 		st = ring_reduce_scatter(node, src, out + off * esz, count, dtype, inner, seq, err);
-		free(copy);
 	} else {
 		if (sendbuf != recvbuf && count > 0)
 			memcpy(out, sendbuf, count * esz);

@@ -199,21 +199,16 @@ khor_status hd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	coll_wait w;
 	char what[64];
 	khor_status st = KHOR_SUCCESS;
-	bool own_tmp = false;
 
 	if (sendbuf != recvbuf && bytes > 0)
 		memcpy(out, sendbuf, bytes);
 	if (n == 1)
 		return KHOR_SUCCESS;
 	/* The fold needs a whole buffer of temp, the halving half of one. */
-	tmp = cc->scratch;
-	if (bytes > cc->scratch_len) {
-		tmp = malloc(bytes);
-		if (tmp == NULL)
-			return kerr_set(err, KHOR_ERR_NO_MEMORY, "allreduce seq %u (halving-doubling): "
-			                "no memory for a %zu-byte temp buffer", seq, bytes);
-		own_tmp = true;
-	}
+	tmp = bytes > cc->scratch_len ? coll_big(cc, bytes) : cc->scratch;
+	if (tmp == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "allreduce seq %u (halving-doubling): "
+		                "no memory for a %zu-byte temp buffer", seq, bytes);
 	while (p * 2 <= n)
 		p *= 2;
 	rem = n - p;
@@ -289,8 +284,6 @@ khor_status hd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 		else
 			st = exchange(cc, &w, -1, NULL, r + 1, out, bytes, tag, err);
 	}
-	if (own_tmp)
-		free(tmp);
 	if (st != KHOR_SUCCESS && strncmp(err->text, what, strlen(what)) != 0)
 		kerr_prefix(err, "%s step %u", what, step);
 	return st;

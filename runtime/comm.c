@@ -344,6 +344,8 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 
 	c->cc.rank = c->rank;
 	c->cc.size = c->size;
+	c->cc.big = &c->big;
+	c->cc.big_len = &c->big_len;
 	c->cc.comm_id = 0;
 	c->cc.owner = c;
 	c->cc.get_link = comm_get_link;
@@ -568,6 +570,7 @@ void comm_finalize(khor_comm *c)
 		store_server_stop(c->server);
 	free(c->links);
 	free(c->link_tp);
+	free(c->big);
 	free(c->node_map);
 	free(c->cross_map);
 	free(c->host_ranks);

@@ -51,6 +51,8 @@ struct khor_comm {
 	int *host_ranks;      /* [host * node_n + k]: k-th rank of each host (when hier_ok) */
 	coll_comm node_cc, cross_cc;
 	cost_model inner, outer; /* intra-host and inter-host links */
+	void *big;            /* coll_big's buffer, shared by cc, node_cc and cross_cc */
+	size_t big_len;
 
 	/* Execution order: seq numbers are given at call time; one collective runs at a time. */
 	pthread_mutex_t mu;
