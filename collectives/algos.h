@@ -7,6 +7,10 @@
  * (deadline, abort check), errors are prefixed with "<collective> seq N" and pending
  * transfers are cancelled with coll_drain before returning an error.
  *
+ * Receive order: the TCP transport parks a frame that has no posted receive at the head of
+ * its socket, so a schedule must post its receives on a link in the order the peer sends
+ * on it (per socket), or a single-socket link can deadlock.
+ *
  * Counts are in elements of dtype. "v" forms take per-rank counts and displacements in
  * elements; displs == NULL means blocks packed in rank order.
  */
@@ -41,7 +45,7 @@ khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbu
 khor_status ring_allgatherv(coll_comm *cc, const void *sendbuf, void *recvbuf,
                             const size_t *counts, const size_t *displs, khor_dtype dtype,
                             uint32_t seq, kerr *err);
-/* Recursive doubling, equal blocks; any n (non-powers of two use the fold-in/fold-out fix). */
+/* Bruck's dissemination allgather, equal blocks, any n, ceil(log2 n) rounds, in place. */
 khor_status rd_allgather(coll_comm *cc, const void *sendbuf, void *recvbuf, size_t count,
                          khor_dtype dtype, uint32_t seq, kerr *err);
 

@@ -60,18 +60,12 @@ khor_status hier_allreduce(coll_comm *node, coll_comm *cross, int world_size,
 
 	coll_block(count, L, node->rank, &off, &len);
 	if (L > 1) {
-		/* In place, the ring reduce-scatter would overwrite input it still has to send. */
-		const void *src = sendbuf;
-		void *copy = NULL;
-		if (sendbuf == recvbuf && count > 0) {
-			copy = coll_big(node, count * esz);
-			if (copy == NULL)
-				return kerr_set(err, KHOR_ERR_NO_MEMORY, "allreduce seq %u (hierarchical): "
-				                "no memory for a %zu-byte copy", seq, count * esz);
-			memcpy(copy, sendbuf, count * esz);
-			src = copy;
-		}
-		st = ring_reduce_scatter(node, src, out + off * esz, count, dtype, inner, seq, err);
+		/*
+		 * In place this is the reduce-scatter whose output is the caller's own block of
+		 * sendbuf, which ring_reduce_scatter supports without a copy.
+		 */
+		st = ring_reduce_scatter(node, sendbuf, out + off * esz, count, dtype, inner, seq,
+		                         err);
 	} else {
 		if (sendbuf != recvbuf && count > 0)
 			memcpy(out, sendbuf, count * esz);

@@ -1,8 +1,207 @@
-/* reducescatter.c -- ring reduce-scatter (being written). */
+/*
+ * reducescatter.c -- pipelined ring reduce-scatter: the first half of ring.c's allreduce,
+ * arranged so that the last step of every chunk lands on its owner.
+ *
+ * Block b (coll_block: the first count % n blocks get one element more) ends on rank b.
+ * Rank r sends to r+1 and receives from r-1; in step s = 0..n-2 it sends its partial sum of
+ * block (r-s-1) and receives the partial of block (r-s-2), which it combines with its own
+ * contribution. With n = 4 and block 3 (x_k is rank k's contribution):
+ *
+ *   step 0:  r0 sends x0          -> r1 computes x1 op x0
+ *   step 1:  r1 sends x1 op x0    -> r2 computes x2 op (x1 op x0)
+ *   step 2:  r2 sends ...         -> r3 computes x3 op (x2 op (x1 op x0)) into recvbuf
+ *
+ * recvbuf holds one block only, so partial sums live in scratch. Every block is cut into
+ * slices; slice j of every block forms lane j, an independent (n-1)-step pipeline, and up to
+ * max_lanes lanes are in flight. Each lane owns two scratch slots, A and B: in step s it
+ * receives into one while it sends the partial it reduced in place in the other in step
+ * s-1 (step 0 sends straight from sendbuf; the last step reduces into recvbuf):
+ *
+ *   lane j    step 0            step 1             step 2
+ *   recv      -> A              -> B               -> A
+ *   reduce    A = x op A        B = x op B         recvbuf = x op A
+ *   send      x from sendbuf    A                  B
+ *
+ *   time ->   | step 0 | step 1 | step 2 |
+ *   lane 0    |==s0====|==s1====|==s2====|
+ *   lane 1       |==s0====|==s1====|==s2====|
+ *
+ * So slices are scratch_len / (2 * lanes) bytes, half the configured slice, and nothing is
+ * copied that is not reduced.
+ *
+ * Determinism: block b is always combined in the order above, whatever the slicing, so
+ * every run gives the same bits. avg divides once, on the owner, at the end.
+ *
+ * recvbuf may be sendbuf (result at its start, as MPI's in-place form) or sendbuf's own
+ * block r (NCCL's in-place form); every other overlap is undefined. Both work without a
+ * copy: in the first, recvbuf covers only the front of block 0 (the largest block), and
+ * lane j reads its slice of block 0 in an earlier step than the one in which it writes
+ * the same range of recvbuf; in the second, the only read of block r is the final reduce
+ * that overwrites it element by element. Every lane sends its
+ * message at every step, even when it is empty, so ranks that disagree on count see it in
+ * a frame header.
+ */
 #include "algos.h"
+
+#include "reduce.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define RS_MAX_LANES 64
+
+struct lane {
+	bool active;
+	int step;       /* 0 .. n-2 */
+	size_t index;   /* which slice of every block */
+	uint8_t *slot[2];
+	coll_xfer x[2]; /* [0] receive, [1] send */
+};
+
+static inline int mod(int a, int n)
+{
+	return ((a % n) + n) % n;
+}
+
+/* Elements [*off, *off + *len) of the whole buffer that lane `index` covers in block b. */
+static void lane_range(size_t count, int n, int b, size_t index, size_t slice_el, size_t *off,
+                       size_t *len)
+{
+	size_t boff, blen, lo, hi;
+
+	coll_block(count, n, b, &boff, &blen);
+	lo = index * slice_el;
+	hi = lo + slice_el;
+	if (lo > blen)
+		lo = blen;
+	if (hi > blen)
+		hi = blen;
+	*off = boff + lo;
+	*len = hi - lo;
+}
 
 khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbuf, size_t count,
                                 khor_dtype dtype, khor_op op, uint32_t seq, kerr *err)
 {
-	return kerr_set(err, KHOR_ERR_NOT_SUPPORTED, "reduce-scatter is not implemented yet");
+	const int n = cc->size, r = cc->rank;
+	const int right = (r + 1) % n, left = (r - 1 + n) % n;
+	const int nsteps = n - 1;
+	const size_t esz = khor_dtype_size(dtype);
+	const uint8_t *in = sendbuf;
+	uint8_t *out = recvbuf;
+	reduce_fn fn = reduce_kernel(dtype, op);
+	size_t my_off, my_len, slice_el, max_block, nlanes, next_lane = 0, lanes_done = 0;
+	int nactive;
+	struct lane lanes[RS_MAX_LANES];
+	coll_wait w;
+	char what[64];
+	khor_status st = KHOR_SUCCESS;
+
+	snprintf(what, sizeof(what), "reduce_scatter seq %u", seq);
+	coll_block(count, n, r, &my_off, &my_len);
+	if (n == 1) {
+		if (my_len > 0 && out != in)
+			memmove(out, in, my_len * esz);
+		return KHOR_SUCCESS;
+	}
+	if (fn == NULL)
+		return kerr_set(err, KHOR_ERR_NOT_SUPPORTED, "%s: op %d is not supported for dtype %d",
+		                what, (int)op, (int)dtype);
+	/* Two slots per lane must fit in scratch; give up lanes before shrinking to nothing. */
+	nactive = cc->max_lanes < 1 ? 1 : (cc->max_lanes > RS_MAX_LANES ? RS_MAX_LANES :
+	                                   cc->max_lanes);
+	while (nactive > 1 && cc->scratch_len / (2 * (size_t)nactive * esz) == 0)
+		nactive /= 2;
+	slice_el = cc->scratch_len / (2 * (size_t)nactive * esz);
+	if (slice_el == 0)
+		return kerr_set(err, KHOR_ERR_INTERNAL, "%s: scratch of %zu bytes cannot hold two "
+		                "%zu-byte elements", what, cc->scratch_len, esz);
+	max_block = count / (size_t)n + (count % (size_t)n ? 1 : 0);
+	nlanes = max_block == 0 ? 1 : (max_block + slice_el - 1) / slice_el;
+	if (nlanes > (UINT32_MAX - 1) / (size_t)nsteps)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s: %zu slices of %zu bytes per block are "
+		                "too many to tag; raise KHOR_SLICE_BYTES", what, nlanes, slice_el * esz);
+	if ((size_t)nactive > nlanes)
+		nactive = (int)nlanes;
+	coll_wait_init(cc, &w, what);
+	memset(lanes, 0, sizeof(lanes));
+	for (int i = 0; i < nactive; i++) {
+		lanes[i].slot[0] = (uint8_t *)cc->scratch + (size_t)(2 * i) * slice_el * esz;
+		lanes[i].slot[1] = lanes[i].slot[0] + slice_el * esz;
+	}
+
+	const uint32_t meta = tp_meta_make(COLL_REDUCESCATTER, dtype, op);
+	while (st == KHOR_SUCCESS && lanes_done < nlanes) {
+		bool moved = false;
+
+		for (int li = 0; li < nactive && st == KHOR_SUCCESS; li++) {
+			struct lane *L = &lanes[li];
+			size_t off, len;
+
+			if (!L->active) {
+				if (next_lane >= nlanes)
+					continue;
+				L->active = true;
+				L->index = next_lane++;
+				L->step = -1;
+			} else {
+				bool rd = coll_done(cc, &L->x[0], &st, err);
+				bool sd = coll_done(cc, &L->x[1], &st, err);
+				if (st != KHOR_SUCCESS || !rd || !sd)
+					continue;
+				/* Step done: fold our own contribution into what came from the left. */
+				int b = mod(r - L->step - 2, n);
+				uint8_t *got = L->slot[L->step % 2];
+				lane_range(count, n, b, L->index, slice_el, &off, &len);
+				if (L->step < nsteps - 1) {
+					if (len > 0)
+						fn(got, in + off * esz, got, len);
+				} else {
+					/* b == r: the finished slice goes to its place in recvbuf. */
+					uint8_t *dst = out + (off - my_off) * esz;
+					if (len > 0)
+						fn(dst, in + off * esz, got, len);
+					if (len > 0 && op == KHOR_AVG)
+						reduce_avg_finish(dst, len, dtype, n);
+					L->active = false;
+					lanes_done++;
+					li--; /* reuse this slot for the next lane right away */
+					moved = true;
+					continue;
+				}
+			}
+			moved = true;
+			L->step++;
+			const int s = L->step;
+			const uint8_t *sbuf;
+			size_t soff, slen, roff, rlen;
+			lane_range(count, n, mod(r - s - 1, n), L->index, slice_el, &soff, &slen);
+			lane_range(count, n, mod(r - s - 2, n), L->index, slice_el, &roff, &rlen);
+			sbuf = s == 0 ? in + soff * esz : L->slot[(s - 1) % 2];
+			tp_tag tag = { cc->comm_id, seq, (uint32_t)(L->index * (size_t)nsteps + (size_t)s),
+			               meta };
+			st = coll_post(cc, &L->x[0], left, false, L->slot[s % 2], rlen * esz, tag, w.dl,
+			               err);
+			if (st == KHOR_SUCCESS)
+				st = coll_post(cc, &L->x[1], right, true, (void *)sbuf, slen * esz, tag, w.dl,
+				               err);
+		}
+		if (st != KHOR_SUCCESS || lanes_done == nlanes)
+			break;
+		if (!moved) {
+			coll_xfer xs[2 * RS_MAX_LANES];
+			for (int li = 0; li < nactive; li++) {
+				xs[2 * li] = lanes[li].x[0];
+				xs[2 * li + 1] = lanes[li].x[1];
+			}
+			st = coll_wait_step(cc, &w, xs, 2 * nactive, err);
+		}
+	}
+	if (st != KHOR_SUCCESS) {
+		for (int li = 0; li < nactive; li++)
+			coll_drain(cc, lanes[li].x, 2);
+		if (strncmp(err->text, what, strlen(what)) != 0)
+			kerr_prefix(err, "%s (ring, step %d of %d)", what, lanes[0].step, nsteps);
+	}
+	return st;
 }

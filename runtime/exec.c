@@ -125,7 +125,7 @@ static khor_status alltoall_run(coll_comm *cc, struct khor_request *r, kerr *err
 }
 
 /* Local-only semantics of each collective on a one-rank comm. */
-static khor_status run_single(struct khor_request *r)
+static khor_status run_single(struct khor_request *r, kerr *err)
 {
 	size_t bytes = r->count * khor_dtype_size(r->dtype);
 
@@ -146,7 +146,9 @@ static khor_status run_single(struct khor_request *r)
 		size_t esz = khor_dtype_size(r->dtype);
 		if (r->scounts != NULL) {
 			if (r->scounts[0] != r->rcounts[0])
-				return KHOR_ERR_INVALID_ARG;
+				return kerr_set(err, KHOR_ERR_INVALID_ARG, "alltoallv seq %u: this rank sends "
+				                "itself %zu elements but expects %zu", r->seq, r->scounts[0],
+				                r->rcounts[0]);
 			bytes = r->scounts[0] * esz;
 			if (bytes > 0)
 				memmove((char *)r->recvbuf + r->rdispls[0] * esz,
@@ -209,7 +211,7 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 	size_t esz = khor_dtype_size(r->dtype), bytes = r->count * esz;
 
 	if (c->size == 1)
-		return run_single(r);
+		return run_single(r, err);
 	switch (r->kind) {
 	case COLL_ALLREDUCE:
 		if (use_hier(c, bytes))

@@ -1,0 +1,1 @@
+khor_test(test_collectives collectives/test_collectives.c 900)
