@@ -32,7 +32,7 @@ const struct config_var config_vars[] = {
 	{ "KHOR_PIPELINE_DEPTH", "4", "Slices in flight per collective (1-64)" },
 	{ "KHOR_ALGO", "auto", "Allreduce algorithm: ring, tree (double binary), rd (recursive doubling), hd (halving-doubling) or auto (cost model)" },
 	{ "KHOR_HIER", "auto", "Node-aware allreduce/broadcast across hosts: on, off or auto (cost model)" },
-	{ "KHOR_RD_MAX_BYTES", "64K", "auto picks recursive doubling up to this size, the ring above" },
+	{ "KHOR_RD_MAX_BYTES", NULL, "When set: broadcast uses the binomial tree and allgather Bruck up to this size (total bytes), chain and ring above; unset = cost model" },
 	{ "KHOR_COST_ALPHA_US", NULL, "Cost model: per-message time in us (with BETA and GAMMA set, init skips its measurement)" },
 	{ "KHOR_COST_BETA_GBPS", NULL, "Cost model: link bandwidth in GB/s" },
 	{ "KHOR_COST_GAMMA_GBPS", NULL, "Cost model: reduction speed in GB/s" },
@@ -104,6 +104,10 @@ static khor_status get_size(const struct khor_config *cfg, const char *name, uin
 
 	if (v == NULL)
 		v = config_default(name);
+	if (v == NULL) {
+		*out = lo;
+		return KHOR_SUCCESS;
+	}
 	if (!kparse_size(v, out) || *out < lo || *out > hi)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected a size from %llu to "
 		                "%llu bytes (suffixes K, M, G allowed)", name, v,
@@ -273,6 +277,7 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	    (st = get_size(cfg, "KHOR_PIPELINE_DEPTH", 1, 64, &u, err)))
 		return st;
 	s->pipeline_depth = (int)u;
+	s->rd_max_set = config_lookup(cfg, "KHOR_RD_MAX_BYTES") != NULL;
 	if ((st = get_size(cfg, "KHOR_RD_MAX_BYTES", 0, 1ull << 30, &s->rd_max_bytes, err)) ||
 	    (st = get_size(cfg, "KHOR_SPIN_US", 0, 10000000, &s->spin_us, err)))
 		return st;

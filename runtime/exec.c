@@ -204,6 +204,9 @@ static int local_index_of(const khor_comm *c, int root)
 	return 0;
 }
 
+#define model_of(cc) \
+	((cost_model){ (cc)->model.alpha, (cc)->model.beta, (cc)->model.gamma, true })
+
 /* Picks the schedule for one collective and runs it. */
 static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 {
@@ -240,7 +243,9 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 			return hier_broadcast(&c->node_cc, &c->cross_cc, host_index_of(c, r->root),
 			                      local_index_of(c, r->root), r->recvbuf, r->count, r->dtype,
 			                      r->seq, err);
-		if (bytes <= cc->rd_max_bytes)
+		if (c->cfg.rd_max_set ? bytes <= cc->rd_max_bytes
+		                      : cost_pick_broadcast(&model_of(cc), c->size, bytes,
+		                                            cc->slice_bytes) == BCAST_BINOMIAL)
 			return binomial_broadcast(cc, r->recvbuf, r->count, r->dtype, r->root, r->seq, err);
 		return chain_broadcast(cc, r->recvbuf, r->count, r->dtype, r->root, r->seq, err);
 	case COLL_REDUCE:
@@ -250,7 +255,9 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 		if (r->rcounts != NULL)
 			return ring_allgatherv(cc, r->sendbuf, r->recvbuf, r->rcounts, r->rdispls,
 			                       r->dtype, r->seq, err);
-		if (bytes * (size_t)c->size <= cc->rd_max_bytes)
+		if (c->cfg.rd_max_set ? bytes * (size_t)c->size <= cc->rd_max_bytes
+		                      : cost_pick_allgather(&model_of(cc), c->size,
+		                                            bytes * (size_t)c->size) == AG_RD)
 			return rd_allgather(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->seq, err);
 		return ring_allgather_equal(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->seq,
 		                            err);
