@@ -64,6 +64,8 @@ khor_status binomial_gather(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 khor_status binomial_scatter(coll_comm *cc, const void *sendbuf, void *recvbuf, size_t count,
                              khor_dtype dtype, int root, uint32_t seq, kerr *err);
 
+/* The slice the tree pipelines with on this comm (scratch holds 2 halves x window x 2). */
+size_t dbtree_slice_bytes(const coll_comm *cc);
 /* dbtree.c: double binary tree allreduce (two complementary trees, each half the data). */
 khor_status dbtree_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size_t count,
                              khor_dtype dtype, khor_op op, uint32_t seq, kerr *err);

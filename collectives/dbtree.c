@@ -100,6 +100,18 @@ struct job {
 	coll_xfer x[3];    /* receives from children or parent; sends */
 };
 
+static size_t tree_window(const coll_comm *cc)
+{
+	size_t window = cc->max_lanes < 1 ? 1 : (size_t)cc->max_lanes;
+	return window > 16 ? 16 : window;
+}
+
+size_t dbtree_slice_bytes(const coll_comm *cc)
+{
+	size_t s = cc->scratch_len / (2 * 2 * tree_window(cc));
+	return s < cc->slice_bytes ? s : cc->slice_bytes;
+}
+
 khor_status dbtree_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size_t count,
                              khor_dtype dtype, khor_op op, uint32_t seq, kerr *err)
 {
@@ -128,12 +140,8 @@ khor_status dbtree_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 	coll_block(count, 2, 1, &half_off[1], &half_len[1]);
 
 	/* Scratch holds two child slices per job: size slices so that 2 halves x window fit. */
-	window = cc->max_lanes < 1 ? 1 : (size_t)cc->max_lanes;
-	if (window > 16)
-		window = 16;
-	slice_el = cc->scratch_len / (2 * 2 * window) / esz;
-	if (slice_el > cc->slice_bytes / esz)
-		slice_el = cc->slice_bytes / esz;
+	window = tree_window(cc);
+	slice_el = dbtree_slice_bytes(cc) / esz;
 	if (slice_el == 0)
 		slice_el = 1;
 	for (int h = 0; h < 2; h++) {

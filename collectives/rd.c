@@ -84,16 +84,17 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	const size_t esz = khor_dtype_size(dtype), bytes = count * esz;
 	reduce_fn fn = reduce_kernel(dtype, op);
 	const uint32_t meta = tp_meta_make(kind, dtype, op);
-	uint8_t *out = recvbuf, *tmp = cc->scratch;
+	uint8_t *out = recvbuf, *tmp;
 	int p = 1, rem, vr;
 	uint32_t step = 0;
 	coll_wait w;
 	char what[64];
 	khor_status st = KHOR_SUCCESS;
 
-	if (bytes > cc->scratch_len)
-		return kerr_set(err, KHOR_ERR_INTERNAL, "recursive doubling: %zu bytes exceed the "
-		                "%zu-byte scratch buffer", bytes, cc->scratch_len);
+	tmp = bytes > cc->scratch_len ? coll_big(cc, bytes) : cc->scratch;
+	if (tmp == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "allreduce seq %u (recursive doubling): no "
+		                "memory for a %zu-byte temp buffer", seq, bytes);
 	if (sendbuf != recvbuf && bytes > 0)
 		memcpy(out, sendbuf, bytes);
 	if (n == 1)
@@ -155,18 +156,14 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 
 enum allreduce_algo allreduce_pick(const coll_comm *cc, enum allreduce_algo forced, size_t bytes)
 {
-	if (forced == ALGO_RD && bytes <= cc->scratch_len)
-		return ALGO_RD;
-	if (forced == ALGO_TREE || forced == ALGO_HD)
+	if (forced == ALGO_RD || forced == ALGO_TREE || forced == ALGO_HD)
 		return forced;
 	if (forced != ALGO_AUTO)
 		return ALGO_RING;
 	if (cc->model.alpha > 0) {
 		cost_model m = { cc->model.alpha, cc->model.beta, cc->model.gamma, true };
 		double t;
-		int a = cost_pick_allreduce(&m, cc->size, bytes, cc->slice_bytes, &t);
-		if (a == ALGO_RD && bytes > cc->scratch_len)
-			a = ALGO_HD; /* rd works in scratch; hd needs only half a buffer */
+		int a = cost_pick_allreduce(&m, cc->size, bytes, dbtree_slice_bytes(cc), &t);
 		return (enum allreduce_algo)a;
 	}
 	return bytes <= cc->rd_max_bytes && bytes <= cc->scratch_len ? ALGO_RD : ALGO_RING;

@@ -7,7 +7,8 @@
  *   ring       2(n-1) a + 2(n-1)/n S b + (n-1)/n S g
  *   rd         (lp+f) a + (lp+f) S b + (lp + f/2) S g
  *   hd         (2lp+f) a + (2(p-1)/p + f) S b + ((p-1)/p + f/2) S g
- *   tree       2D a + 2D s b + 2 S b + S g           (s = slice: the pipeline's fill)
+ *   tree       2D a + 2D s b + c S b + S g   (s = its slice, the pipeline's fill; c = 1 at
+ *                                           n = 2, 1.5 at n = 3, 2 above: what a rank sends)
  *   binomial   ceil(log2 n) (a + S b)
  *   chain      (n - 2 + ceil(S/s)) (a + s b)
  *
@@ -46,8 +47,10 @@ double cost_allreduce(const cost_model *m, int a, int n, size_t bytes, size_t sl
 		return (2 * lp + f) * al + (2.0 * (p - 1) / p + f) * S * b +
 		       ((double)(p - 1) / p + f / 2.0) * S * g;
 	case ALGO_TREE: {
+		/* What one rank sends: S at n = 2 (both trees are one edge), 1.5 S at 3, 2 S above. */
+		double sent = n == 2 ? S : n == 3 ? 1.5 * S : 2 * S;
 		double s = S / 2 < (double)slice ? S / 2 : (double)slice;
-		return 2 * D * al + 2 * D * s * b + 2 * S * b + S * g;
+		return 2 * D * al + 2 * D * s * b + sent * b + S * g;
 	}
 	default:
 		return 2.0 * (n - 1) * al + 2.0 * (n - 1) / n * S * b + (double)(n - 1) / n * S * g;
@@ -161,23 +164,24 @@ khor_status cost_measure(coll_comm *cc, uint32_t seq, double v[3], kerr *err)
 	coll_wait_init(cc, &w, "cost model calibration");
 	if (peer < cc->size) {
 		const uint32_t meta = tp_meta_make(9, KHOR_UINT8, 0);
-		uint64_t t0 = 0, t1 = 0, t2;
+		uint64_t t0 = 0, t1 = 0, t2 = 0, t3;
 		for (int i = 0; i < SMALL_ITERS + 2 && st == KHOR_SUCCESS; i++) {
 			if (i == 2)
 				t0 = kclock_ns(); /* the first swaps also make the link */
 			tp_tag tag = { cc->comm_id, seq, (uint32_t)i, meta };
 			st = swap(cc, &w, peer, a, b, 8, tag, err);
 		}
+		t1 = kclock_ns();
 		/* Two untimed big swaps first: TCP's congestion window and buffers grow there. */
 		for (int i = 0; i < BIG_ITERS + 2 && st == KHOR_SUCCESS; i++) {
 			if (i == 2)
-				t1 = kclock_ns();
+				t2 = kclock_ns();
 			tp_tag tag = { cc->comm_id, seq, (uint32_t)(100 + i), meta };
 			st = swap(cc, &w, peer, a, b, BIG, tag, err);
 		}
-		t2 = kclock_ns();
+		t3 = kclock_ns();
 		v[0] = (double)(t1 - t0) / 1e9 / SMALL_ITERS;
-		v[1] = ((double)(t2 - t1) / 1e9 / BIG_ITERS - v[0]) / BIG;
+		v[1] = ((double)(t3 - t2) / 1e9 / BIG_ITERS - v[0]) / BIG;
 		if (v[1] < 1e-12)
 			v[1] = 1e-12;
 	}

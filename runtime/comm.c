@@ -88,6 +88,23 @@ static void name_missing(khor_comm *c, char *out, size_t len)
  * the node-aware collectives run on. Launcher-given values win for the getters. The node
  * and cross groups exist only when every host runs the same number of ranks.
  */
+/* This machine's boot id: the same for every process on it, whatever its network namespace. */
+static const char *machine_id(void)
+{
+	static char id[64];
+	FILE *f;
+
+	if (id[0] != '\0')
+		return id;
+	f = fopen("/proc/sys/kernel/random/boot_id", "r");
+	if (f == NULL || fgets(id, sizeof(id), f) == NULL)
+		gethostname(id, sizeof(id) - 1);
+	if (f != NULL)
+		fclose(f);
+	id[strcspn(id, "\n")] = '\0';
+	return id;
+}
+
 static khor_status compute_topology(khor_comm *c, kdeadline dl, kerr *err)
 {
 	char (*hosts)[256] = NULL;
@@ -111,6 +128,12 @@ static khor_status compute_topology(khor_comm *c, kdeadline dl, kerr *err)
 		snprintf(key, sizeof(key), "host/%d", r);
 		st = store_get(c->store, key, dl, &v, &vl, err);
 		if (st == KHOR_SUCCESS) {
+			char *tab = strchr(v, '\t');
+			if (tab != NULL) {
+				*tab = '\0';
+				if (strcmp(tab + 1, machine_id()) == 0)
+					c->on_machine++;
+			}
 			kstrlcpy(hosts[r], v, sizeof(hosts[r]));
 			free(v);
 		}
@@ -316,8 +339,14 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 		goto fail;
 	}
 	memset(c->link_tp, -1, (size_t)c->size);
+	/*
+	 * "host/<rank>" = "<host name>\t<boot id>": the name (KHOR_HOSTNAME may pretend) groups
+	 * ranks into nodes; the boot id tells which ranks really share this machine's cores.
+	 */
+	char hostval[320];
+	snprintf(hostval, sizeof(hostval), "%s\t%s", s->hostname, machine_id());
 	snprintf(key, sizeof(key), "host/%d", c->rank);
-	if ((st = store_set(c->store, key, s->hostname, strlen(s->hostname), err)))
+	if ((st = store_set(c->store, key, hostval, strlen(hostval), err)))
 		goto fail;
 	int64_t joined;
 	if ((st = store_add(c->store, "joined", 1, &joined, err)))
@@ -357,7 +386,12 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	c->cc.algo = s->algo;
 	c->cc.spin_ns = s->spin_us * 1000;
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	c->cc.spin_yield = ncpu < 1 || c->local_size > ncpu;
+	/*
+	 * When this machine's cores are all taken by ranks (counted by boot id, so ranks in
+	 * network namespaces or with pretend host names count too), a spinning rank steals the
+	 * core its peer, or the kernel's network softirq, needs: yield while spinning.
+	 */
+	c->cc.spin_yield = ncpu < 1 || c->on_machine >= ncpu;
 	make_group(c, &c->node_cc, 1, c->node_map, c->node_n, c->node_me);
 	make_group(c, &c->cross_cc, 2, c->cross_map, c->cross_n, c->cross_me);
 	if (s->cost[0] > 0) {
@@ -423,6 +457,7 @@ static khor_status choose_transport(khor_comm *c, int peer, kdeadline dl, int *t
 	st = store_get(c->store, key, dl, &host, &len, err);
 	if (st != KHOR_SUCCESS)
 		return st;
+	((char *)host)[strcspn(host, "\t")] = '\0';
 	same = strcmp(host, c->cfg.hostname) == 0;
 	if (!same && strcmp(c->cfg.transport, "shm") == 0) {
 		st = kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_TRANSPORT=shm, but rank %d is on host "

@@ -45,6 +45,7 @@ struct khor_comm {
 	coll_comm cc;
 	/* node-aware collectives: the ranks on this host, and those with my local index */
 	int nhosts;
+	int on_machine;       /* ranks sharing this machine (same boot id) */
 	bool hier_ok;         /* every host has the same number (> 1) of ranks, > 1 host */
 	int *node_map, node_n, node_me;
 	int *cross_map, cross_n, cross_me;

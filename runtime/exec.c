@@ -79,10 +79,10 @@ static void log_choice(coll_comm *cc, size_t bytes)
 	enum allreduce_algo a = allreduce_pick(cc, (enum allreduce_algo)cc->algo, bytes);
 	KLOG_DEBUG("allreduce %zu B on %d ranks: %s%s (predicted us: ring %.1f, tree %.1f, rd %.1f, "
 	           "hd %.1f)", bytes, cc->size, names[a], cc->algo ? " (forced by KHOR_ALGO)" : "",
-	           cost_allreduce(&m, ALGO_RING, cc->size, bytes, cc->slice_bytes) * 1e6,
-	           cost_allreduce(&m, ALGO_TREE, cc->size, bytes, cc->slice_bytes) * 1e6,
-	           cost_allreduce(&m, ALGO_RD, cc->size, bytes, cc->slice_bytes) * 1e6,
-	           cost_allreduce(&m, ALGO_HD, cc->size, bytes, cc->slice_bytes) * 1e6);
+	           cost_allreduce(&m, ALGO_RING, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
+	           cost_allreduce(&m, ALGO_TREE, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
+	           cost_allreduce(&m, ALGO_RD, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
+	           cost_allreduce(&m, ALGO_HD, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6);
 }
 
 /* Equal-block allgather through the v schedule: counts all equal, packed in rank order. */
@@ -176,9 +176,9 @@ static bool use_hier(khor_comm *c, size_t bytes)
 	if (c->cfg.hier == 1)
 		return true;
 	double flat;
-	cost_pick_allreduce(&c->outer, c->size, bytes, c->cc.slice_bytes, &flat);
+	cost_pick_allreduce(&c->outer, c->size, bytes, dbtree_slice_bytes(&c->cc), &flat);
 	double hier = cost_hier_allreduce(&c->inner, &c->outer, c->node_n, c->nhosts, bytes,
-	                                  c->cc.slice_bytes);
+	                                  dbtree_slice_bytes(&c->cc));
 	KLOG_DEBUG("allreduce %zu B: node-aware %.1f us vs flat %.1f us", bytes, hier * 1e6,
 	           flat * 1e6);
 	return hier < flat;
