@@ -54,27 +54,38 @@ void *coll_big(coll_comm *cc, size_t len)
 	return *cc->big;
 }
 
-khor_status coll_progress(coll_comm *cc, int timeout_ms, bool *moved, kerr *err)
+khor_status coll_progress(coll_comm *cc, int timeout_ms, unsigned sleep_mask, bool *moved,
+                          kerr *err)
 {
 	bool any = false;
+	int sleeper = -1, nsleep = 0;
 
 	if (cc->ntps == 1)
 		return cc->tps[0].ops->progress(cc->tps[0].ctx, timeout_ms, moved, err);
-	/*
-	 * Several transports: poll each without sleeping, then sleep in one of them for a short
-	 * slice only, so that the other's traffic waits at most a millisecond.
-	 */
 	for (int i = 0; i < cc->ntps; i++) {
+		if (sleep_mask & (1u << i)) {
+			sleeper = sleeper < 0 ? i : sleeper;
+			nsleep++;
+		}
+	}
+	/* Poll the others without sleeping, then sleep where the awaited traffic will land. */
+	for (int i = 0; i < cc->ntps; i++) {
+		if (i == sleeper && nsleep == 1)
+			continue;
 		bool m = false;
 		khor_status st = cc->tps[i].ops->progress(cc->tps[i].ctx, 0, &m, err);
 		if (st != KHOR_SUCCESS)
 			return st;
 		any |= m;
 	}
-	if (!any && timeout_ms > 0) {
-		khor_status st = cc->tps[0].ops->progress(cc->tps[0].ctx, 1, &any, err);
+	if (sleeper >= 0 && (nsleep == 1 || !any)) {
+		/* Several transports awaited: a 1 ms slice each, so neither waits long on the other. */
+		int t = any ? 0 : (nsleep == 1 ? timeout_ms : (timeout_ms < 1 ? timeout_ms : 1));
+		bool m = false;
+		khor_status st = cc->tps[sleeper].ops->progress(cc->tps[sleeper].ctx, t, &m, err);
 		if (st != KHOR_SUCCESS)
 			return st;
+		any |= m;
 	}
 	if (moved != NULL)
 		*moved = any;
@@ -100,15 +111,21 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 	 * far sooner than a sleeping process is woken. When ranks outnumber cores, sched_yield
 	 * hands the core to the rank we are waiting for instead of burning its time slice.
 	 */
+	unsigned mask = 0;
+	for (int i = 0; i < nxs; i++)
+		if (xs[i].req != NULL)
+			mask |= 1u << xs[i].tpi;
+	if (mask == 0)
+		mask = (1u << cc->ntps) - 1;
 	spin_end = kclock_ns() + cc->spin_ns;
 	do {
-		st = coll_progress(cc, 0, &moved, err);
+		st = coll_progress(cc, 0, mask, &moved, err);
 		if (st != KHOR_SUCCESS || moved)
 			return st;
 		if (cc->spin_yield)
 			sched_yield();
 	} while (kclock_ns() < spin_end);
-	st = coll_progress(cc, kdeadline_left_ms(w->dl, 200), NULL, err);
+	st = coll_progress(cc, kdeadline_left_ms(w->dl, 200), mask, NULL, err);
 	if (st != KHOR_SUCCESS)
 		return st;
 	if (kdeadline_passed(w->dl)) {

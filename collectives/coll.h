@@ -72,8 +72,13 @@ typedef struct coll_xfer {
  */
 void *coll_big(coll_comm *cc, size_t len);
 
-/* Drives every transport once; *moved tells whether anything happened. */
-khor_status coll_progress(coll_comm *cc, int timeout_ms, bool *moved, kerr *err);
+/*
+ * Drives every transport once; *moved tells whether anything happened. A wait sleeps in
+ * the transport that carries what we wait for (sleep_mask: bit i = cc->tps[i]); when that
+ * is several, it sleeps in short slices in turn.
+ */
+khor_status coll_progress(coll_comm *cc, int timeout_ms, unsigned sleep_mask, bool *moved,
+                          kerr *err);
 
 /* Posts a send/receive and records it in x (req NULL means "nothing pending"). */
 khor_status coll_post(coll_comm *cc, coll_xfer *x, int peer, bool is_send, void *buf,

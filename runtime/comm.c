@@ -529,7 +529,7 @@ static khor_status comm_get_link(void *owner, int peer, kdeadline dl, tp_link **
 			err->peer = peer;
 			return KHOR_ERR_TIMEOUT;
 		}
-		st = coll_progress(&c->cc, kdeadline_left_ms(dl, 100), NULL, err);
+		st = coll_progress(&c->cc, kdeadline_left_ms(dl, 100), 1u << tpi, NULL, err);
 		if (st != KHOR_SUCCESS)
 			return st;
 		if ((st = comm_check_abort(c, err)) != KHOR_SUCCESS)

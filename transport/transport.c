@@ -1,11 +1,14 @@
 /* transport.c -- the registry of transports compiled into this build. */
 #include "transport.h"
 
+#include "shm.h"
+
 #include <stdio.h>
 #include <string.h>
 
 static const struct transport_ops *const transports[] = {
 	&tcp_transport_ops,
+	&shm_transport_ops,
 };
 
 const struct transport_ops *transport_find(const char *name)
