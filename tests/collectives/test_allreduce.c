@@ -75,6 +75,7 @@ struct job {
 	const char *algo;
 	const char *slice;
 	const char *nsocks;
+	const char *transport;
 };
 
 static int body_all(int rank, int n, khor_config *cfg, void *arg)
@@ -86,6 +87,7 @@ static int body_all(int rank, int n, khor_config *cfg, void *arg)
 	                    1031, 4099 };
 
 	khor_config_set(cfg, "KHOR_ALGO", j->algo);
+	khor_config_set(cfg, "KHOR_TRANSPORT", j->transport);
 	khor_config_set(cfg, "KHOR_SLICE_BYTES", j->slice);
 	khor_config_set(cfg, "KHOR_PIPELINE_DEPTH", "3");
 	khor_config_set(cfg, "KHOR_SOCKET_NSOCKS", j->nsocks);
@@ -169,22 +171,22 @@ static void run_all(int n, struct job *j)
 #define N_TEST(N)                                                          \
 	Test(allreduce, ring_n##N, .timeout = 180)                         \
 	{                                                                  \
-		struct job j = { "ring", "256", "3" };                     \
+		struct job j = { "ring", "256", "3", "tcp" };                     \
 		run_all(N, &j);                                            \
 	}                                                                  \
 	Test(allreduce, rd_n##N, .timeout = 180)                           \
 	{                                                                  \
-		struct job j = { "rd", "64K", "1" };                       \
+		struct job j = { "rd", "64K", "1", "shm" };                       \
 		run_all(N, &j);                                            \
 	}                                                                  \
 	Test(allreduce, tree_n##N, .timeout = 180)                         \
 	{                                                                  \
-		struct job j = { "tree", "512", "2" };                     \
+		struct job j = { "tree", "512", "2", "tcp" };                     \
 		run_all(N, &j);                                            \
 	}                                                                  \
 	Test(allreduce, hd_n##N, .timeout = 180)                           \
 	{                                                                  \
-		struct job j = { "hd", "1K", "2" };                        \
+		struct job j = { "hd", "1K", "2", "auto" };                        \
 		run_all(N, &j);                                            \
 	}
 
@@ -196,6 +198,13 @@ N_TEST(5)
 N_TEST(6)
 N_TEST(7)
 N_TEST(8)
+
+/* The ring over shared memory too, with small slices so the rings wrap many times. */
+Test(allreduce, ring_shm_n4, .timeout = 180)
+{
+	struct job j = { "ring", "1K", "1", "shm" };
+	run_all(4, &j);
+}
 
 /* Random floats: every rank must hold the same bits, and a second run the same again. */
 static int body_bits(int rank, int n, khor_config *cfg, void *arg)
