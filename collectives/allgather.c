@@ -82,14 +82,13 @@ khor_status ring_allgatherv(coll_comm *cc, const void *sendbuf, void *recvbuf,
 	int nactive;
 	struct lane lanes[AG_MAX_LANES];
 	coll_wait w;
-	char what[64];
 	khor_status st = KHOR_SUCCESS;
 
 	if (counts[r] > 0 && sendbuf != out + displs[r] * esz)
 		memmove(out + displs[r] * esz, sendbuf, counts[r] * esz);
 	if (n == 1)
 		return KHOR_SUCCESS;
-	snprintf(what, sizeof(what), "allgather seq %u", seq);
+	coll_wait_begin(cc, &w, "allgather seq %u", seq, -1);
 	for (int i = 0; i < n; i++)
 		max_count = counts[i] > max_count ? counts[i] : max_count;
 	slice_el = cc->slice_bytes / esz;
@@ -105,7 +104,6 @@ khor_status ring_allgatherv(coll_comm *cc, const void *sendbuf, void *recvbuf,
 	                                   cc->max_lanes);
 	if ((size_t)nactive > nlanes)
 		nactive = (int)nlanes;
-	coll_wait_init(cc, &w, what);
 	memset(lanes, 0, sizeof(lanes));
 
 	const uint32_t meta = tp_meta_make(COLL_ALLGATHER, dtype, 0);
@@ -161,8 +159,8 @@ khor_status ring_allgatherv(coll_comm *cc, const void *sendbuf, void *recvbuf,
 	if (st != KHOR_SUCCESS) {
 		for (int li = 0; li < nactive; li++)
 			coll_drain(cc, lanes[li].x, 2);
-		if (strncmp(err->text, what, strlen(what)) != 0)
-			kerr_prefix(err, "%s (ring, step %d of %d)", what, lanes[0].step, nsteps);
+		if (strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
+			kerr_prefix(err, "%s (ring, step %d of %d)", coll_wait_what(&w), lanes[0].step, nsteps);
 	}
 	return st;
 }
@@ -186,7 +184,6 @@ khor_status rd_allgather(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	uint8_t *out = recvbuf;
 	coll_xfer x[4];
 	coll_wait w;
-	char what[64];
 	uint32_t round = 0;
 	khor_status st = KHOR_SUCCESS;
 
@@ -194,8 +191,7 @@ khor_status rd_allgather(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 		memmove(out + (size_t)r * bsz, sendbuf, bsz);
 	if (n == 1)
 		return KHOR_SUCCESS;
-	snprintf(what, sizeof(what), "allgather seq %u", seq);
-	coll_wait_init(cc, &w, what);
+	coll_wait_begin(cc, &w, "allgather seq %u", seq, -1);
 	memset(x, 0, sizeof(x));
 
 	for (int d = 1; st == KHOR_SUCCESS && d < n; d *= 2, round++) {
@@ -227,8 +223,8 @@ khor_status rd_allgather(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	}
 	if (st != KHOR_SUCCESS) {
 		coll_drain(cc, x, 4);
-		if (strncmp(err->text, what, strlen(what)) != 0)
-			kerr_prefix(err, "%s (Bruck, round %u)", what, round);
+		if (strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
+			kerr_prefix(err, "%s (Bruck, round %u)", coll_wait_what(&w), round);
 	}
 	return st;
 }

@@ -61,7 +61,7 @@ static khor_status inplace_alltoallv(coll_comm *cc, uint8_t *buf, const size_t *
 	tmp = max_bytes <= cc->scratch_len ? cc->scratch : malloc(max_bytes);
 	if (tmp == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: out of memory for a %zu-byte block "
-		                "(in-place alltoall)", w->what, max_bytes);
+		                "(in-place alltoall)", coll_wait_what(w), max_bytes);
 	memset(x, 0, sizeof(x));
 	for (int k = 0; k < n && st == KHOR_SUCCESS; k++) {
 		const int p = mod(k - r, n);
@@ -102,20 +102,18 @@ khor_status pairwise_alltoallv(coll_comm *cc, const void *sendbuf, const size_t 
 	struct slot slots[A2A_MAX_WINDOW];
 	int window, next_step = 1, steps_done = 0;
 	coll_wait w;
-	char what[64];
 	khor_status st = KHOR_SUCCESS;
 
-	snprintf(what, sizeof(what), "alltoall seq %u", seq);
-	coll_wait_init(cc, &w, what);
+	coll_wait_begin(cc, &w, "alltoall seq %u", seq, -1);
 	if (sendcounts[r] != recvcounts[r])
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s: rank %d sends itself %zu elements but "
-		                "expects %zu from itself", what, r, sendcounts[r], recvcounts[r]);
+		                "expects %zu from itself", coll_wait_what(&w), r, sendcounts[r], recvcounts[r]);
 	if (sendbuf == recvbuf && recvbuf != NULL) {
 		for (int i = 0; i < n; i++) {
 			if (sendcounts[i] != recvcounts[i] || sdispls[i] != rdispls[i])
 				return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s: in place (sendbuf == "
 				                "recvbuf) needs the same counts and displacements for "
-				                "sending and receiving; rank %d differs", what, i);
+				                "sending and receiving; rank %d differs", coll_wait_what(&w), i);
 		}
 		st = inplace_alltoallv(cc, out, recvcounts, rdispls, dtype, seq, &w, err);
 		goto out;
@@ -172,7 +170,7 @@ khor_status pairwise_alltoallv(coll_comm *cc, const void *sendbuf, const size_t 
 			coll_drain(cc, slots[i].x, 2);
 	}
 out:
-	if (st != KHOR_SUCCESS && strncmp(err->text, what, strlen(what)) != 0)
-		kerr_prefix(err, "%s (pairwise%s)", what, sendbuf == recvbuf ? ", in place" : "");
+	if (st != KHOR_SUCCESS && strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
+		kerr_prefix(err, "%s (pairwise%s)", coll_wait_what(&w), sendbuf == recvbuf ? ", in place" : "");
 	return st;
 }

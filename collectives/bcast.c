@@ -33,7 +33,6 @@ khor_status chain_broadcast(coll_comm *cc, void *buf, size_t count, khor_dtype d
 	coll_xfer rx[32], tx[32];
 	uint8_t *p = buf;
 	coll_wait w;
-	char what[64];
 	khor_status st = KHOR_SUCCESS;
 
 	if (n == 1)
@@ -47,8 +46,7 @@ khor_status chain_broadcast(coll_comm *cc, void *buf, size_t count, khor_dtype d
 	}
 	memset(rx, 0, sizeof(rx));
 	memset(tx, 0, sizeof(tx));
-	snprintf(what, sizeof(what), "broadcast seq %u (root %d)", seq, root);
-	coll_wait_init(cc, &w, what);
+	coll_wait_begin(cc, &w, "broadcast seq %u (root %d)", seq, root);
 	const uint32_t meta = tp_meta_make(COLL_BROADCAST, dtype, 0);
 	if (!has_prev)
 		recv_posted = recv_done = nslices; /* the root has everything already */
@@ -106,8 +104,8 @@ khor_status chain_broadcast(coll_comm *cc, void *buf, size_t count, khor_dtype d
 	if (st != KHOR_SUCCESS) {
 		coll_drain(cc, rx, window);
 		coll_drain(cc, tx, window);
-		if (strncmp(err->text, what, strlen(what)) != 0)
-			kerr_prefix(err, "%s", what);
+		if (strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
+			kerr_prefix(err, "%s", coll_wait_what(&w));
 	}
 	return st;
 }

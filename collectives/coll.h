@@ -52,6 +52,9 @@ typedef struct coll_comm {
 		double alpha, beta, gamma; /* the cost model (select.h); valid when alpha > 0 */
 	} model;
 	uint64_t logged_buckets; /* sizes (log2) whose algorithm choice was logged */
+	unsigned poll_count;     /* coll_progress calls, to poll idle transports now and then */
+	size_t pick_cache_bytes; /* allreduce_pick's last size + 1 (0 = none) and its answer */
+	int pick_cache_algo;
 	void *scratch;        /* reusable, max_lanes * slice_bytes */
 	size_t scratch_len;
 	void **big;           /* grow-only temp buffer shared by the comm's groups (coll_big) */
@@ -91,10 +94,21 @@ typedef struct coll_wait {
 	kdeadline dl;
 	uint64_t started_ns;
 	uint64_t last_abort_check_ns;
-	const char *what; /* "allreduce seq 12" for messages */
+	const char *what; /* "allreduce seq 12" for messages, made on first use */
+	const char *fmt;  /* printf format of what: takes seq (%u) then root (%d) */
+	uint32_t seq;
+	int root;
+	char buf[80];
 } coll_wait;
 
 void coll_wait_init(coll_comm *cc, coll_wait *w, const char *what);
+/*
+ * Starts the wait of one collective. The sentence naming it ("broadcast seq 7 (root 2)") is
+ * only formatted when an error needs it: on the latency path a snprintf per call is a
+ * measurable share of a shared-memory allreduce.
+ */
+void coll_wait_begin(coll_comm *cc, coll_wait *w, const char *fmt, uint32_t seq, int root);
+const char *coll_wait_what(coll_wait *w);
 /*
  * Nothing could advance: drive the transport once (blocking briefly), then enforce the
  * deadline (the error names the peers of the still-pending transfers in xs) and poll for

@@ -126,7 +126,6 @@ khor_status dbtree_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 	size_t slice_el, window;
 	struct job jobs[2][16];
 	coll_wait w;
-	char what[64];
 	khor_status st = KHOR_SUCCESS;
 
 	/* Partial sums are built in place in recvbuf. */
@@ -164,8 +163,7 @@ khor_status dbtree_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 				jobs[h][j].tmp[c] = (uint8_t *)cc->scratch +
 				                    (((size_t)h * window + j) * 2 + (size_t)c) * slice_el * esz;
 
-	snprintf(what, sizeof(what), "allreduce seq %u (tree)", seq);
-	coll_wait_init(cc, &w, what);
+	coll_wait_begin(cc, &w, "allreduce seq %u (tree)", seq, -1);
 	while (st == KHOR_SUCCESS && (done[0] < nslices[0] || done[1] < nslices[1])) {
 		bool moved = false;
 
@@ -260,8 +258,8 @@ khor_status dbtree_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 		for (int h = 0; h < 2; h++)
 			for (size_t j = 0; j < window; j++)
 				coll_drain(cc, jobs[h][j].x, 3);
-		if (strncmp(err->text, what, strlen(what)) != 0)
-			kerr_prefix(err, "%s", what);
+		if (strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
+			kerr_prefix(err, "%s", coll_wait_what(&w));
 	}
 	return st;
 }

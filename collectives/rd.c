@@ -88,7 +88,6 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	int p = 1, rem, vr;
 	uint32_t step = 0;
 	coll_wait w;
-	char what[64];
 	khor_status st = KHOR_SUCCESS;
 
 	tmp = bytes > cc->scratch_len ? coll_big(cc, bytes) : cc->scratch;
@@ -102,9 +101,7 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	while (p * 2 <= n)
 		p *= 2;
 	rem = n - p;
-	snprintf(what, sizeof(what), "%s seq %u", kind == COLL_BARRIER ? "barrier" : "allreduce",
-	         seq);
-	coll_wait_init(cc, &w, what);
+	coll_wait_begin(cc, &w, kind == COLL_BARRIER ? "barrier seq %u" : "allreduce seq %u", seq, -1);
 
 	/* Fold the first 2*rem ranks in pairs: even -> odd. */
 	if (r < 2 * rem) {
@@ -149,8 +146,8 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	}
 	if (st == KHOR_SUCCESS && op == KHOR_AVG && count > 0)
 		reduce_avg_finish(out, count, dtype, n);
-	if (st != KHOR_SUCCESS && strncmp(err->text, what, strlen(what)) != 0)
-		kerr_prefix(err, "%s (recursive doubling, step %u)", what, step);
+	if (st != KHOR_SUCCESS && strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
+		kerr_prefix(err, "%s (recursive doubling, step %u)", coll_wait_what(&w), step);
 	return st;
 }
 
@@ -161,9 +158,14 @@ enum allreduce_algo allreduce_pick(const coll_comm *cc, enum allreduce_algo forc
 	if (forced != ALGO_AUTO)
 		return ALGO_RING;
 	if (cc->model.alpha > 0) {
+		/* The choice depends only on the size: remember it per exact size seen last. */
+		if (cc->pick_cache_bytes == bytes + 1)
+			return (enum allreduce_algo)cc->pick_cache_algo;
 		cost_model m = { cc->model.alpha, cc->model.beta, cc->model.gamma, true };
 		double t;
 		int a = cost_pick_allreduce(&m, cc->size, bytes, dbtree_slice_bytes(cc), &t);
+		((coll_comm *)cc)->pick_cache_bytes = bytes + 1;
+		((coll_comm *)cc)->pick_cache_algo = a;
 		return (enum allreduce_algo)a;
 	}
 	return bytes <= cc->rd_max_bytes && bytes <= cc->scratch_len ? ALGO_RD : ALGO_RING;
@@ -194,7 +196,6 @@ khor_status hd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	size_t lo[32], hi[32];
 	uint32_t step = 0;
 	coll_wait w;
-	char what[64];
 	khor_status st = KHOR_SUCCESS;
 
 	if (sendbuf != recvbuf && bytes > 0)
@@ -209,8 +210,7 @@ khor_status hd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	while (p * 2 <= n)
 		p *= 2;
 	rem = n - p;
-	snprintf(what, sizeof(what), "allreduce seq %u (halving-doubling)", seq);
-	coll_wait_init(cc, &w, what);
+	coll_wait_begin(cc, &w, "allreduce seq %u (halving-doubling)", seq, -1);
 
 	if (r < 2 * rem) {
 		tp_tag tag = { cc->comm_id, seq, step, meta };
@@ -281,7 +281,7 @@ khor_status hd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 		else
 			st = exchange(cc, &w, -1, NULL, r + 1, out, bytes, tag, err);
 	}
-	if (st != KHOR_SUCCESS && strncmp(err->text, what, strlen(what)) != 0)
-		kerr_prefix(err, "%s step %u", what, step);
+	if (st != KHOR_SUCCESS && strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
+		kerr_prefix(err, "%s step %u", coll_wait_what(&w), step);
 	return st;
 }

@@ -94,10 +94,9 @@ khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbu
 	int nactive;
 	struct lane lanes[RS_MAX_LANES];
 	coll_wait w;
-	char what[64];
 	khor_status st = KHOR_SUCCESS;
 
-	snprintf(what, sizeof(what), "reduce_scatter seq %u", seq);
+	coll_wait_begin(cc, &w, "reduce_scatter seq %u", seq, -1);
 	coll_block(count, n, r, &my_off, &my_len);
 	if (n == 1) {
 		if (my_len > 0 && out != in)
@@ -106,7 +105,7 @@ khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbu
 	}
 	if (fn == NULL)
 		return kerr_set(err, KHOR_ERR_NOT_SUPPORTED, "%s: op %d is not supported for dtype %d",
-		                what, (int)op, (int)dtype);
+		                coll_wait_what(&w), (int)op, (int)dtype);
 	/* Two slots per lane must fit in scratch; give up lanes before shrinking to nothing. */
 	nactive = cc->max_lanes < 1 ? 1 : (cc->max_lanes > RS_MAX_LANES ? RS_MAX_LANES :
 	                                   cc->max_lanes);
@@ -115,15 +114,14 @@ khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbu
 	slice_el = cc->scratch_len / (2 * (size_t)nactive * esz);
 	if (slice_el == 0)
 		return kerr_set(err, KHOR_ERR_INTERNAL, "%s: scratch of %zu bytes cannot hold two "
-		                "%zu-byte elements", what, cc->scratch_len, esz);
+		                "%zu-byte elements", coll_wait_what(&w), cc->scratch_len, esz);
 	max_block = count / (size_t)n + (count % (size_t)n ? 1 : 0);
 	nlanes = max_block == 0 ? 1 : (max_block + slice_el - 1) / slice_el;
 	if (nlanes > (UINT32_MAX - 1) / (size_t)nsteps)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s: %zu slices of %zu bytes per block are "
-		                "too many to tag; raise KHOR_SLICE_BYTES", what, nlanes, slice_el * esz);
+		                "too many to tag; raise KHOR_SLICE_BYTES", coll_wait_what(&w), nlanes, slice_el * esz);
 	if ((size_t)nactive > nlanes)
 		nactive = (int)nlanes;
-	coll_wait_init(cc, &w, what);
 	memset(lanes, 0, sizeof(lanes));
 	for (int i = 0; i < nactive; i++) {
 		lanes[i].slot[0] = (uint8_t *)cc->scratch + (size_t)(2 * i) * slice_el * esz;
@@ -200,8 +198,8 @@ khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbu
 	if (st != KHOR_SUCCESS) {
 		for (int li = 0; li < nactive; li++)
 			coll_drain(cc, lanes[li].x, 2);
-		if (strncmp(err->text, what, strlen(what)) != 0)
-			kerr_prefix(err, "%s (ring, step %d of %d)", what, lanes[0].step, nsteps);
+		if (strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
+			kerr_prefix(err, "%s (ring, step %d of %d)", coll_wait_what(&w), lanes[0].step, nsteps);
 	}
 	return st;
 }

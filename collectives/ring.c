@@ -87,7 +87,6 @@ khor_status ring_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, si
 	int nactive;
 	struct lane lanes[64];
 	coll_wait w;
-	char what[64];
 	khor_status st = KHOR_SUCCESS;
 
 	if (n == 1) {
@@ -116,9 +115,7 @@ khor_status ring_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, si
 		                "small for %d lanes of %zu bytes", cc->scratch_len, nactive,
 		                slice_el * esz);
 	}
-	snprintf(what, sizeof(what), "%s seq %u", kind == COLL_BARRIER ? "barrier" : "allreduce",
-	         seq);
-	coll_wait_init(cc, &w, what);
+	coll_wait_begin(cc, &w, kind == COLL_BARRIER ? "barrier seq %u" : "allreduce seq %u", seq, -1);
 	memset(lanes, 0, sizeof(lanes));
 	for (int i = 0; i < nactive; i++)
 		lanes[i].scratch = (uint8_t *)cc->scratch + (size_t)i * slice_el * esz;
@@ -200,8 +197,8 @@ khor_status ring_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, si
 	if (st != KHOR_SUCCESS) {
 		for (int li = 0; li < nactive; li++)
 			coll_drain(cc, lanes[li].x, 2);
-		if (err->text[0] != '\0' && strncmp(err->text, what, strlen(what)) != 0)
-			kerr_prefix(err, "%s (step %d of %d)", what, lanes[0].step, nsteps);
+		if (err->text[0] != '\0' && strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
+			kerr_prefix(err, "%s (step %d of %d)", coll_wait_what(&w), lanes[0].step, nsteps);
 	}
 	return st;
 }

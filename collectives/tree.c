@@ -137,7 +137,6 @@ khor_status binomial_broadcast(coll_comm *cc, void *buf, size_t count, khor_dtyp
 	coll_xfer x[TREE_MAX_LANES][1 + TREE_MAX_CHILDREN];
 	uint8_t *p = buf;
 	coll_wait w;
-	char what[64];
 	khor_status st = KHOR_SUCCESS;
 
 	if (n == 1)
@@ -149,8 +148,7 @@ khor_status binomial_broadcast(coll_comm *cc, void *buf, size_t count, khor_dtyp
 		nslices = (bytes + slice - 1) / slice;
 	}
 	memset(x, 0, sizeof(x));
-	snprintf(what, sizeof(what), "broadcast seq %u (root %d)", seq, root);
-	coll_wait_init(cc, &w, what);
+	coll_wait_begin(cc, &w, "broadcast seq %u (root %d)", seq, root);
 	recv_posted = recv_done = t.parent < 0 ? nslices : 0; /* the root has every slice */
 	fwd = retired = 0;
 
@@ -203,7 +201,7 @@ khor_status binomial_broadcast(coll_comm *cc, void *buf, size_t count, khor_dtyp
 			st = coll_wait_step(cc, &w, &x[0][0], window * (1 + TREE_MAX_CHILDREN), err);
 	}
 	if (st != KHOR_SUCCESS)
-		tree_fail(cc, &x[0][0], window * (1 + TREE_MAX_CHILDREN), what, "binomial tree", err);
+		tree_fail(cc, &x[0][0], window * (1 + TREE_MAX_CHILDREN), coll_wait_what(&w), "binomial tree", err);
 	return st;
 }
 
@@ -230,10 +228,9 @@ khor_status binomial_reduce(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 	size_t slice_el, nlanes, next_lane = 0, lanes_done = 0;
 	int nactive;
 	coll_wait w;
-	char what[64];
 	khor_status st = KHOR_SUCCESS;
 
-	snprintf(what, sizeof(what), "reduce seq %u (root %d)", seq, root);
+	coll_wait_begin(cc, &w, "reduce seq %u (root %d)", seq, root);
 	if (n == 1) {
 		if (count > 0 && out != in)
 			memmove(out, in, count * esz);
@@ -241,7 +238,7 @@ khor_status binomial_reduce(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 	}
 	if (fn == NULL)
 		return kerr_set(err, KHOR_ERR_NOT_SUPPORTED, "%s: op %d is not supported for dtype %d",
-		                what, (int)op, (int)dtype);
+		                coll_wait_what(&w), (int)op, (int)dtype);
 	node_init(&t, n, cc->rank, root);
 	nactive = cc->max_lanes < 1 ? 1 : (cc->max_lanes > TREE_MAX_LANES ? TREE_MAX_LANES :
 	                                   cc->max_lanes);
@@ -250,14 +247,13 @@ khor_status binomial_reduce(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 	slice_el = cc->scratch_len / (2 * (size_t)nactive * esz);
 	if (slice_el == 0)
 		return kerr_set(err, KHOR_ERR_INTERNAL, "%s: scratch of %zu bytes cannot hold two "
-		                "%zu-byte elements", what, cc->scratch_len, esz);
+		                "%zu-byte elements", coll_wait_what(&w), cc->scratch_len, esz);
 	nlanes = count == 0 ? 1 : (count + slice_el - 1) / slice_el;
 	if (nlanes >= UINT32_MAX)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s: %zu slices of %zu bytes are too many "
-		                "to tag; raise KHOR_SLICE_BYTES", what, nlanes, slice_el * esz);
+		                "to tag; raise KHOR_SLICE_BYTES", coll_wait_what(&w), nlanes, slice_el * esz);
 	if ((size_t)nactive > nlanes)
 		nactive = (int)nlanes;
-	coll_wait_init(cc, &w, what);
 	memset(lanes, 0, sizeof(lanes));
 
 	while (st == KHOR_SUCCESS && lanes_done < nlanes) {
@@ -324,7 +320,7 @@ khor_status binomial_reduce(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 		coll_xfer xs[TREE_MAX_LANES];
 		for (int li = 0; li < nactive; li++)
 			xs[li] = lanes[li].x;
-		tree_fail(cc, xs, nactive, what, "binomial tree", err);
+		tree_fail(cc, xs, nactive, coll_wait_what(&w), "binomial tree", err);
 	}
 	return st;
 }
@@ -339,7 +335,6 @@ khor_status binomial_gather(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 	coll_xfer x[2 * TREE_MAX_CHILDREN + 2];
 	struct node t;
 	coll_wait w;
-	char what[64];
 	khor_status st = KHOR_SUCCESS;
 
 	if (n == 1) {
@@ -348,8 +343,7 @@ khor_status binomial_gather(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 		return KHOR_SUCCESS;
 	}
 	node_init(&t, n, cc->rank, root);
-	snprintf(what, sizeof(what), "gather seq %u (root %d)", seq, root);
-	coll_wait_init(cc, &w, what);
+	coll_wait_begin(cc, &w, "gather seq %u (root %d)", seq, root);
 	memset(x, 0, sizeof(x));
 	if (t.parent < 0) {
 		/* Before anything arrives: sendbuf may lie inside recvbuf. */
@@ -359,7 +353,7 @@ khor_status binomial_gather(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 		tmp = malloc((size_t)t.subtree * bsz + 1);
 		if (tmp == NULL)
 			return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: out of memory for the %d blocks "
-			                "of %zu bytes of this rank's subtree", what, t.subtree, bsz);
+			                "of %zu bytes of this rank's subtree", coll_wait_what(&w), t.subtree, bsz);
 		if (bsz > 0)
 			memcpy(tmp, sendbuf, bsz);
 	}
@@ -399,7 +393,7 @@ khor_status binomial_gather(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 			st = wait_all(cc, &w, x, 2, err);
 	}
 	if (st != KHOR_SUCCESS)
-		tree_fail(cc, x, 2 * TREE_MAX_CHILDREN + 2, what, "binomial tree", err);
+		tree_fail(cc, x, 2 * TREE_MAX_CHILDREN + 2, coll_wait_what(&w), "binomial tree", err);
 	free(tmp);
 	return st;
 }
@@ -415,7 +409,6 @@ khor_status binomial_scatter(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 	coll_xfer x[2 * TREE_MAX_CHILDREN + 2];
 	struct node t;
 	coll_wait w;
-	char what[64];
 	khor_status st = KHOR_SUCCESS;
 
 	if (n == 1) {
@@ -424,8 +417,7 @@ khor_status binomial_scatter(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 		return KHOR_SUCCESS;
 	}
 	node_init(&t, n, cc->rank, root);
-	snprintf(what, sizeof(what), "scatter seq %u (root %d)", seq, root);
-	coll_wait_init(cc, &w, what);
+	coll_wait_begin(cc, &w, "scatter seq %u (root %d)", seq, root);
 	memset(x, 0, sizeof(x));
 	/* Our subtree's run from the parent: into recvbuf for a leaf, else into tmp. */
 	if (t.parent >= 0) {
@@ -435,7 +427,7 @@ khor_status binomial_scatter(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 			tmp = malloc((size_t)t.subtree * bsz + 1);
 			if (tmp == NULL)
 				return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: out of memory for the %d "
-				                "blocks of %zu bytes of this rank's subtree", what, t.subtree,
+				                "blocks of %zu bytes of this rank's subtree", coll_wait_what(&w), t.subtree,
 				                bsz);
 			dst = tmp;
 			in = tmp;
@@ -479,7 +471,7 @@ khor_status binomial_scatter(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 			memcpy(out, tmp, bsz);
 	}
 	if (st != KHOR_SUCCESS)
-		tree_fail(cc, x, 2 * TREE_MAX_CHILDREN + 2, what, "binomial tree", err);
+		tree_fail(cc, x, 2 * TREE_MAX_CHILDREN + 2, coll_wait_what(&w), "binomial tree", err);
 	free(tmp);
 	return st;
 }

@@ -387,11 +387,12 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	c->cc.spin_ns = s->spin_us * 1000;
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	/*
-	 * When this machine's cores are all taken by ranks (counted by boot id, so ranks in
-	 * network namespaces or with pretend host names count too), a spinning rank steals the
-	 * core its peer, or the kernel's network softirq, needs: yield while spinning.
+	 * When this machine has more ranks than cores (counted by boot id, so ranks in network
+	 * namespaces or with pretend host names count too), a spinning rank steals the core its
+	 * peer needs: yield while spinning. With exactly one rank per core, yielding measured
+	 * slower (a syscall and a pass through the scheduler per spin).
 	 */
-	c->cc.spin_yield = ncpu < 1 || c->on_machine >= ncpu;
+	c->cc.spin_yield = ncpu < 1 || c->on_machine > ncpu;
 	make_group(c, &c->node_cc, 1, c->node_map, c->node_n, c->node_me);
 	make_group(c, &c->cross_cc, 2, c->cross_map, c->cross_n, c->cross_me);
 	if (s->cost[0] > 0) {

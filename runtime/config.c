@@ -36,7 +36,7 @@ const struct config_var config_vars[] = {
 	{ "KHOR_COST_ALPHA_US", NULL, "Cost model: per-message time in us (with BETA and GAMMA set, init skips its measurement)" },
 	{ "KHOR_COST_BETA_GBPS", NULL, "Cost model: link bandwidth in GB/s" },
 	{ "KHOR_COST_GAMMA_GBPS", NULL, "Cost model: reduction speed in GB/s" },
-	{ "KHOR_SPIN_US", "50", "Busy-poll this many microseconds before sleeping in a wait (0 = sleep at once)" },
+	{ "KHOR_SPIN_US", "300", "Busy-poll this many microseconds before sleeping in a wait (0 = sleep at once)" },
 	{ "KHOR_TRANSPORT", "auto", "Links: tcp, shm (same-host peers only) or auto (shm within a host, tcp across)" },
 	{ "KHOR_LOG", "warn", "Log level: error, warn, info, debug, trace" },
 };
