@@ -3,18 +3,29 @@
  *
  * Both programs must print exactly the same columns, parse exactly the same flags and check
  * results the same way, or comparing them means nothing. So everything but the library calls
- * lives here: flag parsing (nccl-tests' flags), the table of collectives, the data patterns
- * and their checks, the timed sweep and the printing. A program supplies a bench_backend
- * (its rank, size and three collectives) and calls bench_run().
+ * lives here: flag parsing (nccl-tests' flags), the table of collectives with nccl-tests'
+ * size conventions and bus-bandwidth factors, the data patterns and their checks, the timed
+ * sweep, progress lines and the table, CSV and JSON output. A program supplies a
+ * bench_backend (its rank, size and collectives) and calls bench_run(). The gloo peer
+ * (peers/gloo_bench.py) cannot include C; it follows the same rules and prints the same
+ * columns, so a change to the patterns or the columns here must be made there too.
  *
  * This header includes neither khor.h nor mpi.h: khor-bench may use only khor's public API
  * and mpi-bench must never see khor at all. Every function is static inline so that a
  * program that does not use one does not trip -Wunused-function under -Werror. Programs
  * define _POSIX_C_SOURCE 200809L (clock_gettime, posix_memalign) before any include.
  *
+ * Sizes follow nccl-tests: "size" is the bytes of the largest buffer of one rank, so for
+ * allgather and gather it is the gathered result, for reducescatter and scatter the full
+ * input, for alltoall each rank's whole send buffer. algbw = size / time and
+ * busbw = algbw x factor (allreduce 2(n-1)/n; allgather, reducescatter, alltoall, gather,
+ * scatter (n-1)/n; broadcast and reduce 1), so busbw compares with the link speed whatever
+ * the collective.
+ *
  * Output, on rank 0 only (nccl-tests' layout):
  *
  *   # khor-bench allreduce: 4 ranks, dtype float, op sum, iters 20, warmup 5, check 1
+ *   # library: khor 0.1.0 (transport auto, algo auto)
  *   #
  *   #       size         count      type   redop     time   algbw   busbw  #wrong
  *   #        (B)    (elements)                       (us)  (GB/s)  (GB/s)
@@ -36,17 +47,23 @@
 #include <time.h>
 
 /* The benchmark's own dtype and op names; each backend maps them onto its library's. */
-enum bench_dtype { BENCH_F32, BENCH_F64, BENCH_I32, BENCH_I64 };
+enum bench_dtype {
+	BENCH_F32, BENCH_F64, BENCH_I32, BENCH_I64, BENCH_F16, BENCH_BF16, BENCH_I8, BENCH_U8
+};
+#define BENCH_NDTYPES 8
 enum bench_op { BENCH_SUM, BENCH_AVG, BENCH_MIN, BENCH_MAX, BENCH_PROD };
 
 /*
  * What a program gives bench_run(). Each collective returns 0 on success and -1 on failure,
  * after which error() returns text that says why (khor_comm_error, MPI_Error_string). A
- * library that lacks a collective leaves its pointer NULL and bench_run() says so.
+ * library that lacks a collective leaves its pointer NULL and bench_run() says so. Counts
+ * are in elements and mean what khor.h says for the khor call of the same name.
  */
 struct bench_backend {
-	const char *prog;    /* "khor-bench": the header's first word */
-	const char *library; /* "khor 0.1.0", printed in the header */
+	const char *prog;      /* "khor-bench": the header's first word */
+	const char *library;   /* "khor 0.1.0", printed in the header */
+	const char *transport; /* as asked for: "auto", "shm"; MPI: "ob1/tcp,self" */
+	const char *algo;      /* the algorithm asked for: "auto", "ring", "default" */
 	int rank;
 	int size;
 	void *ctx;
@@ -55,8 +72,26 @@ struct bench_backend {
 	int (*broadcast)(struct bench_backend *b, void *buf, size_t count,
 	                 enum bench_dtype dtype, int root);
 	int (*barrier)(struct bench_backend *b);
+	int (*reduce)(struct bench_backend *b, const void *sendbuf, void *recvbuf, size_t count,
+	              enum bench_dtype dtype, enum bench_op op, int root);
+	/* count: elements each rank contributes */
+	int (*allgather)(struct bench_backend *b, const void *sendbuf, void *recvbuf, size_t count,
+	                 enum bench_dtype dtype);
+	/* count: the whole input; rank r gets count/n elements, one more when r < count%n */
+	int (*reduce_scatter)(struct bench_backend *b, const void *sendbuf, void *recvbuf,
+	                      size_t count, enum bench_dtype dtype, enum bench_op op);
+	/* count: elements per block, n blocks each way */
+	int (*alltoall)(struct bench_backend *b, const void *sendbuf, void *recvbuf, size_t count,
+	                enum bench_dtype dtype);
+	int (*gather)(struct bench_backend *b, const void *sendbuf, void *recvbuf, size_t count,
+	              enum bench_dtype dtype, int root);
+	int (*scatter)(struct bench_backend *b, const void *sendbuf, void *recvbuf, size_t count,
+	               enum bench_dtype dtype, int root);
 	const char *(*error)(struct bench_backend *b);
 };
+
+/* -c: nccl-tests' 0 and 1, and "all" (--check): every iteration, warm-up included. */
+enum bench_check { BENCH_CHECK_NONE = 0, BENCH_CHECK_ONCE = 1, BENCH_CHECK_ALL = 2 };
 
 struct bench_args {
 	const struct bench_coll *coll;
@@ -66,21 +101,32 @@ struct bench_args {
 	size_t stepbytes;
 	int iters;
 	int warmup;
-	int check;
+	enum bench_check check;
 	enum bench_dtype dtype;
 	enum bench_op op;
 	int root;
+	int quiet;          /* no table on stdout (CSV or JSON only) */
+	double progress_s;  /* a progress line once a size has run this long; 0: never */
 	const char *csv;
+	const char *json;
 };
 
 /*
- * One collective of the sweep. fill() writes the inputs of the checked iteration, check()
- * counts wrong output elements on this rank, run() is one call of the collective; all three
- * get the same count, which is elements per rank as nccl-tests defines it for that
- * collective. available() says whether the backend provides the call. Today send and
- * receive buffers hold count elements each; allgather will need a receive buffer n times
- * larger, which is the field to add to this struct when it comes.
- * reducescatter, reduce, allgather and alltoall slot in as new rows of bench_colls[].
+ * The element counts of one row. total is nccl-tests' count (size / element size, rounded
+ * down to what the collective can split evenly); param is the count the library call takes;
+ * send and recv are the elements each rank's buffers hold.
+ */
+struct bench_shape {
+	size_t total;
+	size_t param;
+	size_t send;
+	size_t recv;
+};
+
+/*
+ * One collective of the sweep. shape() turns a total element count into the call's counts;
+ * fill() writes the inputs of a checked iteration and a sentinel over the outputs, check()
+ * counts wrong output elements on this rank, run() is one call of the collective.
  */
 #define BENCH_USES_OP 1u   /* the header and rows print the op */
 #define BENCH_USES_ROOT 2u /* -r applies */
@@ -91,31 +137,52 @@ struct bench_coll {
 	unsigned flags;
 	int (*available)(const struct bench_backend *b); /* does the library have it? */
 	double (*busbw_factor)(int nranks);
-	int (*run)(struct bench_backend *b, const struct bench_args *a, void *sendbuf,
-	           void *recvbuf, size_t count);
-	void (*fill)(const struct bench_backend *b, const struct bench_args *a, void *sendbuf,
-	             void *recvbuf, size_t count);
+	void (*shape)(size_t total, int nranks, struct bench_shape *s);
+	int (*run)(struct bench_backend *b, const struct bench_args *a, const struct bench_shape *s,
+	           void *sendbuf, void *recvbuf);
+	void (*fill)(const struct bench_backend *b, const struct bench_args *a,
+	             const struct bench_shape *s, void *sendbuf, void *recvbuf);
 	int64_t (*check)(const struct bench_backend *b, const struct bench_args *a,
-	                 const void *recvbuf, size_t count);
+	                 const struct bench_shape *s, const void *recvbuf);
 };
 
 /* ---- dtypes and ops ----------------------------------------------------------------------- */
 
+static const struct {
+	const char *name; /* nccl-tests' name, printed in the type column */
+	size_t size;
+	double limit;     /* every integer 0..limit is exact in it; patterns stay within */
+	double sentinel;  /* written over outputs; never a right answer */
+} bench_dtypes[BENCH_NDTYPES] = {
+	[BENCH_F32] = {"float", 4, 16777216.0, -12345.0},
+	[BENCH_F64] = {"double", 8, 9007199254740992.0, -12345.0},
+	[BENCH_I32] = {"int32", 4, 2147483647.0, -12345.0},
+	[BENCH_I64] = {"int64", 8, 9007199254740992.0, -12345.0},
+	[BENCH_F16] = {"half", 2, 2048.0, -12345.0},
+	[BENCH_BF16] = {"bfloat16", 2, 256.0, -12345.0},
+	[BENCH_I8] = {"int8", 1, 127.0, -128.0},
+	[BENCH_U8] = {"uint8", 1, 254.0, 255.0}, /* 255 is kept for the sentinel */
+};
+
 static inline size_t bench_dtype_size(enum bench_dtype d)
 {
-	return d == BENCH_F32 || d == BENCH_I32 ? 4 : 8;
+	return bench_dtypes[d].size;
 }
 
 static inline const char *bench_dtype_name(enum bench_dtype d)
 {
-	static const char *const names[] = {"float", "double", "int32", "int64"};
-	return names[d];
+	return bench_dtypes[d].name;
 }
 
 static inline const char *bench_op_name(enum bench_op op)
 {
 	static const char *const names[] = {"sum", "avg", "min", "max", "prod"};
 	return names[op];
+}
+
+static inline int bench_is_float(enum bench_dtype d)
+{
+	return d == BENCH_F32 || d == BENCH_F64 || d == BENCH_F16 || d == BENCH_BF16;
 }
 
 static inline int bench_parse_dtype(const char *s, enum bench_dtype *out)
@@ -125,6 +192,10 @@ static inline int bench_parse_dtype(const char *s, enum bench_dtype *out)
 		{"double", BENCH_F64}, {"float64", BENCH_F64}, {"f64", BENCH_F64},
 		{"int32", BENCH_I32}, {"i32", BENCH_I32}, {"int", BENCH_I32},
 		{"int64", BENCH_I64}, {"i64", BENCH_I64},
+		{"half", BENCH_F16}, {"float16", BENCH_F16}, {"fp16", BENCH_F16}, {"f16", BENCH_F16},
+		{"bfloat16", BENCH_BF16}, {"bf16", BENCH_BF16},
+		{"int8", BENCH_I8}, {"i8", BENCH_I8}, {"char", BENCH_I8},
+		{"uint8", BENCH_U8}, {"u8", BENCH_U8},
 	};
 	for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
 		if (strcmp(s, map[i].name) == 0) {
@@ -146,6 +217,72 @@ static inline int bench_parse_op(const char *s, enum bench_op *out)
 	return -1;
 }
 
+/*
+ * IEEE half and bfloat16 by hand, rounding to nearest even: C11 has neither type, and a
+ * peer (mpi-bench) needs the same conversions for its own reduction of them.
+ */
+static inline uint16_t bench_f32_to_f16(float f)
+{
+	uint32_t x;
+	memcpy(&x, &f, sizeof x);
+	uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+	uint32_t exp = (x >> 23) & 0xffu, man = x & 0x7fffffu;
+	if (exp == 0xff)
+		return sign | 0x7c00u | (man ? 0x200u : 0);
+	int e = (int)exp - 127 + 15;
+	if (e >= 31)
+		return sign | 0x7c00u;
+	if (e <= 0) { /* a half subnormal: value = h x 2^-24 */
+		if (e < -10)
+			return sign;
+		man |= 0x800000u;
+		unsigned shift = (unsigned)(14 - e);
+		uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+		if (rem > half || (rem == half && (h & 1)))
+			h++;
+		return (uint16_t)(sign | h);
+	}
+	uint32_t h = ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fffu;
+	if (rem > 0x1000u || (rem == 0x1000u && (h & 1)))
+		h++; /* a carry into the exponent is the right rounding, up to infinity */
+	return (uint16_t)(sign | h);
+}
+
+static inline float bench_f16_to_f32(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+	uint32_t x;
+	if (exp == 0) {
+		float v = (float)man * 5.9604644775390625e-8f; /* 2^-24 */
+		return sign ? -v : v;
+	}
+	if (exp == 31)
+		x = sign | 0x7f800000u | (man << 13);
+	else
+		x = sign | ((exp - 15 + 127) << 23) | (man << 13);
+	float f;
+	memcpy(&f, &x, sizeof f);
+	return f;
+}
+
+static inline uint16_t bench_f32_to_bf16(float f)
+{
+	uint32_t x;
+	memcpy(&x, &f, sizeof x);
+	if ((x & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((x >> 16) | 0x40u); /* a quiet NaN stays a NaN */
+	x += 0x7fffu + ((x >> 16) & 1);
+	return (uint16_t)(x >> 16);
+}
+
+static inline float bench_bf16_to_f32(uint16_t h)
+{
+	uint32_t x = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &x, sizeof f);
+	return f;
+}
+
 /* All pattern values are small integers, so they convert to and from double exactly. */
 static inline void bench_set(void *buf, enum bench_dtype d, size_t i, double v)
 {
@@ -154,6 +291,10 @@ static inline void bench_set(void *buf, enum bench_dtype d, size_t i, double v)
 	case BENCH_F64: ((double *)buf)[i] = v; break;
 	case BENCH_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
 	case BENCH_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+	case BENCH_F16: ((uint16_t *)buf)[i] = bench_f32_to_f16((float)v); break;
+	case BENCH_BF16: ((uint16_t *)buf)[i] = bench_f32_to_bf16((float)v); break;
+	case BENCH_I8: ((int8_t *)buf)[i] = (int8_t)v; break;
+	case BENCH_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
 	}
 }
 
@@ -164,6 +305,10 @@ static inline double bench_get(const void *buf, enum bench_dtype d, size_t i)
 	case BENCH_F64: return ((const double *)buf)[i];
 	case BENCH_I32: return ((const int32_t *)buf)[i];
 	case BENCH_I64: return (double)((const int64_t *)buf)[i];
+	case BENCH_F16: return bench_f16_to_f32(((const uint16_t *)buf)[i]);
+	case BENCH_BF16: return bench_bf16_to_f32(((const uint16_t *)buf)[i]);
+	case BENCH_I8: return ((const int8_t *)buf)[i];
+	case BENCH_U8: return ((const uint8_t *)buf)[i];
 	}
 	return 0;
 }
@@ -171,65 +316,99 @@ static inline double bench_get(const void *buf, enum bench_dtype d, size_t i)
 /* ---- data patterns ------------------------------------------------------------------------ */
 
 /*
- * The patterns keep every input, partial result and final result a small integer, so a sum in
- * float is exact in any reduction order: with period P = 1021 a sum over n ranks is at most
- * n(n+1)/2 + n*P, below 2^24 for n up to ~4000. The index term catches misplaced chunks; the
- * rank term catches a rank whose data went missing or was counted twice.
+ * Every input, partial result and final result is a small integer within the dtype's exact
+ * range (bench_dtypes[].limit), so a reduction is exact in any order and in any dtype, int8
+ * and bfloat16 included. The period P of the index term shrinks with the dtype and the rank
+ * count to keep the largest result within that range (1021 in float for n=4, 31 in int8):
+ *
+ *   sum, avg  rank r, index i: (i + r) % P + 1     never 0, so a missing rank always shows
+ *   min, max  i % P + (i + r) % n
+ *   prod      mostly 1; rank i%n gives i%7+2 and, when signed and n > 1, rank (i+1)%n -1
+ *   moves     source s, index i: (i + 7s) % P     broadcast, allgather, alltoall, gather...
  */
 #define BENCH_PERIOD 1021
-#define BENCH_SENTINEL (-12345.0) /* written to outputs first; no pattern ever produces it */
 
-static inline double bench_pattern(enum bench_op op, int rank, int n, size_t i)
+static inline size_t bench_period(enum bench_op op, enum bench_dtype d, int n)
 {
-	double k = (double)(i % BENCH_PERIOD);
+	double limit = bench_dtypes[d].limit, p;
+	if (op == BENCH_MIN || op == BENCH_MAX)
+		p = limit - n + 2;
+	else
+		p = limit / n; /* the sum is at most n x P */
+	return p < 1 ? 1 : p > BENCH_PERIOD ? BENCH_PERIOD : (size_t)p;
+}
+
+static inline double bench_pattern(enum bench_op op, enum bench_dtype d, int rank, int n,
+                                   size_t i)
+{
+	size_t p = bench_period(op, d, n);
 	switch (op) {
 	case BENCH_SUM:
 	case BENCH_AVG:
-		return k + rank + 1;
+		return (double)((i + (size_t)rank) % p + 1);
 	case BENCH_MIN:
 	case BENCH_MAX:
-		return k + (double)((rank + i) % (size_t)n);
+		return (double)(i % p + (i + (size_t)rank) % (size_t)n);
 	case BENCH_PROD:
-		/* Mostly ones, so the product cannot overflow: one rank per index contributes a
-		 * small factor and, with two ranks or more, another contributes -1. */
 		if ((size_t)rank == i % (size_t)n)
 			return (double)(i % 7 + 2);
-		if (n > 1 && (size_t)rank == (i + 1) % (size_t)n)
+		if (d != BENCH_U8 && n > 1 && (size_t)rank == (i + 1) % (size_t)n)
 			return -1;
 		return 1;
 	}
 	return 0;
 }
 
+/* sum over j < m of (k + j) % p, for k < p and m <= p, without a loop. */
+static inline double bench_wrapped_sum(size_t k, size_t m, size_t p)
+{
+	if (k + m <= p)
+		return (double)m * k + (double)m * (m - 1) / 2;
+	size_t head = p - k, tail = m - head; /* k..p-1, then 0..tail-1 */
+	return (double)head * (k + p - 1) / 2 + (double)tail * (tail - 1) / 2;
+}
+
 /* The exact reduced value of bench_pattern over n ranks at index i. */
 static inline double bench_expected(enum bench_op op, enum bench_dtype d, int n, size_t i)
 {
-	double k = (double)(i % BENCH_PERIOD);
-	double sum = (double)n * k + (double)n * (n + 1) / 2;
+	size_t p = bench_period(op, d, n), k = i % p, q = (size_t)n / p, m = (size_t)n % p;
+	double sum = n + (double)q * p * (p - 1) / 2 + bench_wrapped_sum(k, m, p);
 	switch (op) {
 	case BENCH_SUM: return sum;
 	case BENCH_AVG:
 		/* khor.h: integer avg is the sum divided by n, truncated toward zero. */
-		if (d == BENCH_I32 || d == BENCH_I64)
+		if (!bench_is_float(d))
 			return (double)((int64_t)sum / n);
 		return sum / n;
-	case BENCH_MIN: return k;
-	case BENCH_MAX: return k + n - 1;
-	case BENCH_PROD: return n > 1 ? -(double)(i % 7 + 2) : (double)(i % 7 + 2);
+	case BENCH_MIN: return (double)k;
+	case BENCH_MAX: return (double)k + n - 1;
+	case BENCH_PROD:
+		return d != BENCH_U8 && n > 1 ? -(double)(i % 7 + 2) : (double)(i % 7 + 2);
 	}
 	return 0;
 }
 
+/* What a moving collective carries: element i of the block that source s owns. */
+static inline double bench_value(enum bench_dtype d, size_t s, size_t i)
+{
+	double limit = bench_dtypes[d].limit;
+	size_t p = limit + 1 < BENCH_PERIOD ? (size_t)limit + 1 : BENCH_PERIOD;
+	return (double)((i + 7 * s) % p);
+}
+
 /*
- * Exact comparison, except avg in floating point: sum/n need not be representable and a
- * library may multiply by 1/n instead of dividing, so a few ulps of difference are right.
+ * Exact comparison, except avg in floating point: sum/n need not be representable, a library
+ * may multiply by 1/n instead of dividing and a half result is rounded once more, so a few
+ * ulps of difference are right.
  */
 static inline int bench_mismatch(enum bench_op op, enum bench_dtype d, double got, double want)
 {
 	/* Written without libm so that neither program needs -lm. */
-	if (op == BENCH_AVG && (d == BENCH_F32 || d == BENCH_F64)) {
+	if (op == BENCH_AVG && bench_is_float(d)) {
+		double rel = d == BENCH_F32 ? 1e-6 : d == BENCH_F64 ? 1e-14
+		           : d == BENCH_F16 ? 1.0 / 1024 : 1.0 / 128;
 		double mag = want < 0 ? -want : want, diff = got - want;
-		double tol = (d == BENCH_F32 ? 1e-6 : 1e-14) * (mag > 1.0 ? mag : 1.0);
+		double tol = rel * (mag > 1.0 ? mag : 1.0);
 		return !(diff <= tol && -diff <= tol); /* a NaN is a mismatch too */
 	}
 	return got != want;
@@ -238,7 +417,19 @@ static inline int bench_mismatch(enum bench_op op, enum bench_dtype d, double go
 static inline void bench_fill_sentinel(void *buf, enum bench_dtype d, size_t count)
 {
 	for (size_t i = 0; i < count; i++)
-		bench_set(buf, d, i, BENCH_SENTINEL);
+		bench_set(buf, d, i, bench_dtypes[d].sentinel);
+}
+
+/* Where rank r's block of a count-element reduce-scatter starts (khor.h's uneven split). */
+static inline size_t bench_rs_offset(size_t count, int n, int r)
+{
+	size_t base = count / (size_t)n, extra = count % (size_t)n, rr = (size_t)r;
+	return rr * base + (rr < extra ? rr : extra);
+}
+
+static inline size_t bench_rs_count(size_t count, int n, int r)
+{
+	return count / (size_t)n + ((size_t)r < count % (size_t)n ? 1 : 0);
 }
 
 /* ---- the collectives ---------------------------------------------------------------------- */
@@ -246,6 +437,11 @@ static inline void bench_fill_sentinel(void *buf, enum bench_dtype d, size_t cou
 static inline double bench_factor_allreduce(int n)
 {
 	return n > 1 ? 2.0 * (n - 1) / n : 0.0;
+}
+
+static inline double bench_factor_spread(int n)
+{
+	return n > 1 ? (double)(n - 1) / n : 0.0;
 }
 
 static inline double bench_factor_one(int n)
@@ -260,106 +456,309 @@ static inline double bench_factor_zero(int n)
 	return 0.0;
 }
 
+/* allreduce, reduce, broadcast: every buffer holds the whole count. */
+static inline void bench_shape_same(size_t total, int n, struct bench_shape *s)
+{
+	(void)n;
+	*s = (struct bench_shape){total, total, total, total};
+}
+
+/* allgather, gather: each rank sends total/n; the root (everyone) gets all of it. */
+static inline void bench_shape_gather(size_t total, int n, struct bench_shape *s)
+{
+	size_t per = total / (size_t)n;
+	*s = (struct bench_shape){per * n, per, per, per * n};
+}
+
+/* scatter: the root sends n blocks, each rank gets one. */
+static inline void bench_shape_scatter(size_t total, int n, struct bench_shape *s)
+{
+	size_t per = total / (size_t)n;
+	*s = (struct bench_shape){per * n, per, per * n, per};
+}
+
+/* reducescatter: uneven blocks, so no rounding: the buffer is exactly size bytes. */
+static inline void bench_shape_rs(size_t total, int n, struct bench_shape *s)
+{
+	*s = (struct bench_shape){total, total, total, bench_rs_count(total, n, 0)};
+}
+
+/* alltoall: a whole buffer each way, n blocks of total/n. */
+static inline void bench_shape_alltoall(size_t total, int n, struct bench_shape *s)
+{
+	size_t per = total / (size_t)n;
+	*s = (struct bench_shape){per * n, per, per * n, per * n};
+}
+
+static inline void bench_shape_none(size_t total, int n, struct bench_shape *s)
+{
+	(void)total, (void)n;
+	*s = (struct bench_shape){0, 0, 0, 0};
+}
+
+/* Out of place everywhere, as nccl-tests' default: the input stays valid for every call. */
 static inline int bench_run_allreduce(struct bench_backend *b, const struct bench_args *a,
-                                      void *sendbuf, void *recvbuf, size_t count)
+                                      const struct bench_shape *s, void *sendbuf, void *recvbuf)
 {
-	/* Out of place, as nccl-tests' default: the input stays valid for every iteration. */
-	return b->allreduce(b, sendbuf, recvbuf, count, a->dtype, a->op);
+	return b->allreduce(b, sendbuf, recvbuf, s->param, a->dtype, a->op);
 }
 
-static inline void bench_fill_allreduce(const struct bench_backend *b,
-                                        const struct bench_args *a, void *sendbuf,
-                                        void *recvbuf, size_t count)
+static inline int bench_run_reduce(struct bench_backend *b, const struct bench_args *a,
+                                   const struct bench_shape *s, void *sendbuf, void *recvbuf)
 {
-	for (size_t i = 0; i < count; i++)
-		bench_set(sendbuf, a->dtype, i, bench_pattern(a->op, b->rank, b->size, i));
-	bench_fill_sentinel(recvbuf, a->dtype, count);
-}
-
-static inline int64_t bench_check_allreduce(const struct bench_backend *b,
-                                            const struct bench_args *a, const void *recvbuf,
-                                            size_t count)
-{
-	int64_t wrong = 0;
-	for (size_t i = 0; i < count; i++) {
-		double want = bench_expected(a->op, a->dtype, b->size, i);
-		wrong += bench_mismatch(a->op, a->dtype, bench_get(recvbuf, a->dtype, i), want);
-	}
-	return wrong;
+	return b->reduce(b, sendbuf, recvbuf, s->param, a->dtype, a->op, a->root);
 }
 
 /* Broadcast is in place on recvbuf: the root's data in it, every other rank's overwritten. */
 static inline int bench_run_broadcast(struct bench_backend *b, const struct bench_args *a,
-                                      void *sendbuf, void *recvbuf, size_t count)
+                                      const struct bench_shape *s, void *sendbuf, void *recvbuf)
 {
 	(void)sendbuf;
-	return b->broadcast(b, recvbuf, count, a->dtype, a->root);
+	return b->broadcast(b, recvbuf, s->param, a->dtype, a->root);
 }
 
-static inline double bench_bcast_value(int root, size_t i)
+static inline int bench_run_allgather(struct bench_backend *b, const struct bench_args *a,
+                                      const struct bench_shape *s, void *sendbuf, void *recvbuf)
 {
-	return (double)((i * 7) % BENCH_PERIOD) + root;
+	return b->allgather(b, sendbuf, recvbuf, s->param, a->dtype);
 }
 
-static inline void bench_fill_broadcast(const struct bench_backend *b,
-                                        const struct bench_args *a, void *sendbuf,
-                                        void *recvbuf, size_t count)
+static inline int bench_run_rs(struct bench_backend *b, const struct bench_args *a,
+                               const struct bench_shape *s, void *sendbuf, void *recvbuf)
 {
-	(void)sendbuf;
-	if (b->rank != a->root) {
-		bench_fill_sentinel(recvbuf, a->dtype, count);
-		return;
-	}
-	for (size_t i = 0; i < count; i++)
-		bench_set(recvbuf, a->dtype, i, bench_bcast_value(a->root, i));
+	return b->reduce_scatter(b, sendbuf, recvbuf, s->param, a->dtype, a->op);
 }
 
-static inline int64_t bench_check_broadcast(const struct bench_backend *b,
-                                            const struct bench_args *a, const void *recvbuf,
-                                            size_t count)
+static inline int bench_run_alltoall(struct bench_backend *b, const struct bench_args *a,
+                                     const struct bench_shape *s, void *sendbuf, void *recvbuf)
 {
-	(void)b;
-	int64_t wrong = 0;
-	for (size_t i = 0; i < count; i++)
-		wrong += bench_get(recvbuf, a->dtype, i) != bench_bcast_value(a->root, i);
-	return wrong;
+	return b->alltoall(b, sendbuf, recvbuf, s->param, a->dtype);
+}
+
+static inline int bench_run_gather(struct bench_backend *b, const struct bench_args *a,
+                                   const struct bench_shape *s, void *sendbuf, void *recvbuf)
+{
+	return b->gather(b, sendbuf, recvbuf, s->param, a->dtype, a->root);
+}
+
+static inline int bench_run_scatter(struct bench_backend *b, const struct bench_args *a,
+                                    const struct bench_shape *s, void *sendbuf, void *recvbuf)
+{
+	return b->scatter(b, sendbuf, recvbuf, s->param, a->dtype, a->root);
 }
 
 static inline int bench_run_barrier(struct bench_backend *b, const struct bench_args *a,
-                                    void *sendbuf, void *recvbuf, size_t count)
+                                    const struct bench_shape *s, void *sendbuf, void *recvbuf)
 {
-	(void)a, (void)sendbuf, (void)recvbuf, (void)count;
+	(void)a, (void)s, (void)sendbuf, (void)recvbuf;
 	return b->barrier(b);
 }
 
-static inline int bench_has_allreduce(const struct bench_backend *b)
+/* Reductions (allreduce, reduce, reducescatter): the whole input holds the pattern. */
+static inline void bench_fill_reduction(const struct bench_backend *b,
+                                        const struct bench_args *a,
+                                        const struct bench_shape *s, void *sendbuf,
+                                        void *recvbuf)
 {
-	return b->allreduce != NULL;
+	for (size_t i = 0; i < s->send; i++)
+		bench_set(sendbuf, a->dtype, i, bench_pattern(a->op, a->dtype, b->rank, b->size, i));
+	bench_fill_sentinel(recvbuf, a->dtype, s->recv);
 }
 
-static inline int bench_has_broadcast(const struct bench_backend *b)
+/* recvbuf[j] must be the reduction at index first + j. */
+static inline int64_t bench_check_reduced(const struct bench_backend *b,
+                                          const struct bench_args *a, const void *recvbuf,
+                                          size_t first, size_t count)
 {
-	return b->broadcast != NULL;
+	int64_t wrong = 0;
+	for (size_t j = 0; j < count; j++) {
+		double want = bench_expected(a->op, a->dtype, b->size, first + j);
+		wrong += bench_mismatch(a->op, a->dtype, bench_get(recvbuf, a->dtype, j), want);
+	}
+	return wrong;
 }
 
-static inline int bench_has_barrier(const struct bench_backend *b)
+static inline int64_t bench_check_allreduce(const struct bench_backend *b,
+                                            const struct bench_args *a,
+                                            const struct bench_shape *s, const void *recvbuf)
 {
-	return b->barrier != NULL;
+	return bench_check_reduced(b, a, recvbuf, 0, s->recv);
 }
+
+static inline int64_t bench_check_reduce(const struct bench_backend *b,
+                                         const struct bench_args *a,
+                                         const struct bench_shape *s, const void *recvbuf)
+{
+	return b->rank == a->root ? bench_check_reduced(b, a, recvbuf, 0, s->recv) : 0;
+}
+
+static inline int64_t bench_check_rs(const struct bench_backend *b, const struct bench_args *a,
+                                     const struct bench_shape *s, const void *recvbuf)
+{
+	int64_t wrong = bench_check_reduced(b, a, recvbuf, bench_rs_offset(s->total, b->size, b->rank),
+	                                    bench_rs_count(s->total, b->size, b->rank));
+	/* A rank with the short block must not have been written past it: those elements still
+	 * hold the sentinel, as the dtype stores it. */
+	double stored; /* 8 bytes, aligned for every dtype */
+	bench_set(&stored, a->dtype, 0, bench_dtypes[a->dtype].sentinel);
+	double sentinel = bench_get(&stored, a->dtype, 0);
+	for (size_t j = bench_rs_count(s->total, b->size, b->rank); j < s->recv; j++)
+		wrong += bench_get(recvbuf, a->dtype, j) != sentinel;
+	return wrong;
+}
+
+/* n blocks of count elements, block k from source first + k * stride. */
+static inline void bench_fill_blocks(void *buf, enum bench_dtype d, size_t nblocks,
+                                     size_t count, size_t first, size_t stride)
+{
+	for (size_t k = 0; k < nblocks; k++)
+		for (size_t j = 0; j < count; j++)
+			bench_set(buf, d, k * count + j, bench_value(d, first + k * stride, j));
+}
+
+static inline int64_t bench_check_blocks(const void *buf, enum bench_dtype d, size_t nblocks,
+                                         size_t count, size_t first, size_t stride)
+{
+	int64_t wrong = 0;
+	for (size_t k = 0; k < nblocks; k++)
+		for (size_t j = 0; j < count; j++)
+			wrong += bench_get(buf, d, k * count + j) != bench_value(d, first + k * stride, j);
+	return wrong;
+}
+
+static inline void bench_fill_broadcast(const struct bench_backend *b,
+                                        const struct bench_args *a,
+                                        const struct bench_shape *s, void *sendbuf,
+                                        void *recvbuf)
+{
+	(void)sendbuf;
+	if (b->rank == a->root)
+		bench_fill_blocks(recvbuf, a->dtype, 1, s->recv, (size_t)a->root, 0);
+	else
+		bench_fill_sentinel(recvbuf, a->dtype, s->recv);
+}
+
+static inline int64_t bench_check_broadcast(const struct bench_backend *b,
+                                            const struct bench_args *a,
+                                            const struct bench_shape *s, const void *recvbuf)
+{
+	(void)b;
+	return bench_check_blocks(recvbuf, a->dtype, 1, s->recv, (size_t)a->root, 0);
+}
+
+/* allgather and gather: rank r sends the block of source r. */
+static inline void bench_fill_gather(const struct bench_backend *b, const struct bench_args *a,
+                                     const struct bench_shape *s, void *sendbuf, void *recvbuf)
+{
+	bench_fill_blocks(sendbuf, a->dtype, 1, s->send, (size_t)b->rank, 0);
+	bench_fill_sentinel(recvbuf, a->dtype, s->recv);
+}
+
+static inline int64_t bench_check_allgather(const struct bench_backend *b,
+                                            const struct bench_args *a,
+                                            const struct bench_shape *s, const void *recvbuf)
+{
+	return bench_check_blocks(recvbuf, a->dtype, (size_t)b->size, s->param, 0, 1);
+}
+
+static inline int64_t bench_check_gather(const struct bench_backend *b,
+                                         const struct bench_args *a,
+                                         const struct bench_shape *s, const void *recvbuf)
+{
+	return b->rank == a->root ? bench_check_allgather(b, a, s, recvbuf) : 0;
+}
+
+/* scatter: the root's block k is source k's. */
+static inline void bench_fill_scatter(const struct bench_backend *b, const struct bench_args *a,
+                                      const struct bench_shape *s, void *sendbuf, void *recvbuf)
+{
+	if (b->rank == a->root)
+		bench_fill_blocks(sendbuf, a->dtype, (size_t)b->size, s->param, 0, 1);
+	bench_fill_sentinel(recvbuf, a->dtype, s->recv);
+}
+
+static inline int64_t bench_check_scatter(const struct bench_backend *b,
+                                          const struct bench_args *a,
+                                          const struct bench_shape *s, const void *recvbuf)
+{
+	return bench_check_blocks(recvbuf, a->dtype, 1, s->recv, (size_t)b->rank, 0);
+}
+
+/* alltoall: the block that rank i sends to rank j belongs to source i*n + j. */
+static inline void bench_fill_alltoall(const struct bench_backend *b, const struct bench_args *a,
+                                       const struct bench_shape *s, void *sendbuf, void *recvbuf)
+{
+	size_t n = (size_t)b->size;
+	bench_fill_blocks(sendbuf, a->dtype, n, s->param, (size_t)b->rank * n, 1);
+	bench_fill_sentinel(recvbuf, a->dtype, s->recv);
+}
+
+static inline int64_t bench_check_alltoall(const struct bench_backend *b,
+                                           const struct bench_args *a,
+                                           const struct bench_shape *s, const void *recvbuf)
+{
+	size_t n = (size_t)b->size;
+	return bench_check_blocks(recvbuf, a->dtype, n, s->param, (size_t)b->rank, n);
+}
+
+#define BENCH_HAS(call)                                                 \
+	static inline int bench_has_##call(const struct bench_backend *b) \
+	{                                                                 \
+		return b->call != NULL;                                       \
+	}
+BENCH_HAS(allreduce)
+BENCH_HAS(reduce)
+BENCH_HAS(broadcast)
+BENCH_HAS(allgather)
+BENCH_HAS(reduce_scatter)
+BENCH_HAS(alltoall)
+BENCH_HAS(gather)
+BENCH_HAS(scatter)
+BENCH_HAS(barrier)
+#undef BENCH_HAS
 
 static const struct bench_coll bench_colls[] = {
-	{"allreduce", BENCH_USES_OP, bench_has_allreduce, bench_factor_allreduce,
-	 bench_run_allreduce, bench_fill_allreduce, bench_check_allreduce},
-	{"broadcast", BENCH_USES_ROOT, bench_has_broadcast, bench_factor_one, bench_run_broadcast,
-	 bench_fill_broadcast, bench_check_broadcast},
-	{"barrier", BENCH_NO_DATA, bench_has_barrier, bench_factor_zero, bench_run_barrier, NULL,
-	 NULL},
+	{"allreduce", BENCH_USES_OP, bench_has_allreduce, bench_factor_allreduce, bench_shape_same,
+	 bench_run_allreduce, bench_fill_reduction, bench_check_allreduce},
+	{"reduce", BENCH_USES_OP | BENCH_USES_ROOT, bench_has_reduce, bench_factor_one,
+	 bench_shape_same, bench_run_reduce, bench_fill_reduction, bench_check_reduce},
+	{"broadcast", BENCH_USES_ROOT, bench_has_broadcast, bench_factor_one, bench_shape_same,
+	 bench_run_broadcast, bench_fill_broadcast, bench_check_broadcast},
+	{"allgather", 0, bench_has_allgather, bench_factor_spread, bench_shape_gather,
+	 bench_run_allgather, bench_fill_gather, bench_check_allgather},
+	{"reducescatter", BENCH_USES_OP, bench_has_reduce_scatter, bench_factor_spread,
+	 bench_shape_rs, bench_run_rs, bench_fill_reduction, bench_check_rs},
+	{"alltoall", 0, bench_has_alltoall, bench_factor_spread, bench_shape_alltoall,
+	 bench_run_alltoall, bench_fill_alltoall, bench_check_alltoall},
+	{"gather", BENCH_USES_ROOT, bench_has_gather, bench_factor_spread, bench_shape_gather,
+	 bench_run_gather, bench_fill_gather, bench_check_gather},
+	{"scatter", BENCH_USES_ROOT, bench_has_scatter, bench_factor_spread, bench_shape_scatter,
+	 bench_run_scatter, bench_fill_scatter, bench_check_scatter},
+	{"barrier", BENCH_NO_DATA, bench_has_barrier, bench_factor_zero, bench_shape_none,
+	 bench_run_barrier, NULL, NULL},
 };
 #define BENCH_NCOLLS (sizeof bench_colls / sizeof bench_colls[0])
 
+/* "all_reduce", "reduce_scatter", "bcast" (nccl-tests' and MPI's spellings) name ours too. */
+static inline const struct bench_coll *bench_find_coll(const char *name)
+{
+	char plain[32];
+	size_t len = 0;
+	for (const char *p = name; *p && len + 1 < sizeof plain; p++)
+		if (*p != '_' && *p != '-')
+			plain[len++] = *p;
+	plain[len] = '\0';
+	if (strcmp(plain, "bcast") == 0)
+		return &bench_colls[2];
+	for (size_t i = 0; i < BENCH_NCOLLS; i++)
+		if (strcmp(plain, bench_colls[i].name) == 0)
+			return &bench_colls[i];
+	return NULL;
+}
+
 /* ---- flags -------------------------------------------------------------------------------- */
 
-static inline void bench_usage(FILE *f, const char *prog)
+static inline void bench_usage(FILE *f, const char *prog, const char *extra)
 {
 	fprintf(f, "usage: %s <collective> [flags]\n"
 	           "collectives:", prog);
@@ -372,16 +771,29 @@ static inline void bench_usage(FILE *f, const char *prog)
 	           "  -i, --stepbytes SIZE  add SIZE each step instead of -f\n"
 	           "  -n, --iters N         timed iterations per size (default 20)\n"
 	           "  -w, --warmup_iters N  untimed iterations before them (default 5)\n"
-	           "  -c, --check 0|1       verify results in one extra iteration (default 1)\n"
-	           "  -d, --datatype T      float|float32|f32, double|float64|f64, int32, int64\n"
-	           "                        (default float)\n"
+	           "  -c, --check 0|1|all   verify results: 0 never, 1 in one extra call after the\n"
+	           "                        timed ones (default), all in every call\n"
+	           "      --check           the same as -c all (only the call itself is timed)\n"
+	           "  -d, --datatype T      float, double, int32, int64, half, bfloat16, int8,\n"
+	           "                        uint8 (default float)\n"
 	           "  -o, --op OP           sum, avg, min, max, prod (default sum)\n"
-	           "  -r, --root R          broadcast root (default 0)\n"
+	           "  -r, --root R          root of broadcast, reduce, gather, scatter (default 0)\n"
 	           "      --csv FILE        also write the rows as CSV to FILE (rank 0)\n"
+	           "      --json FILE       also write the run as JSON to FILE (rank 0)\n"
+	           "      --progress SEC    a line on stderr while a size runs past SEC (default 2;\n"
+	           "                        0: never)\n"
+	           "  -q, --quiet           no table on stdout (with --csv or --json)\n"
+	           "%s"
 	           "  -h, --help            this text\n"
-	           "SIZE takes a K, M or G suffix (powers of 1024), e.g. 64M.\n"
-	           "Sizes are in bytes per rank and rounded down to whole elements; time is\n"
-	           "the slowest rank's average per iteration, busbw as in nccl-tests.\n");
+	           "SIZE takes a K, M or G suffix (powers of 1024), e.g. 64M. As in nccl-tests, a\n"
+	           "size is the bytes of one rank's largest buffer: the gathered result of\n"
+	           "allgather and gather, the whole input of reducescatter and scatter, the whole\n"
+	           "send buffer of alltoall. Time is the slowest rank's average per call;\n"
+	           "algbw = size / time; busbw = algbw x 2(n-1)/n (allreduce), x (n-1)/n\n"
+	           "(allgather, reducescatter, alltoall, gather, scatter), x 1 (broadcast, reduce).\n"
+	           "#wrong: wrong elements, summed over the ranks and the checked calls.\n"
+	           "Exit status: 0 all right, 1 a failed call or a wrong result, 2 a bad flag.\n",
+	        extra ? extra : "");
 }
 
 /* "64M" -> 67108864. K, M, G are powers of 1024 (as nccl-tests); a trailing B is allowed. */
@@ -419,14 +831,38 @@ static inline int bench_parse_int(const char *s, int min, int max, int *out)
 	return 0;
 }
 
+static inline int bench_parse_check(const char *s, enum bench_check *out)
+{
+	if (strcmp(s, "0") == 0)
+		*out = BENCH_CHECK_NONE;
+	else if (strcmp(s, "1") == 0)
+		*out = BENCH_CHECK_ONCE;
+	else if (strcmp(s, "all") == 0 || strcmp(s, "2") == 0)
+		*out = BENCH_CHECK_ALL;
+	else
+		return -1;
+	return 0;
+}
+
+/* Says why on stderr, then the usage; the caller exits with status 2. */
+static inline int bench_bad_flag(const char *prog, const char *extra, const char *why,
+                                 const char *what)
+{
+	fprintf(stderr, "%s: %s%s\n", prog, why, what ? what : "");
+	bench_usage(stderr, prog, extra);
+	return 2;
+}
+
 /*
  * Fills *a from argv. Returns 0 to run, 1 when -h printed the usage (exit 0), 2 on a bad
  * command line after saying why and printing the usage on stderr (exit 2). Runs before the
- * job is joined, so a typo never leaves the other ranks waiting.
+ * job is joined, so a typo never leaves the other ranks waiting. extra is the program's own
+ * lines for the usage text (khor-bench's --transport and --algo), or NULL.
  */
-static inline int bench_parse_args(int argc, char **argv, const char *prog,
+static inline int bench_parse_args(int argc, char **argv, const char *prog, const char *extra,
                                    struct bench_args *a)
 {
+	enum { OPT_CSV = 256, OPT_JSON, OPT_CHECK_ALL, OPT_PROGRESS };
 	static const struct option longopts[] = {
 		{"minbytes", required_argument, NULL, 'b'},
 		{"maxbytes", required_argument, NULL, 'e'},
@@ -434,21 +870,27 @@ static inline int bench_parse_args(int argc, char **argv, const char *prog,
 		{"stepbytes", required_argument, NULL, 'i'},
 		{"iters", required_argument, NULL, 'n'},
 		{"warmup_iters", required_argument, NULL, 'w'},
-		{"check", required_argument, NULL, 'c'},
+		/* --check alone checks every call; --check=0|1|all is -c */
+		{"check", optional_argument, NULL, OPT_CHECK_ALL},
 		{"datatype", required_argument, NULL, 'd'},
 		{"op", required_argument, NULL, 'o'},
 		{"root", required_argument, NULL, 'r'},
-		{"csv", required_argument, NULL, 'C'},
+		{"csv", required_argument, NULL, OPT_CSV},
+		{"json", required_argument, NULL, OPT_JSON},
+		{"progress", required_argument, NULL, OPT_PROGRESS},
+		{"quiet", no_argument, NULL, 'q'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	*a = (struct bench_args){
 		.minbytes = 8, .maxbytes = 64u << 20, .stepfactor = 2, .iters = 20, .warmup = 5,
-		.check = 1, .dtype = BENCH_F32, .op = BENCH_SUM,
+		.check = BENCH_CHECK_ONCE, .dtype = BENCH_F32, .op = BENCH_SUM, .progress_s = 2,
 	};
-	int op_given = 0, root_given = 0, c;
+	int op_given = 0, root_given = 0, dtype_given = 0, c;
 	opterr = 0; /* we name the bad flag ourselves, with the usage after it */
-	while ((c = getopt_long(argc, argv, ":b:e:f:i:n:w:c:d:o:r:h", longopts, NULL)) != -1) {
+	optind = 1;
+	int longidx = -1; /* set by getopt_long when a long option matched */
+	while ((c = getopt_long(argc, argv, ":b:e:f:i:n:w:c:d:o:r:qh", longopts, &longidx)) != -1) {
 		const char *need = NULL; /* set when the value is bad: what the flag wants */
 		int f = 2;
 		switch (c) {
@@ -479,12 +921,19 @@ static inline int bench_parse_args(int argc, char **argv, const char *prog,
 				need = "an integer of 0 or more";
 			break;
 		case 'c':
-			if (bench_parse_int(optarg, 0, 1, &a->check))
-				need = "0 or 1";
+			if (bench_parse_check(optarg, &a->check))
+				need = "0, 1 or all";
+			break;
+		case OPT_CHECK_ALL:
+			if (!optarg)
+				a->check = BENCH_CHECK_ALL;
+			else if (bench_parse_check(optarg, &a->check))
+				need = "0, 1 or all";
 			break;
 		case 'd':
+			dtype_given = 1;
 			if (bench_parse_dtype(optarg, &a->dtype))
-				need = "float, double, int32 or int64";
+				need = "float, double, int32, int64, half, bfloat16, int8 or uint8";
 			break;
 		case 'o':
 			op_given = 1;
@@ -496,62 +945,71 @@ static inline int bench_parse_args(int argc, char **argv, const char *prog,
 			if (bench_parse_int(optarg, 0, INT_MAX, &a->root))
 				need = "a rank of 0 or more";
 			break;
-		case 'C':
+		case OPT_CSV:
 			a->csv = optarg;
 			break;
+		case OPT_JSON:
+			a->json = optarg;
+			break;
+		case OPT_PROGRESS: {
+			int sec;
+			if (bench_parse_int(optarg, 0, 86400, &sec))
+				need = "whole seconds, 0 for never";
+			a->progress_s = sec;
+			break;
+		}
+		case 'q':
+			a->quiet = 1;
+			break;
 		case 'h':
-			bench_usage(stdout, prog);
+			bench_usage(stdout, prog, extra);
 			return 1;
 		case ':':
-			fprintf(stderr, "%s: %s needs a value\n", prog, argv[optind - 1]);
-			bench_usage(stderr, prog);
-			return 2;
+			return bench_bad_flag(prog, extra, "this flag needs a value: ", argv[optind - 1]);
 		default:
-			if (optopt)
-				fprintf(stderr, "%s: unknown flag -%c\n", prog, optopt);
-			else
-				fprintf(stderr, "%s: unknown flag %s\n", prog, argv[optind - 1]);
-			bench_usage(stderr, prog);
-			return 2;
+			if (optopt > 0 && optopt < 256) {
+				char flag[3] = {'-', (char)optopt, '\0'};
+				return bench_bad_flag(prog, extra, "unknown flag ", flag);
+			}
+			return bench_bad_flag(prog, extra, "unknown flag ", argv[optind - 1]);
 		}
 		if (need) {
-			fprintf(stderr, "%s: bad value '%s' for -%c: it needs %s\n", prog, optarg, c,
-			        need);
-			bench_usage(stderr, prog);
+			/* Name the flag as written: -d for short options, --datatype for long ones. */
+			const char *name = longidx >= 0 ? longopts[longidx].name : NULL;
+			if (name)
+				fprintf(stderr, "%s: bad value '%s' for --%s: it needs %s\n", prog, optarg,
+				        name, need);
+			else
+				fprintf(stderr, "%s: bad value '%s' for -%c: it needs %s\n", prog, optarg,
+				        c, need);
+			bench_usage(stderr, prog, extra);
 			return 2;
 		}
+		longidx = -1;
 	}
-	if (optind != argc - 1) {
-		fprintf(stderr, "%s: %s\n", prog,
-		        optind >= argc ? "which collective? name one" : "name exactly one collective");
-		bench_usage(stderr, prog);
-		return 2;
-	}
-	for (size_t i = 0; i < BENCH_NCOLLS; i++)
-		if (strcmp(argv[optind], bench_colls[i].name) == 0)
-			a->coll = &bench_colls[i];
-	if (!a->coll) {
-		fprintf(stderr, "%s: unknown collective '%s'\n", prog, argv[optind]);
-		bench_usage(stderr, prog);
-		return 2;
-	}
+	if (optind != argc - 1)
+		return bench_bad_flag(prog, extra, optind >= argc ? "which collective? name one"
+		                                                  : "name exactly one collective, not ",
+		                      optind >= argc ? NULL : argv[optind + 1]);
+	a->coll = bench_find_coll(argv[optind]);
+	if (!a->coll)
+		return bench_bad_flag(prog, extra, "unknown collective ", argv[optind]);
 	if (a->minbytes > a->maxbytes) {
 		fprintf(stderr, "%s: -b %zu is larger than -e %zu\n", prog, a->minbytes, a->maxbytes);
-		bench_usage(stderr, prog);
+		bench_usage(stderr, prog, extra);
 		return 2;
 	}
+	if (a->quiet && !a->csv && !a->json)
+		return bench_bad_flag(prog, extra, "-q without --csv or --json would print nothing",
+		                      NULL);
 	/* Refuse flags that would be silently ignored: a user who wrote -o max on a broadcast
 	 * believes they measured something they did not. */
-	if (op_given && !(a->coll->flags & BENCH_USES_OP)) {
-		fprintf(stderr, "%s: -o does not apply to %s\n", prog, a->coll->name);
-		bench_usage(stderr, prog);
-		return 2;
-	}
-	if (root_given && !(a->coll->flags & BENCH_USES_ROOT)) {
-		fprintf(stderr, "%s: -r does not apply to %s\n", prog, a->coll->name);
-		bench_usage(stderr, prog);
-		return 2;
-	}
+	if (op_given && !(a->coll->flags & BENCH_USES_OP))
+		return bench_bad_flag(prog, extra, "-o does not apply to ", a->coll->name);
+	if (root_given && !(a->coll->flags & BENCH_USES_ROOT))
+		return bench_bad_flag(prog, extra, "-r does not apply to ", a->coll->name);
+	if (dtype_given && (a->coll->flags & BENCH_NO_DATA))
+		return bench_bad_flag(prog, extra, "-d does not apply to ", a->coll->name);
 	return 0;
 }
 
@@ -564,6 +1022,11 @@ static inline double bench_now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static inline const char *bench_check_name(enum bench_check c)
+{
+	return c == BENCH_CHECK_ALL ? "all" : c == BENCH_CHECK_ONCE ? "1" : "0";
+}
+
 static inline void bench_print_header(const struct bench_backend *b, const struct bench_args *a)
 {
 	printf("# %s %s: %d rank%s, ", b->prog, a->coll->name, b->size, b->size == 1 ? "" : "s");
@@ -573,8 +1036,8 @@ static inline void bench_print_header(const struct bench_backend *b, const struc
 		printf("op %s, ", bench_op_name(a->op));
 	if (a->coll->flags & BENCH_USES_ROOT)
 		printf("root %d, ", a->root);
-	printf("iters %d, warmup %d, check %d\n", a->iters, a->warmup, a->check);
-	printf("# library: %s\n", b->library);
+	printf("iters %d, warmup %d, check %s\n", a->iters, a->warmup, bench_check_name(a->check));
+	printf("# library: %s (transport %s, algo %s)\n", b->library, b->transport, b->algo);
 	printf("#\n");
 	printf("#%11s  %12s  %8s  %6s  %7s  %6s  %6s  %6s\n", "size", "count", "type", "redop",
 	       "time", "algbw", "busbw", "#wrong");
@@ -589,20 +1052,72 @@ static inline void bench_format_time(char *out, size_t len, double us)
 	snprintf(out, len, us >= 10000.0 ? "%7.0f" : us >= 100.0 ? "%7.1f" : "%7.2f", us);
 }
 
+static inline const char *bench_row_type(const struct bench_args *a)
+{
+	return a->coll->flags & BENCH_NO_DATA ? "none" : bench_dtype_name(a->dtype);
+}
+
+static inline const char *bench_row_redop(const struct bench_args *a)
+{
+	return a->coll->flags & BENCH_USES_OP ? bench_op_name(a->op) : "none";
+}
+
 static inline void bench_print_row(const struct bench_args *a, size_t bytes, size_t count,
                                    double us, double algbw, double busbw, int64_t wrong)
 {
-	const char *type = a->coll->flags & BENCH_NO_DATA ? "none" : bench_dtype_name(a->dtype);
-	const char *redop = a->coll->flags & BENCH_USES_OP ? bench_op_name(a->op) : "none";
 	char t[32], w[32];
 	bench_format_time(t, sizeof t, us);
 	if (a->check)
 		snprintf(w, sizeof w, "%6lld", (long long)wrong);
 	else
 		snprintf(w, sizeof w, "%6s", "N/A");
-	printf("%12zu  %12zu  %8s  %6s  %7s  %6.2f  %6.2f  %6s\n", bytes, count, type, redop, t,
-	       algbw, busbw, w);
+	printf("%12zu  %12zu  %8s  %6s  %7s  %6.2f  %6.2f  %6s\n", bytes, count, bench_row_type(a),
+	       bench_row_redop(a), t, algbw, busbw, w);
 	fflush(stdout); /* one line per size is the progress report of a long sweep */
+}
+
+/* "64 MiB", "1.5 KiB", "8 B": sizes in progress lines, for people. */
+static inline void bench_human_size(char *out, size_t len, size_t bytes)
+{
+	static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+	double v = (double)bytes;
+	int u = 0;
+	while (v >= 1024 && u < 4) {
+		v /= 1024;
+		u++;
+	}
+	snprintf(out, len, v == (double)(size_t)v ? "%.0f %s" : "%.1f %s", v, units[u]);
+}
+
+/* A JSON string literal; the names printed here are plain ASCII, but paths need not be. */
+static inline void bench_json_string(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			fprintf(f, "\\%c", *p);
+		else if (*p < 0x20)
+			fprintf(f, "\\u%04x", *p);
+		else
+			fputc(*p, f);
+	}
+	fputc('"', f);
+}
+
+/* A CSV field, quoted when it holds a comma or a quote (MPI's transport is "tcp,self"). */
+static inline void bench_csv_field(FILE *f, const char *s)
+{
+	if (!strpbrk(s, ",\"\n")) {
+		fputs(s, f);
+		return;
+	}
+	fputc('"', f);
+	for (; *s; s++) {
+		if (*s == '"')
+			fputc('"', f);
+		fputc(*s, f);
+	}
+	fputc('"', f);
 }
 
 /* ---- the sweep ---------------------------------------------------------------------------- */
@@ -616,48 +1131,101 @@ static inline int bench_fail(struct bench_backend *b, const char *what, size_t b
 }
 
 /*
+ * Rank 0's note on stderr that a long size is still running, so that a sweep to 1 GiB over
+ * a slow link does not look hung: first after progress_s seconds, then every 5 x progress_s.
+ */
+struct bench_progress {
+	double start;
+	double next; /* seconds since start of the next line */
+};
+
+static inline void bench_progress_tick(const struct bench_backend *b, const struct bench_args *a,
+                                       struct bench_progress *p, size_t bytes, int done,
+                                       int warmup)
+{
+	if (b->rank != 0 || a->progress_s <= 0)
+		return;
+	double elapsed = bench_now() - p->start;
+	if (elapsed < p->next)
+		return;
+	char size[32];
+	bench_human_size(size, sizeof size, bytes);
+	if (warmup)
+		fprintf(stderr, "# [%s] %s: warm-up %d of %d, %.0f s so far\n", b->prog, size, done,
+		        a->warmup, elapsed);
+	else
+		fprintf(stderr, "# [%s] %s: %d of %d iterations, %.0f s so far\n", b->prog, size, done,
+		        a->iters, elapsed);
+	p->next = elapsed + 5 * a->progress_s;
+}
+
+/*
  * Times iters calls after warmup calls. Returns the slowest rank's average seconds per call,
  * as nccl-tests does: a barrier lines the ranks up, each times its own loop, and the maximum
- * over ranks is what a synchronous training step would see.
+ * over ranks is what a synchronous training step would see. With -c all every call, warm-up
+ * included, gets fresh inputs and is checked; then only the calls are timed, each after a
+ * barrier so that one rank's slower check is not counted as the next call's time. Adds this
+ * rank's wrong elements to *wrong.
  */
-static inline int bench_time(struct bench_backend *b, const struct bench_args *a, void *sendbuf,
-                             void *recvbuf, size_t count, size_t bytes, double *sec_out)
+static inline int bench_time(struct bench_backend *b, const struct bench_args *a,
+                             const struct bench_shape *s, void *sendbuf, void *recvbuf,
+                             size_t bytes, double *sec_out, int64_t *wrong)
 {
 	const struct bench_coll *c = a->coll;
+	struct bench_progress prog = {bench_now(), a->progress_s};
+	int check_all = a->check == BENCH_CHECK_ALL && c->fill;
+	double mine = 0;
 	/* Warm-up at every size, not once at the largest as nccl-tests does: khor picks its
 	 * algorithm per size and a first call may set up links or buffers for that choice. */
-	for (int i = 0; i < a->warmup; i++)
-		if (c->run(b, a, sendbuf, recvbuf, count))
+	for (int i = 0; i < a->warmup; i++) {
+		if (check_all)
+			c->fill(b, a, s, sendbuf, recvbuf);
+		if (c->run(b, a, s, sendbuf, recvbuf))
 			return bench_fail(b, c->name, bytes);
+		if (check_all)
+			*wrong += c->check(b, a, s, recvbuf);
+		bench_progress_tick(b, a, &prog, bytes, i + 1, 1);
+	}
 	if (b->barrier(b))
 		return bench_fail(b, "barrier before the timed loop", bytes);
 	double t0 = bench_now();
-	for (int i = 0; i < a->iters; i++)
-		if (c->run(b, a, sendbuf, recvbuf, count))
+	for (int i = 0; i < a->iters; i++) {
+		if (check_all) {
+			c->fill(b, a, s, sendbuf, recvbuf);
+			if (b->barrier(b))
+				return bench_fail(b, "barrier before a checked call", bytes);
+			t0 = bench_now();
+		}
+		if (c->run(b, a, s, sendbuf, recvbuf))
 			return bench_fail(b, c->name, bytes);
-	double mine = (bench_now() - t0) / a->iters, slowest;
+		if (check_all) {
+			mine += bench_now() - t0;
+			*wrong += c->check(b, a, s, recvbuf);
+		}
+		bench_progress_tick(b, a, &prog, bytes, i + 1, 0);
+	}
+	if (!check_all)
+		mine = bench_now() - t0;
+	mine /= a->iters;
+	double slowest;
 	if (b->allreduce(b, &mine, &slowest, 1, BENCH_F64, BENCH_MAX))
 		return bench_fail(b, "allreduce of the times", bytes);
 	*sec_out = slowest;
 	return 0;
 }
 
-/* One checked call after the timed loop; returns the number of wrong elements on all ranks. */
+/* -c 1: one checked call after the timed loop; adds this rank's wrong elements to *wrong. */
 static inline int bench_verify(struct bench_backend *b, const struct bench_args *a,
-                               void *sendbuf, void *recvbuf, size_t count, size_t bytes,
-                               int64_t *wrong_out)
+                               const struct bench_shape *s, void *sendbuf, void *recvbuf,
+                               size_t bytes, int64_t *wrong)
 {
 	const struct bench_coll *c = a->coll;
-	int64_t mine = 0, total;
-	if (c->fill) {
-		c->fill(b, a, sendbuf, recvbuf, count);
-		if (c->run(b, a, sendbuf, recvbuf, count))
-			return bench_fail(b, c->name, bytes);
-		mine = c->check(b, a, recvbuf, count);
-	}
-	if (b->allreduce(b, &mine, &total, 1, BENCH_I64, BENCH_SUM))
-		return bench_fail(b, "allreduce of #wrong", bytes);
-	*wrong_out = total;
+	if (!c->fill)
+		return 0;
+	c->fill(b, a, s, sendbuf, recvbuf);
+	if (c->run(b, a, s, sendbuf, recvbuf))
+		return bench_fail(b, c->name, bytes);
+	*wrong += c->check(b, a, s, recvbuf);
 	return 0;
 }
 
@@ -672,10 +1240,52 @@ static inline void *bench_alloc(size_t bytes)
 	return p;
 }
 
+/* Opens --csv or --json on rank 0; says why not and counts the failure in *bad. */
+static inline FILE *bench_open_out(const struct bench_backend *b, const char *flag,
+                                   const char *path, int64_t *bad)
+{
+	if (b->rank != 0 || !path)
+		return NULL;
+	FILE *f = fopen(path, "w");
+	if (!f) {
+		fprintf(stderr, "%s: cannot open %s %s: %s\n", b->prog, flag, path, strerror(errno));
+		(*bad)++;
+	}
+	return f;
+}
+
+static inline int bench_close_out(const struct bench_backend *b, const char *flag,
+                                  const char *path, FILE *f)
+{
+	if (f && fclose(f)) {
+		fprintf(stderr, "%s: writing %s %s: %s\n", b->prog, flag, path, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+static inline void bench_json_head(FILE *j, const struct bench_backend *b,
+                                   const struct bench_args *a)
+{
+	fprintf(j, "{\"program\": ");
+	bench_json_string(j, b->prog);
+	fprintf(j, ", \"library\": ");
+	bench_json_string(j, b->library);
+	fprintf(j, ", \"transport\": ");
+	bench_json_string(j, b->transport);
+	fprintf(j, ", \"algo\": ");
+	bench_json_string(j, b->algo);
+	fprintf(j, ",\n \"collective\": \"%s\", \"nranks\": %d, \"type\": \"%s\", \"redop\": \"%s\", "
+	           "\"root\": %d, \"iters\": %d, \"warmup\": %d, \"check\": \"%s\",\n \"rows\": [",
+	        a->coll->name, b->size, bench_row_type(a), bench_row_redop(a),
+	        a->coll->flags & BENCH_USES_ROOT ? a->root : -1, a->iters, a->warmup,
+	        bench_check_name(a->check));
+}
+
 /*
  * Runs the whole sweep and prints it on rank 0. Returns the process exit status: 0 when every
  * call succeeded and every result was right, 1 otherwise, 2 for a bad flag that only the
- * joined job can detect (a root outside the job, a CSV file that cannot be opened).
+ * joined job can detect (a root outside the job, an output file that cannot be opened).
  */
 static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 {
@@ -693,23 +1303,18 @@ static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 			        a->root, b->size);
 		return 2;
 	}
-	/* Every rank decides together whether to start, so that a rank whose buffers or CSV
+	/* Every rank decides together whether to start, so that a rank whose buffers or output
 	 * file failed does not leave the others blocked in the first collective. */
-	FILE *csv = NULL;
-	int64_t bad[2] = {0, 0}, bad_all[2]; /* ranks without buffers, a CSV file that failed */
-	if (rank0 && a->csv) {
-		csv = fopen(a->csv, "w");
-		if (!csv) {
-			fprintf(stderr, "%s: cannot open --csv %s: %s\n", b->prog, a->csv, strerror(errno));
-			bad[1] = 1;
-		}
-	}
+	int64_t bad[2] = {0, 0}, bad_all[2]; /* ranks without buffers, output files that failed */
+	FILE *csv = bench_open_out(b, "--csv", a->csv, &bad[1]);
+	FILE *json = bench_open_out(b, "--json", a->json, &bad[1]);
 	size_t esize = bench_dtype_size(a->dtype);
-	size_t maxbytes = c->flags & BENCH_NO_DATA ? 0 : a->maxbytes / esize * esize;
-	void *sendbuf = bench_alloc(maxbytes), *recvbuf = bench_alloc(maxbytes);
+	struct bench_shape max;
+	c->shape(c->flags & BENCH_NO_DATA ? 0 : a->maxbytes / esize, b->size, &max);
+	void *sendbuf = bench_alloc(max.send * esize), *recvbuf = bench_alloc(max.recv * esize);
 	if (!sendbuf || !recvbuf) {
-		fprintf(stderr, "%s: rank %d: cannot allocate 2 x %zu bytes; lower -e\n", b->prog,
-		        b->rank, maxbytes);
+		fprintf(stderr, "%s: rank %d: cannot allocate %zu + %zu bytes; lower -e\n", b->prog,
+		        b->rank, max.send * esize, max.recv * esize);
 		bad[0] = 1;
 	}
 	int status = 0;
@@ -719,32 +1324,42 @@ static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 		goto out_free;
 	}
 	if (bad_all[0] || bad_all[1]) {
-		status = bad_all[0] ? 1 : 2; /* a CSV path is a flag; memory is not */
+		status = bad_all[0] ? 1 : 2; /* an output path is a flag; memory is not */
 		goto out_free;
 	}
 	if (csv)
-		fprintf(csv, "collective,library,nranks,size,count,type,redop,time_us,algbw_gbs,"
-		             "busbw_gbs,wrong\n");
+		fprintf(csv, "collective,library,transport,algo,nranks,size,count,type,redop,time_us,"
+		             "algbw_gbs,busbw_gbs,wrong\n");
+	if (json)
+		bench_json_head(json, b, a);
 
 	/* The timed loop reads whatever the send buffer holds: give it the pattern, so that no
 	 * run is timed on denormals or NaNs, which are slow on some CPUs. */
 	if (c->fill)
-		c->fill(b, a, sendbuf, recvbuf, maxbytes / esize);
+		c->fill(b, a, &max, sendbuf, recvbuf);
 
-	if (rank0)
+	if (rank0 && !a->quiet)
 		bench_print_header(b, a);
 	int64_t wrong_total = 0;
 	double busbw_sum = 0;
 	int rows = 0;
 	for (size_t size = a->minbytes;;) {
-		size_t count = c->flags & BENCH_NO_DATA ? 0 : size / esize;
-		size_t bytes = count * esize;
-		/* A size below one element would time nothing: skip it (-b 2 with float). */
-		if (count > 0 || (c->flags & BENCH_NO_DATA)) {
+		struct bench_shape s;
+		c->shape(c->flags & BENCH_NO_DATA ? 0 : size / esize, b->size, &s);
+		size_t bytes = s.total * esize;
+		/* A size below what the collective can split would time nothing: skip it (-b 2 with
+		 * float, or allgather of 8 bytes over 4 ranks). */
+		if (s.total > 0 || (c->flags & BENCH_NO_DATA)) {
 			double sec;
-			int64_t wrong = 0;
-			if (bench_time(b, a, sendbuf, recvbuf, count, bytes, &sec) ||
-			    (a->check && bench_verify(b, a, sendbuf, recvbuf, count, bytes, &wrong))) {
+			int64_t mine = 0, wrong = 0;
+			if (bench_time(b, a, &s, sendbuf, recvbuf, bytes, &sec, &mine) ||
+			    (a->check == BENCH_CHECK_ONCE &&
+			     bench_verify(b, a, &s, sendbuf, recvbuf, bytes, &mine))) {
+				status = 1;
+				break;
+			}
+			if (a->check && b->allreduce(b, &mine, &wrong, 1, BENCH_I64, BENCH_SUM)) {
+				bench_fail(b, "allreduce of #wrong", bytes);
 				status = 1;
 				break;
 			}
@@ -752,16 +1367,25 @@ static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 			double busbw = algbw * c->busbw_factor(b->size);
 			wrong_total += wrong;
 			busbw_sum += busbw;
-			rows++;
-			if (rank0) {
-				bench_print_row(a, bytes, count, sec * 1e6, algbw, busbw, wrong);
-				if (csv)
-					fprintf(csv, "%s,%s,%d,%zu,%zu,%s,%s,%.6g,%.6g,%.6g,%lld\n", c->name,
-					        b->library, b->size, bytes, count,
-					        c->flags & BENCH_NO_DATA ? "none" : bench_dtype_name(a->dtype),
-					        c->flags & BENCH_USES_OP ? bench_op_name(a->op) : "none",
-					        sec * 1e6, algbw, busbw, a->check ? (long long)wrong : -1LL);
+			if (rank0 && !a->quiet)
+				bench_print_row(a, bytes, s.total, sec * 1e6, algbw, busbw, wrong);
+			if (csv) {
+				fprintf(csv, "%s,", c->name);
+				bench_csv_field(csv, b->library);
+				fputc(',', csv);
+				bench_csv_field(csv, b->transport);
+				fputc(',', csv);
+				bench_csv_field(csv, b->algo);
+				fprintf(csv, ",%d,%zu,%zu,%s,%s,%.6g,%.6g,%.6g,%lld\n", b->size, bytes,
+				        s.total, bench_row_type(a), bench_row_redop(a), sec * 1e6, algbw,
+				        busbw, a->check ? (long long)wrong : -1LL);
 			}
+			if (json)
+				fprintf(json, "%s\n  {\"size\": %zu, \"count\": %zu, \"time_us\": %.6g, "
+				              "\"algbw_gbs\": %.6g, \"busbw_gbs\": %.6g, \"wrong\": %lld}",
+				        rows ? "," : "", bytes, s.total, sec * 1e6, algbw, busbw,
+				        a->check ? (long long)wrong : -1LL);
+			rows++;
 		}
 		if (c->flags & BENCH_NO_DATA)
 			break;
@@ -773,19 +1397,24 @@ static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 			break;
 		size = next;
 	}
-	if (rank0 && status == 0) {
+	double avg_busbw = rows ? busbw_sum / rows : 0.0;
+	if (rank0 && !a->quiet && status == 0) {
 		printf("# Out of bounds values : %lld %s\n", (long long)wrong_total,
 		       wrong_total ? "FAILED" : "OK");
-		printf("# Avg bus bandwidth    : %g\n", rows ? busbw_sum / rows : 0.0);
+		printf("# Avg bus bandwidth    : %g\n", avg_busbw);
 		printf("#\n");
 	}
 	if (wrong_total)
 		status = 1;
+	if (json)
+		fprintf(json, "\n ],\n \"wrong_total\": %lld, \"avg_busbw_gbs\": %.6g, \"ok\": %s}\n",
+		        a->check ? (long long)wrong_total : -1LL, avg_busbw,
+		        status == 0 ? "true" : "false");
 out_free:
-	if (csv && fclose(csv)) {
-		fprintf(stderr, "%s: writing --csv %s: %s\n", b->prog, a->csv, strerror(errno));
+	if (bench_close_out(b, "--csv", a->csv, csv) && status == 0)
 		status = 1;
-	}
+	if (bench_close_out(b, "--json", a->json, json) && status == 0)
+		status = 1;
 	free(sendbuf);
 	free(recvbuf);
 	return status;

@@ -2,6 +2,7 @@
  * khor_bench.c -- khor-bench, khor's collective benchmark in the manner of nccl-tests.
  *
  *   khorrun -np 4 khor-bench allreduce -b 8 -e 64M -f 2
+ *   khorrun -np 4 khor-bench allgather --transport shm -d bfloat16 --check --json out.json
  *
  * It uses only the public API of khor.h, the way a user's program would, so what it measures
  * is what they get. The flags, the sweep, the checks and the output are in bench_common.h,
@@ -31,6 +32,10 @@ static khor_dtype to_khor_dtype(enum bench_dtype d)
 	case BENCH_F64: return KHOR_FLOAT64;
 	case BENCH_I32: return KHOR_INT32;
 	case BENCH_I64: return KHOR_INT64;
+	case BENCH_F16: return KHOR_FLOAT16;
+	case BENCH_BF16: return KHOR_BFLOAT16;
+	case BENCH_I8: return KHOR_INT8;
+	case BENCH_U8: return KHOR_UINT8;
 	}
 	return KHOR_FLOAT32;
 }
@@ -83,6 +88,52 @@ static int kb_barrier(struct bench_backend *b)
 	return kb_result(b, khor_barrier(k->comm));
 }
 
+static int kb_reduce(struct bench_backend *b, const void *sendbuf, void *recvbuf, size_t count,
+                     enum bench_dtype dtype, enum bench_op op, int root)
+{
+	struct khor_ctx *k = b->ctx;
+	return kb_result(b, khor_reduce(k->comm, sendbuf, recvbuf, count, to_khor_dtype(dtype),
+	                                to_khor_op(op), root));
+}
+
+static int kb_allgather(struct bench_backend *b, const void *sendbuf, void *recvbuf,
+                        size_t count, enum bench_dtype dtype)
+{
+	struct khor_ctx *k = b->ctx;
+	return kb_result(b, khor_allgather(k->comm, sendbuf, recvbuf, count, to_khor_dtype(dtype)));
+}
+
+static int kb_reduce_scatter(struct bench_backend *b, const void *sendbuf, void *recvbuf,
+                             size_t count, enum bench_dtype dtype, enum bench_op op)
+{
+	struct khor_ctx *k = b->ctx;
+	return kb_result(b, khor_reduce_scatter(k->comm, sendbuf, recvbuf, count,
+	                                        to_khor_dtype(dtype), to_khor_op(op)));
+}
+
+static int kb_alltoall(struct bench_backend *b, const void *sendbuf, void *recvbuf, size_t count,
+                       enum bench_dtype dtype)
+{
+	struct khor_ctx *k = b->ctx;
+	return kb_result(b, khor_alltoall(k->comm, sendbuf, recvbuf, count, to_khor_dtype(dtype)));
+}
+
+static int kb_gather(struct bench_backend *b, const void *sendbuf, void *recvbuf, size_t count,
+                     enum bench_dtype dtype, int root)
+{
+	struct khor_ctx *k = b->ctx;
+	return kb_result(b, khor_gather(k->comm, sendbuf, recvbuf, count, to_khor_dtype(dtype),
+	                                root));
+}
+
+static int kb_scatter(struct bench_backend *b, const void *sendbuf, void *recvbuf, size_t count,
+                      enum bench_dtype dtype, int root)
+{
+	struct khor_ctx *k = b->ctx;
+	return kb_result(b, khor_scatter(k->comm, sendbuf, recvbuf, count, to_khor_dtype(dtype),
+	                                 root));
+}
+
 static const char *kb_error(struct bench_backend *b)
 {
 	struct khor_ctx *k = b->ctx;
@@ -90,10 +141,15 @@ static const char *kb_error(struct bench_backend *b)
 	return text && *text ? text : khor_strerror(k->last);
 }
 
+#define KHOR_USAGE                                                                          \
+	"      --transport T     khor's links: tcp, shm, ib or auto (KHOR_TRANSPORT)\n"          \
+	"      --algo A          khor's algorithm: ring, tree, rd, hd or auto (KHOR_ALGO)\n"
+
 /*
  * khor's own flags, --algo NAME and --transport NAME, become KHOR_ALGO and KHOR_TRANSPORT
  * before init and are taken out of argv, so the shared parser (and mpi-bench) never see
- * them. Returns the new argc, or -1 after printing a usage error.
+ * them. Their values are checked by khor_init, the one place that knows them. Returns the
+ * new argc, or -1 after printing a usage error.
  */
 static int take_khor_flags(int argc, char **argv)
 {
@@ -117,6 +173,7 @@ static int take_khor_flags(int argc, char **argv)
 				continue;
 			if (v == NULL || *v == '\0') {
 				fprintf(stderr, PROG ": %s needs a value\n", flags[f].flag);
+				bench_usage(stderr, PROG, KHOR_USAGE);
 				return -1;
 			}
 			setenv(flags[f].var, v, 1);
@@ -135,7 +192,7 @@ int main(int argc, char **argv)
 	argc = take_khor_flags(argc, argv);
 	if (argc < 0)
 		return 2;
-	int rc = bench_parse_args(argc, argv, PROG, &args);
+	int rc = bench_parse_args(argc, argv, PROG, KHOR_USAGE, &args);
 	if (rc)
 		return rc == 1 ? 0 : 2;
 
@@ -145,7 +202,8 @@ int main(int argc, char **argv)
 	if (st != KHOR_SUCCESS) {
 		fprintf(stderr, PROG ": khor_init failed (%s): %s\n", khor_strerror(st),
 		        *err ? err : "no detail");
-		return 1;
+		/* A bad --transport or --algo value is refused here: a bad flag, so status 2. */
+		return st == KHOR_ERR_INVALID_ARG ? 2 : 1;
 	}
 	char library[64];
 	snprintf(library, sizeof library, "khor %s", khor_version());
@@ -155,9 +213,17 @@ int main(int argc, char **argv)
 		.rank = khor_rank(ctx.comm),
 		.size = khor_size(ctx.comm),
 		.ctx = &ctx,
+		.transport = getenv("KHOR_TRANSPORT") ? getenv("KHOR_TRANSPORT") : "auto",
+		.algo = getenv("KHOR_ALGO") ? getenv("KHOR_ALGO") : "auto",
 		.allreduce = kb_allreduce,
 		.broadcast = kb_broadcast,
 		.barrier = kb_barrier,
+		.reduce = kb_reduce,
+		.allgather = kb_allgather,
+		.reduce_scatter = kb_reduce_scatter,
+		.alltoall = kb_alltoall,
+		.gather = kb_gather,
+		.scatter = kb_scatter,
 		.error = kb_error,
 	};
 	rc = bench_run(&b, &args);
