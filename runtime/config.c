@@ -253,6 +253,13 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	kstrlcpy(s->ifname, p ? p : "", sizeof(s->ifname));
 	p = config_lookup(cfg, "KHOR_TRANSPORT");
 	kstrlcpy(s->transport, p ? p : "auto", sizeof(s->transport));
+	if (strcmp(s->transport, "ib") == 0)
+		return kerr_set(err, KHOR_ERR_NOT_SUPPORTED, "KHOR_TRANSPORT=ib: the InfiniBand verbs "
+		                "transport is not built yet; use tcp, shm or auto");
+	if (strcmp(s->transport, "tcp") != 0 && strcmp(s->transport, "shm") != 0 &&
+	    strcmp(s->transport, "auto") != 0)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_TRANSPORT='%s': expected tcp, shm or "
+		                "auto", s->transport);
 
 	if ((st = get_duration(cfg, "KHOR_TIMEOUT", config_default("KHOR_TIMEOUT"), &s->timeout_ms,
 	                       err)))
