@@ -104,3 +104,50 @@ khor_status hier_broadcast(coll_comm *node, coll_comm *cross, int root_host_inde
 		st = chain_broadcast(node, buf, count, dtype, root_local, seq, err);
 	return st;
 }
+
+/*
+ * Node-aware allgather, for ranks numbered host by host (rank = host * L + local rank, as
+ * khorrun and Slurm's block distribution give):
+ *
+ *   1. allgather inside each host: every rank holds its host's L blocks, a contiguous
+ *      region of the output
+ *   2. local rank 0 of each host allgathers the host regions across hosts (tcp): each
+ *      region crosses the network once per destination host, not once per rank
+ *   3. local rank 0 broadcasts the whole output inside its host (shm)
+ *
+ * Other numberings would need a packed copy; they use the flat schedules instead.
+ */
+khor_status hier_allgather(coll_comm *node, coll_comm *cross, const void *sendbuf,
+                           void *recvbuf, size_t count, khor_dtype dtype, uint32_t seq,
+                           kerr *err)
+{
+	const int L = node->size, H = cross->size, me_host = cross->rank;
+	const size_t esz = khor_dtype_size(dtype);
+	size_t *a = malloc(2 * (size_t)(L > H ? L : H) * sizeof(size_t));
+	uint8_t *out = recvbuf;
+	khor_status st = KHOR_SUCCESS;
+
+	if (a == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "allgather seq %u (hierarchical): out of "
+		                "memory", seq);
+	size_t *counts = a, *displs = a + (L > H ? L : H);
+	for (int k = 0; k < L; k++) {
+		counts[k] = count;
+		displs[k] = ((size_t)me_host * (size_t)L + (size_t)k) * count;
+	}
+	st = ring_allgatherv(node, sendbuf, out, counts, displs, dtype, seq, err);
+	if (st == KHOR_SUCCESS && node->rank == 0 && H > 1) {
+		for (int h = 0; h < H; h++) {
+			counts[h] = (size_t)L * count;
+			displs[h] = (size_t)h * (size_t)L * count;
+		}
+		st = ring_allgatherv(cross, out + displs[me_host] * esz, out, counts, displs, dtype,
+		                     seq, err);
+	}
+	free(a);
+	if (st == KHOR_SUCCESS && H > 1)
+		st = chain_broadcast(node, out, (size_t)L * (size_t)H * count, dtype, 0, seq, err);
+	if (st != KHOR_SUCCESS && strstr(err->text, "hierarchical") == NULL)
+		kerr_prefix(err, "allgather seq %u (hierarchical)", seq);
+	return st;
+}

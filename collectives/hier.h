@@ -12,4 +12,9 @@ khor_status hier_broadcast(coll_comm *node, coll_comm *cross, int root_host_inde
                            int root_local, void *buf, size_t count, khor_dtype dtype,
                            uint32_t seq, kerr *err);
 
+/* Ranks must be numbered host by host (rank = host * L + local rank). */
+khor_status hier_allgather(coll_comm *node, coll_comm *cross, const void *sendbuf,
+                           void *recvbuf, size_t count, khor_dtype dtype, uint32_t seq,
+                           kerr *err);
+
 #endif

@@ -198,6 +198,9 @@ static khor_status compute_topology(khor_comm *c, kdeadline dl, kerr *err)
 		for (int r = 0; r < c->size; r++)
 			c->host_ranks[first[r] * ls + fill[first[r]]++] = r;
 		free(fill);
+		c->hier_blocked = c->hier_ok;
+		for (int r = 0; r < c->size; r++)
+			c->hier_blocked = c->hier_blocked && c->host_ranks[r] == r;
 	} else {
 		c->hier_ok = false;
 	}

@@ -47,6 +47,7 @@ struct khor_comm {
 	int nhosts;
 	int on_machine;       /* ranks sharing this machine (same boot id) */
 	bool hier_ok;         /* every host has the same number (> 1) of ranks, > 1 host */
+	bool hier_blocked;    /* ... and ranks are numbered host by host */
 	int *node_map, node_n, node_me;
 	int *cross_map, cross_n, cross_me;
 	int *host_ranks;      /* [host * node_n + k]: k-th rank of each host (when hier_ok) */

@@ -252,6 +252,9 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 		return binomial_reduce(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op, r->root,
 		                       r->seq, err);
 	case COLL_ALLGATHER:
+		if (r->rcounts == NULL && c->hier_blocked && use_hier(c, bytes * (size_t)c->size))
+			return hier_allgather(&c->node_cc, &c->cross_cc, r->sendbuf, r->recvbuf, r->count,
+			                      r->dtype, r->seq, err);
 		if (r->rcounts != NULL)
 			return ring_allgatherv(cc, r->sendbuf, r->recvbuf, r->rcounts, r->rdispls,
 			                       r->dtype, r->seq, err);

@@ -1,7 +1,7 @@
 /*
  * test_hier.c -- node-aware collectives on pretend hosts (KHOR_HOSTNAME) over real links:
  * hierarchical allreduce and broadcast against exact references and against the flat
- * schedules, uniform layouts (2x2, 2x3, 3x2, 2x4, 4x2) and a non-uniform one, which must
+ * schedules (allgather too), uniform layouts (2x2, 2x3, 3x2, 2x4, 4x2) and a non-uniform one, which must
  * fall back to flat and still be right.
  */
 #include "../harness.h"
@@ -89,6 +89,23 @@ static int body(int rank, int n, khor_config *cfg, void *arg)
 				free(out);
 			}
 		}
+	}
+	/* allgather: node-aware when ranks are numbered host by host (every layout here is) */
+	for (size_t count = 0; count < 3000; count = count * 5 + 3) {
+		int64_t *mine = malloc(count * 8 + 8), *all = malloc(count * 8 * (size_t)n + 8);
+		for (size_t i = 0; i < count; i++)
+			mine[i] = (int64_t)(rank * 100000 + (int)i);
+		memset(all, 0xff, count * 8 * (size_t)n + 8);
+		if (khor_allgather(comm, mine, all, count, KHOR_INT64) != KHOR_SUCCESS) {
+			fprintf(stderr, "rank %d: allgather: %s\n", rank, khor_comm_error(comm));
+			return 16;
+		}
+		for (int r = 0; r < n; r++)
+			for (size_t i = 0; i < count; i++)
+				if (all[(size_t)r * count + i] != (int64_t)(r * 100000 + (int)i))
+					return 17;
+		free(mine);
+		free(all);
 	}
 	for (int root = 0; root < n; root++) {
 		int32_t b[3001];
