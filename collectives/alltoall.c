@@ -53,16 +53,14 @@ static khor_status inplace_alltoallv(coll_comm *cc, uint8_t *buf, const size_t *
 	const uint32_t meta = tp_meta_make(COLL_ALLTOALL, dtype, 0);
 	size_t max_bytes = 0;
 	uint8_t *tmp;
-	coll_xfer x[2];
 	khor_status st = KHOR_SUCCESS;
 
 	for (int i = 0; i < n; i++)
 		max_bytes = counts[i] * esz > max_bytes ? counts[i] * esz : max_bytes;
-	tmp = max_bytes <= cc->scratch_len ? cc->scratch : malloc(max_bytes);
+	tmp = max_bytes <= cc->scratch_len ? cc->scratch : coll_big(cc, max_bytes);
 	if (tmp == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: out of memory for a %zu-byte block "
 		                "(in-place alltoall)", coll_wait_what(w), max_bytes);
-	memset(x, 0, sizeof(x));
 	for (int k = 0; k < n && st == KHOR_SUCCESS; k++) {
 		const int p = mod(k - r, n);
 		uint8_t *blk = buf + displs[p] * esz;
@@ -71,23 +69,10 @@ static khor_status inplace_alltoallv(coll_comm *cc, uint8_t *buf, const size_t *
 
 		if (p == r)
 			continue;
-		st = coll_post(cc, &x[0], p, false, tmp, bytes, tag, w->dl, err);
-		if (st == KHOR_SUCCESS)
-			st = coll_post(cc, &x[1], p, true, blk, bytes, tag, w->dl, err);
-		while (st == KHOR_SUCCESS) {
-			bool a = coll_done(cc, &x[0], &st, err);
-			bool b = coll_done(cc, &x[1], &st, err);
-			if (st != KHOR_SUCCESS || (a && b))
-				break;
-			st = coll_wait_step(cc, w, x, 2, err);
-		}
+		st = coll_sendrecv(cc, w, p, blk, bytes, p, tmp, bytes, tag, err);
 		if (st == KHOR_SUCCESS && bytes > 0)
 			memcpy(blk, tmp, bytes);
 	}
-	if (st != KHOR_SUCCESS)
-		coll_drain(cc, x, 2);
-	if (tmp != cc->scratch)
-		free(tmp);
 	return st;
 }
 

@@ -195,3 +195,43 @@ void coll_drain(coll_comm *cc, coll_xfer *xs, int nxs)
 		}
 	}
 }
+
+khor_status coll_sendrecv(coll_comm *cc, coll_wait *w, int send_peer, const void *sbuf,
+                          size_t slen, int recv_peer, void *rbuf, size_t rlen, tp_tag tag,
+                          kerr *err)
+{
+	coll_xfer x[2];
+	khor_status st = KHOR_SUCCESS;
+
+	memset(x, 0, sizeof(x));
+	if (recv_peer >= 0)
+		st = coll_post(cc, &x[0], recv_peer, false, rbuf, rlen, tag, w->dl, err);
+	if (st == KHOR_SUCCESS && send_peer >= 0)
+		st = coll_post(cc, &x[1], send_peer, true, (void *)sbuf, slen, tag, w->dl, err);
+	while (st == KHOR_SUCCESS) {
+		bool a = coll_done(cc, &x[0], &st, err);
+		bool b = coll_done(cc, &x[1], &st, err);
+		if (st != KHOR_SUCCESS || (a && b))
+			break;
+		st = coll_wait_step(cc, w, x, 2, err);
+	}
+	if (st != KHOR_SUCCESS)
+		coll_drain(cc, x, 2);
+	return st;
+}
+
+void coll_lane_range(size_t count, int n, int b, size_t index, size_t slice_el, size_t *off,
+                     size_t *len)
+{
+	size_t base = count / (size_t)n, rem = count % (size_t)n;
+	size_t blen = base + ((size_t)b < rem ? 1 : 0);
+	size_t boff = base * (size_t)b + ((size_t)b < rem ? (size_t)b : rem);
+	size_t lo = index * slice_el, hi = lo + slice_el;
+
+	if (lo > blen)
+		lo = blen;
+	if (hi > blen)
+		hi = blen;
+	*off = boff + lo;
+	*len = hi - lo;
+}

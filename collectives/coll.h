@@ -115,6 +115,20 @@ const char *coll_wait_what(coll_wait *w);
  * a job abort once a second.
  */
 khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int nxs, kerr *err);
+/*
+ * One blocking exchange inside a collective: sends slen bytes to send_peer and receives
+ * rlen bytes from recv_peer (either may be -1 for none; they may be the same rank), with
+ * the receive posted first, through coll_wait_step's deadline and abort checks.
+ */
+khor_status coll_sendrecv(coll_comm *cc, coll_wait *w, int send_peer, const void *sbuf,
+                          size_t slen, int recv_peer, void *rbuf, size_t rlen, tp_tag tag,
+                          kerr *err);
+
+/* Elements [*off, *off + *len) that pipeline lane `index` (slices of slice_el) covers in
+ * block b of a count split over n ranks (coll_block); empty when the block is shorter. */
+void coll_lane_range(size_t count, int n, int b, size_t index, size_t slice_el, size_t *off,
+                     size_t *len);
+
 /* Finishes every pending transfer in xs after an error (so no request dangles). */
 void coll_drain(coll_comm *cc, coll_xfer *xs, int nxs);
 

@@ -30,53 +30,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One exchange (send and/or receive) with the deadline loop around it. */
-static khor_status exchange(coll_comm *cc, coll_wait *w, int peer_send, const void *sbuf,
-                            int peer_recv, void *rbuf, size_t bytes, tp_tag tag, kerr *err)
-{
-	coll_xfer x[2];
-	khor_status st = KHOR_SUCCESS;
-
-	memset(x, 0, sizeof(x));
-	if (peer_recv >= 0)
-		st = coll_post(cc, &x[0], peer_recv, false, rbuf, bytes, tag, w->dl, err);
-	if (st == KHOR_SUCCESS && peer_send >= 0)
-		st = coll_post(cc, &x[1], peer_send, true, (void *)sbuf, bytes, tag, w->dl, err);
-	while (st == KHOR_SUCCESS) {
-		bool a = coll_done(cc, &x[0], &st, err);
-		bool b = coll_done(cc, &x[1], &st, err);
-		if (st != KHOR_SUCCESS || (a && b))
-			break;
-		st = coll_wait_step(cc, w, x, 2, err);
-	}
-	if (st != KHOR_SUCCESS)
-		coll_drain(cc, x, 2);
-	return st;
-}
-
-/* Sends slen bytes to and receives rlen bytes from the same peer at once. */
-static khor_status exchange2(coll_comm *cc, coll_wait *w, int peer, const void *sbuf,
-                             size_t slen, void *rbuf, size_t rlen, tp_tag tag, kerr *err)
-{
-	coll_xfer x[2];
-	khor_status st;
-
-	memset(x, 0, sizeof(x));
-	st = coll_post(cc, &x[0], peer, false, rbuf, rlen, tag, w->dl, err);
-	if (st == KHOR_SUCCESS)
-		st = coll_post(cc, &x[1], peer, true, (void *)sbuf, slen, tag, w->dl, err);
-	while (st == KHOR_SUCCESS) {
-		bool a = coll_done(cc, &x[0], &st, err);
-		bool b = coll_done(cc, &x[1], &st, err);
-		if (st != KHOR_SUCCESS || (a && b))
-			break;
-		st = coll_wait_step(cc, w, x, 2, err);
-	}
-	if (st != KHOR_SUCCESS)
-		coll_drain(cc, x, 2);
-	return st;
-}
-
 khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size_t count,
                          khor_dtype dtype, khor_op op, uint32_t seq, unsigned kind, kerr *err)
 {
@@ -107,10 +60,10 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	if (r < 2 * rem) {
 		tp_tag tag = { cc->comm_id, seq, step, meta };
 		if (r % 2 == 0) {
-			st = exchange(cc, &w, r + 1, out, -1, NULL, bytes, tag, err);
+			st = coll_sendrecv(cc, &w, r + 1, out, bytes, -1, NULL, bytes, tag, err);
 			vr = -1;
 		} else {
-			st = exchange(cc, &w, -1, NULL, r - 1, tmp, bytes, tag, err);
+			st = coll_sendrecv(cc, &w, -1, NULL, bytes, r - 1, tmp, bytes, tag, err);
 			if (st == KHOR_SUCCESS && count > 0)
 				fn(out, tmp, out, count); /* (lower rank) op (higher rank) */
 			vr = r / 2;
@@ -127,7 +80,7 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 		int vpeer = vr ^ mask;
 		int peer = vpeer < rem ? vpeer * 2 + 1 : vpeer + rem;
 		tp_tag tag = { cc->comm_id, seq, step, meta };
-		st = exchange(cc, &w, peer, out, peer, tmp, bytes, tag, err);
+		st = coll_sendrecv(cc, &w, peer, out, bytes, peer, tmp, bytes, tag, err);
 		if (st == KHOR_SUCCESS && count > 0) {
 			if (vpeer < vr)
 				fn(out, tmp, out, count);
@@ -140,9 +93,9 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	if (st == KHOR_SUCCESS && r < 2 * rem) {
 		tp_tag tag = { cc->comm_id, seq, step, meta };
 		if (r % 2 == 1)
-			st = exchange(cc, &w, r - 1, out, -1, NULL, bytes, tag, err);
+			st = coll_sendrecv(cc, &w, r - 1, out, bytes, -1, NULL, bytes, tag, err);
 		else
-			st = exchange(cc, &w, -1, NULL, r + 1, out, bytes, tag, err);
+			st = coll_sendrecv(cc, &w, -1, NULL, bytes, r + 1, out, bytes, tag, err);
 	}
 	if (st == KHOR_SUCCESS && op == KHOR_AVG && count > 0)
 		reduce_avg_finish(out, count, dtype, n);
@@ -215,10 +168,10 @@ khor_status hd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	if (r < 2 * rem) {
 		tp_tag tag = { cc->comm_id, seq, step, meta };
 		if (r % 2 == 0) {
-			st = exchange(cc, &w, r + 1, out, -1, NULL, bytes, tag, err);
+			st = coll_sendrecv(cc, &w, r + 1, out, bytes, -1, NULL, bytes, tag, err);
 			vr = -1;
 		} else {
-			st = exchange(cc, &w, -1, NULL, r - 1, tmp, bytes, tag, err);
+			st = coll_sendrecv(cc, &w, -1, NULL, bytes, r - 1, tmp, bytes, tag, err);
 			if (st == KHOR_SUCCESS && count > 0)
 				fn(out, tmp, out, count);
 			vr = r / 2;
@@ -246,8 +199,7 @@ khor_status hd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 		size_t give_lo = low ? mid : lo[l], give_hi = low ? hi[l] : mid;
 		tp_tag tag = { cc->comm_id, seq, step, meta };
 		/* Both sides agree on lengths: what I give is what the partner keeps. */
-		st = exchange2(cc, &w, peer, out + give_lo * esz, (give_hi - give_lo) * esz, tmp,
-		               (keep_hi - keep_lo) * esz, tag, err);
+		st = coll_sendrecv(cc, &w, peer, out + give_lo * esz, (give_hi - give_lo) * esz, peer, tmp, (keep_hi - keep_lo) * esz, tag, err);
 		if (st == KHOR_SUCCESS && keep_hi > keep_lo) {
 			uint8_t *o = out + keep_lo * esz;
 			if (low)
@@ -270,16 +222,15 @@ khor_status hd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 		size_t other_lo = mine_lo == lo[l - 1] ? mine_hi : lo[l - 1];
 		size_t other_hi = mine_lo == lo[l - 1] ? hi[l - 1] : mine_lo;
 		tp_tag tag = { cc->comm_id, seq, step, meta };
-		st = exchange2(cc, &w, peer, out + mine_lo * esz, (mine_hi - mine_lo) * esz,
-		               out + other_lo * esz, (other_hi - other_lo) * esz, tag, err);
+		st = coll_sendrecv(cc, &w, peer, out + mine_lo * esz, (mine_hi - mine_lo) * esz, peer, out + other_lo * esz, (other_hi - other_lo) * esz, tag, err);
 	}
 	step = 2 * (uint32_t)levels + 1;
 	if (st == KHOR_SUCCESS && r < 2 * rem) {
 		tp_tag tag = { cc->comm_id, seq, step, meta };
 		if (r % 2 == 1)
-			st = exchange(cc, &w, r - 1, out, -1, NULL, bytes, tag, err);
+			st = coll_sendrecv(cc, &w, r - 1, out, bytes, -1, NULL, bytes, tag, err);
 		else
-			st = exchange(cc, &w, -1, NULL, r + 1, out, bytes, tag, err);
+			st = coll_sendrecv(cc, &w, -1, NULL, bytes, r + 1, out, bytes, tag, err);
 	}
 	if (st != KHOR_SUCCESS && strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
 		kerr_prefix(err, "%s step %u", coll_wait_what(&w), step);

@@ -63,22 +63,6 @@ static inline int mod(int a, int n)
 	return ((a % n) + n) % n;
 }
 
-/* Elements [*off, *off + *len) of the whole buffer that lane `index` covers in block b. */
-static void lane_range(size_t count, int n, int b, size_t index, size_t slice_el, size_t *off,
-                       size_t *len)
-{
-	size_t boff, blen, lo, hi;
-
-	coll_block(count, n, b, &boff, &blen);
-	lo = index * slice_el;
-	hi = lo + slice_el;
-	if (lo > blen)
-		lo = blen;
-	if (hi > blen)
-		hi = blen;
-	*off = boff + lo;
-	*len = hi - lo;
-}
 
 khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbuf, size_t count,
                                 khor_dtype dtype, khor_op op, uint32_t seq, kerr *err)
@@ -150,7 +134,7 @@ khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbu
 				/* Step done: fold our own contribution into what came from the left. */
 				int b = mod(r - L->step - 2, n);
 				uint8_t *got = L->slot[L->step % 2];
-				lane_range(count, n, b, L->index, slice_el, &off, &len);
+				coll_lane_range(count, n, b, L->index, slice_el, &off, &len);
 				if (L->step < nsteps - 1) {
 					if (len > 0)
 						fn(got, in + off * esz, got, len);
@@ -173,8 +157,8 @@ khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbu
 			const int s = L->step;
 			const uint8_t *sbuf;
 			size_t soff, slen, roff, rlen;
-			lane_range(count, n, mod(r - s - 1, n), L->index, slice_el, &soff, &slen);
-			lane_range(count, n, mod(r - s - 2, n), L->index, slice_el, &roff, &rlen);
+			coll_lane_range(count, n, mod(r - s - 1, n), L->index, slice_el, &soff, &slen);
+			coll_lane_range(count, n, mod(r - s - 2, n), L->index, slice_el, &roff, &rlen);
 			sbuf = s == 0 ? in + soff * esz : L->slot[(s - 1) % 2];
 			tp_tag tag = { cc->comm_id, seq, (uint32_t)(L->index * (size_t)nsteps + (size_t)s),
 			               meta };

@@ -42,36 +42,12 @@ struct lane {
 	coll_xfer x[2]; /* [0] receive, [1] send */
 };
 
-/* Elements of chunk c and where it starts. */
-static void chunk_range(size_t count, int n, int c, size_t *off, size_t *len)
-{
-	size_t base = count / (size_t)n, rem = count % (size_t)n;
-
-	*len = base + ((size_t)c < rem ? 1 : 0);
-	*off = base * (size_t)c + ((size_t)c < rem ? (size_t)c : rem);
-}
 
 static inline int mod(int a, int n)
 {
 	return ((a % n) + n) % n;
 }
 
-/* Elements [*off, *off + *len) of chunk c that lane `index` covers (possibly empty). */
-static void lane_range(size_t count, int n, int c, size_t index, size_t slice_el, size_t *off,
-                       size_t *len)
-{
-	size_t coff, clen, lo, hi;
-
-	chunk_range(count, n, c, &coff, &clen);
-	lo = index * slice_el;
-	hi = lo + slice_el;
-	if (lo > clen)
-		lo = clen;
-	if (hi > clen)
-		hi = clen;
-	*off = coff + lo;
-	*len = hi - lo;
-}
 
 khor_status ring_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size_t count,
                            khor_dtype dtype, khor_op op, uint32_t seq, unsigned kind, kerr *err)
@@ -143,7 +119,7 @@ khor_status ring_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, si
 				if (L->step < n - 1) {
 					size_t off, len;
 					int c = mod(r - L->step - 1, n);
-					lane_range(count, n, c, L->index, slice_el, &off, &len);
+					coll_lane_range(count, n, c, L->index, slice_el, &off, &len);
 					if (len > 0)
 						fn(out + off * esz, in + off * esz, L->scratch, len);
 					if (L->step == n - 2 && op == KHOR_AVG && len > 0)
@@ -172,8 +148,8 @@ khor_status ring_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, si
 				rc = mod(r - t, n);
 				sbase = out;
 			}
-			lane_range(count, n, sc, L->index, slice_el, &soff, &slen);
-			lane_range(count, n, rc, L->index, slice_el, &roff, &rlen);
+			coll_lane_range(count, n, sc, L->index, slice_el, &soff, &slen);
+			coll_lane_range(count, n, rc, L->index, slice_el, &roff, &rlen);
 			rbuf = s < n - 1 ? L->scratch : out + roff * esz;
 			tp_tag tag = { cc->comm_id, seq, (uint32_t)(L->index * (size_t)nsteps + (size_t)s),
 			               meta };

@@ -123,28 +123,6 @@ int cost_pick_allgather(const cost_model *m, int n, size_t bytes)
 #include <stdlib.h>
 #include <string.h>
 
-static khor_status swap(coll_comm *cc, coll_wait *w, int peer, void *sbuf, void *rbuf,
-                        size_t len, tp_tag tag, kerr *err)
-{
-	coll_xfer x[2];
-	khor_status st;
-
-	memset(x, 0, sizeof(x));
-	st = coll_post(cc, &x[0], peer, false, rbuf, len, tag, w->dl, err);
-	if (st == KHOR_SUCCESS)
-		st = coll_post(cc, &x[1], peer, true, sbuf, len, tag, w->dl, err);
-	while (st == KHOR_SUCCESS) {
-		bool a = coll_done(cc, &x[0], &st, err);
-		bool b = coll_done(cc, &x[1], &st, err);
-		if (st != KHOR_SUCCESS || (a && b))
-			break;
-		st = coll_wait_step(cc, w, x, 2, err);
-	}
-	if (st != KHOR_SUCCESS)
-		coll_drain(cc, x, 2);
-	return st;
-}
-
 khor_status cost_measure(coll_comm *cc, uint32_t seq, double v[3], kerr *err)
 {
 	enum { SMALL_ITERS = 30, BIG_ITERS = 4, BIG = 1 << 20 };
@@ -169,7 +147,7 @@ khor_status cost_measure(coll_comm *cc, uint32_t seq, double v[3], kerr *err)
 			if (i == 2)
 				t0 = kclock_ns(); /* the first swaps also make the link */
 			tp_tag tag = { cc->comm_id, seq, (uint32_t)i, meta };
-			st = swap(cc, &w, peer, a, b, 8, tag, err);
+			st = coll_sendrecv(cc, &w, peer, a, 8, peer, b, 8, tag, err);
 		}
 		t1 = kclock_ns();
 		/* Two untimed big swaps first: TCP's congestion window and buffers grow there. */
@@ -177,7 +155,7 @@ khor_status cost_measure(coll_comm *cc, uint32_t seq, double v[3], kerr *err)
 			if (i == 2)
 				t2 = kclock_ns();
 			tp_tag tag = { cc->comm_id, seq, (uint32_t)(100 + i), meta };
-			st = swap(cc, &w, peer, a, b, BIG, tag, err);
+			st = coll_sendrecv(cc, &w, peer, a, BIG, peer, b, BIG, tag, err);
 		}
 		t3 = kclock_ns();
 		v[0] = (double)(t1 - t0) / 1e9 / SMALL_ITERS;

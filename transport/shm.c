@@ -653,7 +653,8 @@ static bool tx_one(tp_link *l, tp_req *r)
 	h.arg = r->done;
 	h.piece_len = (uint32_t)piece;
 	slot = tx_claim(l, h.rec_len);
-	memcpy((uint8_t *)slot + sizeof(h), r->buf + r->done, piece);
+	if (piece > 0) /* an empty message may come with a NULL buffer */
+		memcpy((uint8_t *)slot + sizeof(h), r->buf + r->done, piece);
 	tx_publish(l, slot, &h);
 	r->done += piece;
 	if (r->done == r->len)
@@ -785,7 +786,8 @@ static int rx_record(tp_link *l, const struct rec_hdr *h, const uint8_t *payload
 			          h->comm, h->seq, h->step);
 			return -1;
 		}
-		memcpy(r->buf + r->done, payload, h->piece_len);
+		if (h->piece_len > 0)
+			memcpy(r->buf + r->done, payload, h->piece_len);
 		r->done += h->piece_len;
 		if (r->done == r->len)
 			req_finish(r);

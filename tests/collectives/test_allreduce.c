@@ -206,55 +206,64 @@ Test(allreduce, ring_shm_n4, .timeout = 180)
 	run_all(4, &j);
 }
 
-/* Random floats: every rank must hold the same bits, and a second run the same again. */
+/*
+ * Random floats: every rank must hold the same bits, and a second run the same again, for
+ * each algorithm. (auto picks by a model measured at init, so two runs may pick differently
+ * near a crossover: reproducible bits need KHOR_ALGO, or KHOR_COST_* to pin the model.)
+ */
+struct bits_job {
+	const char *algo;
+	uint64_t *hashes; /* [size index * 16 + rank] */
+};
+
 static int body_bits(int rank, int n, khor_config *cfg, void *arg)
 {
-	uint64_t *hashes = arg;
+	const struct bits_job *j = arg;
 	char err[1024];
 	khor_comm *comm;
-	size_t count = 100003;
-	float *buf = malloc(count * sizeof(float));
+	static const size_t counts[] = { 1000, 100003 };
+	float *buf = malloc(100003 * sizeof(float)), *out = malloc(100003 * sizeof(float));
 
 	khor_config_set(cfg, "KHOR_SLICE_BYTES", "4K");
+	khor_config_set(cfg, "KHOR_ALGO", j->algo);
 	if (khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS)
 		return 10;
 	srand(1234u + (unsigned)rank);
-	for (size_t i = 0; i < count; i++)
+	for (size_t i = 0; i < 100003; i++)
 		buf[i] = (float)rand() / (float)RAND_MAX * 2.0f - 1.0f;
-	const char *algos[] = { "ring", "rd" };
-	for (int a = 0; a < 2; a++) {
-		float *out = malloc(count * sizeof(float));
-		(void)algos;
-		/* rd needs the buffer in scratch: use a size it accepts via KHOR_ALGO auto. */
-		size_t cnt = a == 0 ? count : 1000;
-		if (khor_allreduce(comm, buf, out, cnt, KHOR_FLOAT32, KHOR_SUM) != KHOR_SUCCESS)
+	for (size_t c = 0; c < 2; c++) {
+		if (khor_allreduce(comm, buf, out, counts[c], KHOR_FLOAT32, KHOR_SUM) != KHOR_SUCCESS)
 			return 11;
-		hashes[(size_t)a * 16 + (size_t)rank] = harness_hash(out, cnt * sizeof(float));
-		free(out);
+		j->hashes[c * 16 + (size_t)rank] = harness_hash(out, counts[c] * sizeof(float));
 	}
 	khor_finalize(comm);
 	free(buf);
+	free(out);
 	return 0;
 }
 
-Test(allreduce, identical_bits_across_ranks_and_runs, .timeout = 120)
+Test(allreduce, identical_bits_across_ranks_and_runs, .timeout = 180)
 {
+	static const char *const algos[] = { "ring", "tree", "rd", "hd" };
 	for (int n = 3; n <= 7; n += 4) {
-		uint64_t *h1 = harness_shared(4096), *h2 = harness_shared(4096);
-		harness_opts o = { .n = n, .deadline_s = 60 };
-		harness_result res;
-		cr_assert(harness_run(&o, body_bits, h1, &res));
-		cr_assert(harness_run(&o, body_bits, h2, &res));
-		for (int a = 0; a < 2; a++) {
-			for (int r = 0; r < n; r++) {
-				cr_expect_eq(h1[a * 16 + r], h1[a * 16], "n=%d: rank %d differs from rank 0",
-				             n, r);
-				cr_expect_eq(h1[a * 16 + r], h2[a * 16 + r], "n=%d: rank %d differs between "
-				             "runs", n, r);
+		for (size_t a = 0; a < 4; a++) {
+			struct bits_job j1 = { algos[a], harness_shared(4096) };
+			struct bits_job j2 = { algos[a], harness_shared(4096) };
+			harness_opts o = { .n = n, .deadline_s = 60 };
+			harness_result res;
+			cr_assert(harness_run(&o, body_bits, &j1, &res));
+			cr_assert(harness_run(&o, body_bits, &j2, &res));
+			for (int c = 0; c < 2; c++) {
+				for (int r = 0; r < n; r++) {
+					cr_expect_eq(j1.hashes[c * 16 + r], j1.hashes[c * 16], "n=%d %s: rank %d "
+					             "differs from rank 0", n, algos[a], r);
+					cr_expect_eq(j1.hashes[c * 16 + r], j2.hashes[c * 16 + r], "n=%d %s: rank "
+					             "%d differs between runs", n, algos[a], r);
+				}
 			}
+			harness_shared_free(j1.hashes, 4096);
+			harness_shared_free(j2.hashes, 4096);
 		}
-		harness_shared_free(h1, 4096);
-		harness_shared_free(h2, 4096);
 	}
 }
 
