@@ -54,7 +54,7 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	while (p * 2 <= n)
 		p *= 2;
 	rem = n - p;
-	coll_wait_begin(cc, &w, kind == COLL_BARRIER ? "barrier seq %u" : "allreduce seq %u", seq, -1);
+	coll_wait_begin(cc, &w, kind == COLL_BARRIER ? "barrier seq %u" : kind == COLL_REDUCESCATTER ? "reduce_scatter seq %u" : "allreduce seq %u", seq, -1);
 
 	/* Fold the first 2*rem ranks in pairs: even -> odd. */
 	if (r < 2 * rem) {

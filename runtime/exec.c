@@ -204,6 +204,41 @@ static int local_index_of(const khor_comm *c, int root)
 	return 0;
 }
 
+/*
+ * Small reduce-scatters are latency-bound: the ring takes n-1 steps, recursive doubling
+ * log2(n). Below the crossover the cost model predicts, reduce everything with recursive
+ * doubling into a temp buffer and keep this rank's block (the extra bytes cost less than
+ * the steps they save). Deterministic like any fixed schedule.
+ */
+static bool rs_by_allreduce(const coll_comm *cc, size_t bytes)
+{
+	const int n = cc->size;
+	if (cc->model.alpha <= 0 || n <= 2)
+		return false;
+	cost_model m = { cc->model.alpha, cc->model.beta, cc->model.gamma, true };
+	double ring = (n - 1) * (m.alpha + (double)bytes / n * m.beta + (double)bytes / n * m.gamma);
+	return cost_allreduce(&m, ALGO_RD, n, bytes, 0) < ring;
+}
+
+static khor_status rd_reduce_scatter(coll_comm *cc, struct khor_request *r, kerr *err)
+{
+	size_t esz = khor_dtype_size(r->dtype), off, len;
+	/* Small by construction; not coll_big, which rd_allreduce may use for its own temp. */
+	uint8_t *tmp = malloc(r->count * esz + 1);
+	khor_status st;
+
+	if (tmp == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "reduce_scatter seq %u: out of memory",
+		                r->seq);
+	st = rd_allreduce(cc, r->sendbuf, tmp, r->count, r->dtype, r->op, r->seq,
+	                  COLL_REDUCESCATTER, err);
+	coll_block(r->count, cc->size, cc->rank, &off, &len);
+	if (st == KHOR_SUCCESS && len > 0)
+		memcpy(r->recvbuf, tmp + off * esz, len * esz);
+	free(tmp);
+	return st;
+}
+
 #define model_of(cc) \
 	((cost_model){ (cc)->model.alpha, (cc)->model.beta, (cc)->model.gamma, true })
 
@@ -265,6 +300,8 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 		return ring_allgather_equal(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->seq,
 		                            err);
 	case COLL_REDUCESCATTER:
+		if (rs_by_allreduce(cc, bytes))
+			return rd_reduce_scatter(cc, r, err);
 		return ring_reduce_scatter(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op,
 		                           r->seq, err);
 	case COLL_ALLTOALL:
