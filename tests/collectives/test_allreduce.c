@@ -1,13 +1,14 @@
 /*
  * test_allreduce.c -- multi-rank allreduce, broadcast and barrier over real TCP links.
  *
- * Every dtype x op x edge count (0, 1, n-1, n, n+1, primes, counts n does not divide), in
+ * Every dtype (f16, bf16, f32, f64, i8, u8, i32, i64) x op x edge count (0, 1, n-1, n, n+1, primes, counts n does not divide), in
  * place and out of place, n = 1..8, for the ring and recursive doubling; tiny slices and
  * several sockets per link so pipelining and striping run on small buffers too. Inputs
  * are small integers so every result is exact and compared element by element with a
  * reference computed in double; outputs are poisoned first so an unwritten element fails.
  */
 #include "../harness.h"
+#include "../../collectives/reduce.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -15,22 +16,32 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const khor_dtype dtypes[] = { KHOR_FLOAT32, KHOR_FLOAT64, KHOR_INT32, KHOR_INT64 };
+static const khor_dtype dtypes[] = { KHOR_FLOAT32, KHOR_FLOAT64, KHOR_INT32, KHOR_INT64,
+                                     KHOR_FLOAT16, KHOR_BFLOAT16, KHOR_INT8, KHOR_UINT8 };
 static const khor_op ops[] = { KHOR_SUM, KHOR_AVG, KHOR_MIN, KHOR_MAX, KHOR_PROD };
 
-/* Input element i of rank r: small integers; for prod only -1, 1, 2 so nothing overflows. */
-static double input_of(int r, size_t i, khor_op op)
+/*
+ * Input element i of rank r: small integers, so every partial result is exact in every dtype
+ * (sums of 8 stay within int8 and uint8; products stay within 2^8 in general and within 4
+ * for the 8-bit types).
+ */
+static double input_of(int r, size_t i, khor_op op, khor_dtype dt)
 {
+	bool narrow = dt == KHOR_INT8 || dt == KHOR_UINT8;
+	if (op == KHOR_PROD && narrow)
+		return (r < 2 && (r + i) % 3 == 0) ? 2 : (dt == KHOR_INT8 && (r + i) % 2 ? -1 : 1);
 	if (op == KHOR_PROD)
 		return (double)((int)((r * 7 + i * 3) % 3) - 1 == 0 ? 2 : (int)((r * 7 + i * 3) % 3) - 1);
+	if (dt == KHOR_UINT8)
+		return (double)((r * 131 + i * 7) % 23);
 	return (double)((long)((r * 131 + i * 7) % 23) - 11);
 }
 
 static double expect_of(int n, size_t i, khor_op op, khor_dtype dt)
 {
-	double acc = input_of(0, i, op);
+	double acc = input_of(0, i, op, dt);
 	for (int r = 1; r < n; r++) {
-		double x = input_of(r, i, op);
+		double x = input_of(r, i, op, dt);
 		switch (op) {
 		case KHOR_SUM: case KHOR_AVG: acc += x; break;
 		case KHOR_MIN: acc = x < acc ? x : acc; break;
@@ -39,10 +50,14 @@ static double expect_of(int n, size_t i, khor_op op, khor_dtype dt)
 		}
 	}
 	if (op == KHOR_AVG) {
-		if (dt == KHOR_INT32 || dt == KHOR_INT64)
+		if (dt == KHOR_INT32 || dt == KHOR_INT64 || dt == KHOR_INT8 || dt == KHOR_UINT8)
 			acc = trunc(acc / n);
 		else if (dt == KHOR_FLOAT32)
 			acc = (double)((float)acc / (float)n);
+		else if (dt == KHOR_FLOAT16) /* widened, divided in float, rounded once */
+			acc = reduce_f16_to_f32(reduce_f32_to_f16((float)acc / (float)n));
+		else if (dt == KHOR_BFLOAT16)
+			acc = reduce_bf16_to_f32(reduce_f32_to_bf16((float)acc / (float)n));
 		else
 			acc = acc / n;
 	}
@@ -56,6 +71,10 @@ static void put(void *buf, khor_dtype dt, size_t i, double v)
 	case KHOR_FLOAT64: ((double *)buf)[i] = v; break;
 	case KHOR_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
 	case KHOR_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
+	case KHOR_FLOAT16: ((uint16_t *)buf)[i] = reduce_f32_to_f16((float)v); break;
+	case KHOR_BFLOAT16: ((uint16_t *)buf)[i] = reduce_f32_to_bf16((float)v); break;
+	case KHOR_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+	case KHOR_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
 	default: break;
 	}
 }
@@ -67,6 +86,10 @@ static double get(const void *buf, khor_dtype dt, size_t i)
 	case KHOR_FLOAT64: return ((const double *)buf)[i];
 	case KHOR_INT32: return ((const int32_t *)buf)[i];
 	case KHOR_INT64: return (double)((const int64_t *)buf)[i];
+	case KHOR_FLOAT16: return reduce_f16_to_f32(((const uint16_t *)buf)[i]);
+	case KHOR_BFLOAT16: return reduce_bf16_to_f32(((const uint16_t *)buf)[i]);
+	case KHOR_INT8: return ((const int8_t *)buf)[i];
+	case KHOR_UINT8: return ((const uint8_t *)buf)[i];
 	default: return NAN;
 	}
 }
@@ -107,7 +130,7 @@ static int body_all(int rank, int n, khor_config *cfg, void *arg)
 				for (int inplace = 0; inplace < 2; inplace++) {
 					uint8_t *in = malloc(count * esz + 1), *out = malloc(count * esz + 1);
 					for (size_t i = 0; i < count; i++)
-						put(in, dt, i, input_of(rank, i, ops[o]));
+						put(in, dt, i, input_of(rank, i, ops[o], dt));
 					memset(out, 0xff, count * esz + 1);
 					if (inplace)
 						memcpy(out, in, count * esz);
