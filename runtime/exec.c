@@ -185,23 +185,16 @@ static bool use_hier(khor_comm *c, size_t bytes)
 }
 
 /* The root's index in its cross group (its host's number) and in its node group. */
-static int host_index_of(const khor_comm *c, int root)
+static void root_position(const khor_comm *c, int root, int *host_out, int *local_out)
 {
-	/* The cross group holds one rank per host in host order; find root's host there. */
-	for (int h = 0; h < c->cross_n; h++)
-		for (int k = 0; k < c->node_n; k++)
-			if (root == c->host_ranks[h * c->node_n + k])
-				return h;
-	return 0;
-}
-
-static int local_index_of(const khor_comm *c, int root)
-{
-	for (int h = 0; h < c->cross_n; h++)
-		for (int k = 0; k < c->node_n; k++)
-			if (root == c->host_ranks[h * c->node_n + k])
-				return k;
-	return 0;
+	*host_out = *local_out = 0;
+	for (int i = 0; i < c->cross_n * c->node_n; i++) {
+		if (c->host_ranks[i] == root) {
+			*host_out = i / c->node_n;
+			*local_out = i % c->node_n;
+			return;
+		}
+	}
 }
 
 /*
@@ -274,10 +267,12 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 			                      r->seq, r->kind, err);
 		}
 	case COLL_BROADCAST:
-		if (use_hier(c, bytes))
-			return hier_broadcast(&c->node_cc, &c->cross_cc, host_index_of(c, r->root),
-			                      local_index_of(c, r->root), r->recvbuf, r->count, r->dtype,
-			                      r->seq, err);
+		if (use_hier(c, bytes)) {
+			int host, local;
+			root_position(c, r->root, &host, &local);
+			return hier_broadcast(&c->node_cc, &c->cross_cc, host, local, r->recvbuf,
+			                      r->count, r->dtype, r->seq, err);
+		}
 		if (c->cfg.rd_max_set ? bytes <= cc->rd_max_bytes
 		                      : cost_pick_broadcast(&model_of(cc), c->size, bytes,
 		                                            cc->slice_bytes) == BCAST_BINOMIAL)
