@@ -151,6 +151,21 @@ KHOR_API const char *khor_comm_error(const khor_comm *comm)
 	return comm->last.text;
 }
 
+KHOR_API khor_status khor_comm_set(khor_comm *comm, const char *key, const char *value)
+{
+	if (comm == NULL)
+		return KHOR_ERR_INVALID_ARG;
+	if (key == NULL || value == NULL)
+		return kerr_set(&comm->last, KHOR_ERR_INVALID_ARG, "rank %d: khor_comm_set: NULL %s",
+		                comm->rank, key == NULL ? "key" : "value");
+	kerr err;
+	kerr_clear(&err);
+	khor_status st = comm_set(comm, key, value, &err);
+	if (st != KHOR_SUCCESS)
+		comm->last = err;
+	return st;
+}
+
 static khor_status bad_arg(khor_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static khor_status bad_arg(khor_comm *c, const char *fmt, ...)

@@ -18,6 +18,9 @@ enum coll_kind {
 	COLL_BARRIER = 2,
 };
 
+/* The allreduce schedules; the numbers are also KHOR_ALGO's and tp_meta_sched's. */
+enum allreduce_algo { ALGO_AUTO = 0, ALGO_RING, ALGO_RD, ALGO_TREE, ALGO_HD };
+
 #define COLL_MAX_TP 2
 
 /* One transport instance the comm's links come from (tcp, shm). */

@@ -117,7 +117,7 @@ khor_status dbtree_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 {
 	const int n = cc->size, r = cc->rank;
 	const size_t esz = khor_dtype_size(dtype);
-	const uint32_t meta = tp_meta_make(COLL_ALLREDUCE, dtype, op);
+	const uint32_t meta = tp_meta_sched(tp_meta_make(COLL_ALLREDUCE, dtype, op), ALGO_TREE);
 	reduce_fn fn = reduce_kernel(dtype, op);
 	const uint8_t *in = sendbuf;
 	uint8_t *out = recvbuf;

@@ -36,7 +36,7 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	const int n = cc->size, r = cc->rank;
 	const size_t esz = khor_dtype_size(dtype), bytes = count * esz;
 	reduce_fn fn = reduce_kernel(dtype, op);
-	const uint32_t meta = tp_meta_make(kind, dtype, op);
+	const uint32_t meta = tp_meta_sched(tp_meta_make(kind, dtype, op), ALGO_RD);
 	uint8_t *out = recvbuf, *tmp;
 	int p = 1, rem, vr;
 	uint32_t step = 0;
@@ -142,7 +142,7 @@ khor_status hd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 {
 	const int n = cc->size, r = cc->rank;
 	const size_t esz = khor_dtype_size(dtype), bytes = count * esz;
-	const uint32_t meta = tp_meta_make(COLL_ALLREDUCE, dtype, op);
+	const uint32_t meta = tp_meta_sched(tp_meta_make(COLL_ALLREDUCE, dtype, op), ALGO_HD);
 	reduce_fn fn = reduce_kernel(dtype, op);
 	uint8_t *out = recvbuf, *tmp;
 	int p = 1, rem, vr, levels = 0;

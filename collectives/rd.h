@@ -7,12 +7,10 @@
 khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size_t count,
                          khor_dtype dtype, khor_op op, uint32_t seq, unsigned kind, kerr *err);
 
-enum allreduce_algo { ALGO_AUTO = 0, ALGO_RING, ALGO_RD, ALGO_TREE, ALGO_HD };
-
 /*
- * Which schedule runs an allreduce of `bytes` on this comm: the forced one, or for AUTO a
- * size threshold (rd up to rd_max_bytes, else ring). The cost-model selection replaces this
- * threshold later; the switch point was measured with khor-bench (docs/PERFORMANCE.md).
+ * Which schedule runs an allreduce of `bytes` on this comm: the forced one, or for AUTO the
+ * cheapest by the cost model (select.h); without a model (KHOR_RD_MAX_BYTES set), rd up to
+ * rd_max_bytes and the ring above.
  */
 enum allreduce_algo allreduce_pick(const coll_comm *cc, enum allreduce_algo forced, size_t bytes);
 

@@ -96,7 +96,7 @@ khor_status ring_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, si
 	for (int i = 0; i < nactive; i++)
 		lanes[i].scratch = (uint8_t *)cc->scratch + (size_t)i * slice_el * esz;
 
-	const uint32_t meta = tp_meta_make(kind, dtype, op);
+	const uint32_t meta = tp_meta_sched(tp_meta_make(kind, dtype, op), ALGO_RING);
 	while (lanes_done < nlanes && st == KHOR_SUCCESS) {
 		bool moved = false;
 

@@ -112,6 +112,17 @@ KHOR_API int khor_cross_size(const khor_comm *comm);
 KHOR_API const char *khor_comm_error(const khor_comm *comm);
 
 /*
+ * Changes a setting of a joined comm for the calls made after it; calls already made (an
+ * i* call still queued) keep the value they were made with. Only KHOR_ALGO and KHOR_HIER
+ * can change; other keys, and values that khor_init would refuse, give
+ * KHOR_ERR_INVALID_ARG with the reason in khor_comm_error. Every rank must make the same
+ * change between the same two calls, like any collective argument: a rank that picks
+ * another algorithm for the same call is seen as a mismatch (an error, never a hang beyond
+ * KHOR_TIMEOUT). Used by khor-bench to compare algorithms inside one job.
+ */
+KHOR_API khor_status khor_comm_set(khor_comm *comm, const char *key, const char *value);
+
+/*
  * Collectives on host memory. Every rank calls them in the same order with the same count,
  * dtype and op. sendbuf == recvbuf means in place.
  */

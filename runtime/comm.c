@@ -242,12 +242,68 @@ static khor_status calibrate(khor_comm *c, kerr *err)
 		st = cost_measure(&c->cc, seq, c->nhosts > 1 ? v + 3 : v, err);
 		memcpy(c->nhosts > 1 ? v : v + 3, c->nhosts > 1 ? v + 3 : v, 3 * sizeof(double));
 	}
+	/* A call of its own: messages of one (comm, seq) must all be of one collective. */
 	if (st == KHOR_SUCCESS)
-		st = rd_allreduce(&c->cc, v, v, 6, KHOR_FLOAT64, KHOR_MAX, seq, COLL_ALLREDUCE, err);
+		st = rd_allreduce(&c->cc, v, v, 6, KHOR_FLOAT64, KHOR_MAX, c->next_seq++,
+		                  COLL_ALLREDUCE, err);
 	if (st != KHOR_SUCCESS)
 		return st;
 	c->inner = (cost_model){ v[0], v[1], v[2], true };
 	c->outer = (cost_model){ v[3], v[4], v[5], true };
+	return KHOR_SUCCESS;
+}
+
+/*
+ * Settings that decide which messages a collective sends must be the same on every rank, or
+ * the ranks run different schedules whose messages never meet and the first collective
+ * waits out KHOR_TIMEOUT. A KHOR_ALGO exported on one host only is an easy mistake: compare
+ * them once at init (an allreduce of each value and its negation, MAX) and name the setting.
+ */
+static khor_status agree_settings(khor_comm *c, const struct khor_config *cfg, kerr *err)
+{
+	const settings *s = &c->cfg;
+	static const char *const algos[] = { "auto", "ring", "rd", "tree", "hd" };
+	static const char *const hiers[] = { "off", "on", "auto" };
+	const struct {
+		const char *name;
+		double v;
+	} mine[] = {
+		{ "KHOR_ALGO", s->algo },
+		{ "KHOR_HIER", s->hier },
+		{ "KHOR_SLICE_BYTES", (double)s->slice_bytes },
+		{ "KHOR_MIN_STRIPE", (double)s->min_stripe },
+		{ "KHOR_RD_MAX_BYTES", s->rd_max_set ? (double)s->rd_max_bytes : -1.0 },
+		{ "KHOR_COST_ALPHA_US", s->cost[0] },
+		{ "KHOR_COST_BETA_GBPS", s->cost[1] },
+		{ "KHOR_COST_GAMMA_GBPS", s->cost[2] },
+	};
+	enum { K = sizeof(mine) / sizeof(mine[0]) };
+	double v[2 * K];
+	khor_status st;
+
+	for (int i = 0; i < K; i++) {
+		v[i] = mine[i].v;
+		v[K + i] = -mine[i].v;
+	}
+	st = rd_allreduce(&c->cc, v, v, 2 * K, KHOR_FLOAT64, KHOR_MAX, c->next_seq++,
+	                  COLL_ALLREDUCE, err);
+	if (st != KHOR_SUCCESS)
+		return st;
+	for (int i = 0; i < K; i++) {
+		if (v[i] == -v[K + i])
+			continue;
+		char here[64];
+		const char *given = config_lookup(cfg, mine[i].name);
+		if (i == 0)
+			snprintf(here, sizeof(here), "%s", algos[s->algo]);
+		else if (i == 1)
+			snprintf(here, sizeof(here), "%s", hiers[s->hier]);
+		else
+			snprintf(here, sizeof(here), "%s", given != NULL ? given : "unset");
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s is %s here but not the same on every "
+		                "rank: set it alike everywhere (or nowhere), since it decides which "
+		                "messages a collective sends", mine[i].name, here);
+	}
 	return KHOR_SUCCESS;
 }
 
@@ -387,6 +443,9 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	c->cc.timeout_ms = s->timeout_ms;
 	c->cc.rd_max_bytes = s->rd_max_bytes;
 	c->cc.algo = s->algo;
+	c->tune_algo = s->algo;
+	c->tune_hier = s->hier;
+	c->run_hier = s->hier;
 	c->cc.spin_ns = s->spin_us * 1000;
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	/*
@@ -398,6 +457,8 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	c->cc.spin_yield = ncpu < 1 || c->on_machine > ncpu;
 	make_group(c, &c->node_cc, 1, c->node_map, c->node_n, c->node_me);
 	make_group(c, &c->cross_cc, 2, c->cross_map, c->cross_n, c->cross_me);
+	if (c->size > 1 && (st = agree_settings(c, cfg, err)) != KHOR_SUCCESS)
+		goto fail;
 	if (s->cost[0] > 0) {
 		c->inner = (cost_model){ s->cost[0], s->cost[1], s->cost[2], true };
 		c->outer = c->inner;

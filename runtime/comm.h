@@ -27,6 +27,7 @@ struct khor_request {
 	/* v forms: per-rank counts and displacements in elements (owned when heap) */
 	size_t *scounts, *sdispls, *rcounts, *rdispls;
 	uint32_t seq;
+	int8_t algo, hier;   /* the comm's KHOR_ALGO and KHOR_HIER when the call was made */
 	bool done;
 	bool heap;           /* made by an i* call; freed by khor_request_free */
 	khor_status status;
@@ -48,6 +49,7 @@ struct khor_comm {
 	int on_machine;       /* ranks sharing this machine (same boot id) */
 	bool hier_ok;         /* every host has the same number (> 1) of ranks, > 1 host */
 	bool hier_blocked;    /* ... and ranks are numbered host by host */
+	int run_hier;         /* KHOR_HIER of the collective running now */
 	int *node_map, node_n, node_me;
 	int *cross_map, cross_n, cross_me;
 	int *host_ranks;      /* [host * node_n + k]: k-th rank of each host (when hier_ok) */
@@ -64,6 +66,9 @@ struct khor_comm {
 	bool worker_started, worker_stop;
 	pthread_t worker;
 	uint32_t next_seq;
+	/* khor_comm_set's KHOR_ALGO and KHOR_HIER, copied into each request at its call, so a
+	 * change never reaches a collective that was already queued. Under mu. */
+	int tune_algo, tune_hier;
 
 	kerr err;            /* sticky: the first failure of a collective */
 	kerr last;           /* the last failed call, e.g. a bad argument */
@@ -77,6 +82,8 @@ khor_status comm_run(khor_comm *c, struct khor_request *req);
 /* Queues req for the collective thread; returns at once. */
 khor_status comm_submit(khor_comm *c, struct khor_request *req);
 khor_status comm_wait(khor_comm *c, struct khor_request *req);
+/* khor_comm_set: KHOR_ALGO or KHOR_HIER for the calls made after it. */
+khor_status comm_set(khor_comm *c, const char *key, const char *value, kerr *err);
 /* Records a failure as the comm's sticky error and tells the other ranks through the store. */
 void comm_fail(khor_comm *c, const kerr *e);
 

@@ -144,6 +144,37 @@ static bool slurm_first_host(const char *list, char *out, size_t len)
 	return o > 0;
 }
 
+khor_status config_parse_algo(const char *p, int *algo, kerr *err)
+{
+	static const char *const names[] = { "auto", "ring", "rd", "tree", "hd" };
+
+	if (p == NULL)
+		p = "auto";
+	for (int i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++) {
+		if (strcmp(p, names[i]) == 0) {
+			*algo = i; /* enum allreduce_algo's order */
+			return KHOR_SUCCESS;
+		}
+	}
+	return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_ALGO='%s': expected ring, tree, rd, hd "
+	                "or auto", p);
+}
+
+khor_status config_parse_hier(const char *p, int *hier, kerr *err)
+{
+	bool on = false;
+
+	if (p == NULL || strcmp(p, "auto") == 0) {
+		*hier = 2;
+		return KHOR_SUCCESS;
+	}
+	if (!kparse_bool(p, &on))
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_HIER='%s': expected on, off or auto",
+		                p);
+	*hier = on ? 1 : 0;
+	return KHOR_SUCCESS;
+}
+
 khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 {
 	int64_t v;
@@ -306,30 +337,8 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	if (ncost != 0 && ncost != 3)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "set all of KHOR_COST_ALPHA_US, "
 		                "KHOR_COST_BETA_GBPS and KHOR_COST_GAMMA_GBPS, or none");
-	p = config_lookup(cfg, "KHOR_HIER");
-	if (p == NULL || strcmp(p, "auto") == 0)
-		s->hier = 2;
-	else if (!kparse_bool(p, &(bool){ false }))
-		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_HIER='%s': expected on, off or auto",
-		                p);
-	else {
-		bool b = false;
-		kparse_bool(p, &b);
-		s->hier = b ? 1 : 0;
-	}
-	p = config_lookup(cfg, "KHOR_ALGO");
-	if (p == NULL || strcmp(p, "auto") == 0)
-		s->algo = 0;
-	else if (strcmp(p, "ring") == 0)
-		s->algo = 1;
-	else if (strcmp(p, "rd") == 0)
-		s->algo = 2;
-	else if (strcmp(p, "tree") == 0)
-		s->algo = 3;
-	else if (strcmp(p, "hd") == 0)
-		s->algo = 4;
-	else
-		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_ALGO='%s': expected ring, tree, rd, "
-		                "hd or auto", p);
+	if ((st = config_parse_hier(config_lookup(cfg, "KHOR_HIER"), &s->hier, err)) ||
+	    (st = config_parse_algo(config_lookup(cfg, "KHOR_ALGO"), &s->algo, err)))
+		return st;
 	return KHOR_SUCCESS;
 }

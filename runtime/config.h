@@ -61,5 +61,8 @@ typedef struct settings {
 const char *config_lookup(const struct khor_config *cfg, const char *name);
 bool config_known(const char *name);
 khor_status config_parse(const struct khor_config *cfg, settings *out, kerr *err);
+/* KHOR_ALGO (NULL = auto) as enum allreduce_algo; KHOR_HIER (NULL = auto) as 0/1/2. */
+khor_status config_parse_algo(const char *value, int *algo, kerr *err);
+khor_status config_parse_hier(const char *value, int *hier, kerr *err);
 
 #endif

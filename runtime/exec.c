@@ -171,9 +171,9 @@ static khor_status run_single(struct khor_request *r, kerr *err)
  */
 static bool use_hier(khor_comm *c, size_t bytes)
 {
-	if (!c->hier_ok || c->cfg.hier == 0)
+	if (!c->hier_ok || c->run_hier == 0)
 		return false;
-	if (c->cfg.hier == 1)
+	if (c->run_hier == 1)
 		return true;
 	double flat;
 	cost_pick_allreduce(&c->outer, c->size, bytes, dbtree_slice_bytes(&c->cc), &flat);
@@ -323,6 +323,9 @@ static khor_status run_one(khor_comm *c, struct khor_request *r)
 	pthread_mutex_unlock(&c->mu);
 	if (st != KHOR_SUCCESS)
 		return st; /* sticky: fail fast with the first error */
+	/* One collective runs at a time, so the groups can take this call's settings. */
+	c->cc.algo = c->node_cc.algo = c->cross_cc.algo = r->algo;
+	c->run_hier = r->hier;
 	st = dispatch(c, r, &err);
 	if (st == KHOR_ERR_TIMEOUT && err.peer >= 0 && c->store != NULL)
 		blame_timeout(c, &err);
@@ -406,6 +409,8 @@ khor_status comm_submit(khor_comm *c, struct khor_request *r)
 	if (st == KHOR_SUCCESS) {
 		r->comm = c;
 		r->seq = c->next_seq++;
+		r->algo = (int8_t)c->tune_algo;
+		r->hier = (int8_t)c->tune_hier;
 		r->done = false;
 		enqueue_locked(c, r);
 		pthread_cond_broadcast(&c->cv);
@@ -453,6 +458,8 @@ khor_status comm_run(khor_comm *c, struct khor_request *r)
 	pthread_mutex_lock(&c->mu);
 	r->comm = c;
 	r->seq = c->next_seq++;
+	r->algo = (int8_t)c->tune_algo;
+	r->hier = (int8_t)c->tune_hier;
 	r->done = false;
 	inline_run = c->q_head == NULL && !c->busy;
 	if (inline_run) {
@@ -478,4 +485,27 @@ khor_status comm_run(khor_comm *c, struct khor_request *r)
 	pthread_cond_broadcast(&c->cv);
 	pthread_mutex_unlock(&c->mu);
 	return st;
+}
+
+khor_status comm_set(khor_comm *c, const char *key, const char *value, kerr *err)
+{
+	int v;
+	khor_status st;
+	bool algo = strcmp(key, "KHOR_ALGO") == 0;
+
+	if (!algo && strcmp(key, "KHOR_HIER") != 0)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "rank %d: khor_comm_set: %s cannot be "
+		                "changed after init (only KHOR_ALGO and KHOR_HIER can)", c->rank, key);
+	st = algo ? config_parse_algo(value, &v, err) : config_parse_hier(value, &v, err);
+	if (st != KHOR_SUCCESS) {
+		kerr_prefix(err, "rank %d: khor_comm_set", c->rank);
+		return st;
+	}
+	pthread_mutex_lock(&c->mu);
+	if (algo)
+		c->tune_algo = v;
+	else
+		c->tune_hier = v;
+	pthread_mutex_unlock(&c->mu);
+	return KHOR_SUCCESS;
 }

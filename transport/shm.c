@@ -311,6 +311,7 @@ struct tp_ctx {
 	uint64_t next_check_ns;
 	unsigned busy_calls;  /* progress(0) calls, to sweep and read the clock now and then */
 	bool handshaking;     /* a link is still connecting: sweep on every call */
+	uint32_t recv_comm, recv_seq; /* the call of the last receive posted */
 	struct pollfd *pfds;
 	tp_link **plinks;
 	size_t pcap;
@@ -714,6 +715,31 @@ static tp_req *posted_take(tp_link *l, const struct rec_hdr *h)
 	return NULL;
 }
 
+/*
+ * No receive matches h yet. If one is posted for the same collective call (comm, seq) by
+ * another allreduce schedule, on any link, the ranks chose different algorithms: their steps need not line up, so waiting would only end at the deadline (a
+ * schedule may wait on another peer first and never post a receive on this link). Fail now.
+ */
+static bool rx_conflict(tp_link *l, const struct rec_hdr *h)
+{
+	char b1[64], b2[64];
+
+	for (tp_link *o = l->ctx->all; o != NULL; o = o->next_all) {
+	for (tp_req *r = o->posted.head; r != NULL; r = r->next) {
+		if (r->tag.comm == h->comm && r->tag.seq == h->seq &&
+		    tp_meta_sched_conflict(r->tag.meta, h->meta)) {
+			link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was sent by "
+			          "%s but this rank posted %s for the same call: the ranks chose "
+			          "different algorithms", h->comm, h->seq,
+			          h->step, tp_meta_str(h->meta, b1, sizeof(b1)),
+			          tp_meta_str(r->tag.meta, b2, sizeof(b2)));
+			return true;
+		}
+	}
+	}
+	return false;
+}
+
 /* The first record of a message met its receive: both sides must agree on what it is. */
 static bool rx_check(tp_link *l, tp_req *r, const struct rec_hdr *h)
 {
@@ -721,7 +747,7 @@ static bool rx_check(tp_link *l, tp_req *r, const struct rec_hdr *h)
 
 	if (h->meta != r->tag.meta) {
 		link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was sent by %s but "
-		          "this rank posted %s: the ranks called different collectives or dtypes/ops",
+		          "this rank posted %s: the ranks called different collectives, dtypes/ops or algorithms",
 		          h->comm, h->seq, h->step, tp_meta_str(h->meta, b1, sizeof(b1)),
 		          tp_meta_str(r->tag.meta, b2, sizeof(b2)));
 		return false;
@@ -752,7 +778,7 @@ static int rx_record(tp_link *l, const struct rec_hdr *h, const uint8_t *payload
 		}
 		r = posted_take(l, h);
 		if (r == NULL)
-			return 0;
+			return rx_conflict(l, h) ? -1 : 0;
 		if (!rx_check(l, r, h))
 			return -1;
 		r->cma = true;
@@ -766,7 +792,7 @@ static int rx_record(tp_link *l, const struct rec_hdr *h, const uint8_t *payload
 		if (h->arg == 0) {
 			r = posted_take(l, h);
 			if (r == NULL)
-				return 0;
+				return rx_conflict(l, h) ? -1 : 0;
 			if (!rx_check(l, r, h))
 				return -1;
 			r->msg_id = h->msg_id;
@@ -1820,6 +1846,14 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 	} else {
 		rl_push(&l->posted, r);
 		l->rescan = true;
+		if (tag.comm != l->ctx->recv_comm || tag.seq != l->ctx->recv_seq) {
+			/* The first receive of a call: records parked on other links are checked
+			 * against it (rx_conflict) once. */
+			l->ctx->recv_comm = tag.comm;
+			l->ctx->recv_seq = tag.seq;
+			for (tp_link *o = l->ctx->all; o != NULL; o = o->next_all)
+				o->rescan = true;
+		}
 	}
 	/* Try at once: a small message usually goes out (or is found) without progress(). */
 	link_drive(l);

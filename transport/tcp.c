@@ -187,6 +187,7 @@ struct tp_ctx {
 	tp_link **incoming;   /* [size]: links opened to us, by peer rank */
 	tp_link **outgoing;   /* [size]: links we opened */
 	struct tsock *all;    /* every socket, for progress and cleanup */
+	uint32_t recv_comm, recv_seq; /* the call of the last receive posted */
 	tp_req *free_reqs;
 };
 
@@ -664,6 +665,24 @@ static bool recv_match(struct tsock *s)
 
 	c = rq_take(s, h);
 	if (c == NULL) {
+		/* A receive for the same call (comm, seq) of another allreduce schedule: the ranks
+		 * chose different algorithms, whose steps need not ever match. Fail now, not at the
+		 * deadline. Look at every link: a schedule may wait on another peer first and
+		 * never post a receive on this one. */
+		for (struct tsock *t = s->ctx->all; t != NULL; t = t->next_all) {
+		for (c = t->rq_head; c != NULL; c = c->next) {
+			if (c->hdr.comm == h->comm && c->hdr.seq == h->seq &&
+			    tp_meta_sched_conflict(c->hdr.meta, h->meta)) {
+				sock_fail(s, KHOR_ERR_PROTOCOL,
+				          "message (comm %u, seq %u, step %u) was sent by %s but this rank "
+				          "posted %s for the same call: the ranks chose different "
+				          "algorithms", h->comm, h->seq, h->step,
+				          tp_meta_str(h->meta, b1, sizeof(b1)),
+				          tp_meta_str(c->hdr.meta, b2, sizeof(b2)));
+				return false;
+			}
+		}
+		}
 		s->parked = true;
 		return true;
 	}
@@ -671,7 +690,7 @@ static bool recv_match(struct tsock *s)
 	if (h->meta != c->hdr.meta) {
 		sock_fail(s, KHOR_ERR_PROTOCOL,
 		          "message (comm %u, seq %u, step %u) was sent by %s but this rank posted %s: "
-		          "the ranks called different collectives or dtypes/ops",
+		          "the ranks called different collectives, dtypes/ops or algorithms",
 		          h->comm, h->seq, h->step, tp_meta_str(h->meta, b1, sizeof(b1)),
 		          tp_meta_str(c->hdr.meta, b2, sizeof(b2)));
 		return false;
@@ -1061,6 +1080,18 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 			c->next = s->rq_head;
 			s->rq_head = c;
 		}
+	}
+	/*
+	 * The first receive of a call: a frame of the same call parked on any socket from another
+	 * schedule is a conflict that recv_match reports (later frames are checked as they park).
+	 */
+	if (!is_send && (tag.comm != l->ctx->recv_comm || tag.seq != l->ctx->recv_seq)) {
+		l->ctx->recv_comm = tag.comm;
+		l->ctx->recv_seq = tag.seq;
+		for (struct tsock *t = l->ctx->all; t != NULL; t = t->next_all)
+			if (t->parked && t->rhdr.comm == tag.comm && t->rhdr.seq == tag.seq &&
+			    tp_meta_sched_conflict(t->rhdr.meta, tag.meta))
+				recv_match(t);
 	}
 	l->pending++;
 	/* Try at once: a small message usually goes out without waiting for progress. */

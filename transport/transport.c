@@ -27,9 +27,11 @@ const char *tp_meta_str(uint32_t meta, char *buf, size_t len)
 	static const char *const dtypes[] = { "float32", "float64", "int32", "int64", "float16",
 	                                      "bfloat16", "int8", "uint8", "bool" };
 	static const char *const ops[] = { "sum", "avg", "min", "max", "prod" };
-	unsigned c = meta >> 16 & 0xff, d = meta >> 8 & 0xff, o = meta & 0xff;
+	static const char *const scheds[] = { "", ", ring", ", recursive doubling",
+	                                      ", double binary tree", ", halving-doubling" };
+	unsigned c = meta >> 16 & 0xff, d = meta >> 8 & 0xff, o = meta & 0xff, s = meta >> 24;
 
-	snprintf(buf, len, "%s %s %s", c < 10 ? colls[c] : "?", d < 9 ? dtypes[d] : "?",
-	         o < 5 ? ops[o] : "?");
+	snprintf(buf, len, "%s %s %s%s", c < 10 ? colls[c] : "?", d < 9 ? dtypes[d] : "?",
+	         o < 5 ? ops[o] : "?", s < 5 ? scheds[s] : ", ?");
 	return buf;
 }

@@ -40,7 +40,7 @@ typedef struct tp_tag {
 	uint32_t comm; /* communicator id */
 	uint32_t seq;  /* collective sequence number on that comm */
 	uint32_t step; /* step (and slice) inside the collective */
-	uint32_t meta; /* not matched but checked: collective kind, dtype, op (tp_meta_make) */
+	uint32_t meta; /* not matched but checked: kind, dtype, op, schedule (tp_meta_make) */
 } tp_tag;
 
 /* meta packs what both sides must agree on, so a mismatch is an error and not a hang. */
@@ -48,7 +48,25 @@ static inline uint32_t tp_meta_make(unsigned coll, unsigned dtype, unsigned op)
 {
 	return (coll & 0xff) << 16 | (dtype & 0xff) << 8 | (op & 0xff);
 }
-/* "allreduce float32 sum"-style text for error messages. */
+/*
+ * The schedule (the allreduce algorithm, enum allreduce_algo: 1 ring, 2 recursive doubling,
+ * 3 double binary tree, 4 halving-doubling) in the top byte: ranks that chose different
+ * algorithms for one call fail on the first frame instead of mixing unrelated steps.
+ */
+static inline uint32_t tp_meta_sched(uint32_t meta, unsigned sched)
+{
+	return (meta & 0xffffffu) | (sched & 0xff) << 24;
+}
+/*
+ * Two frames of one call (comm, seq) come from different allreduce schedules. Other metas
+ * may legitimately differ within one call (a node-aware allreduce runs a reduce-scatter and
+ * then an allgather under the same seq), so only the schedule byte is compared.
+ */
+static inline bool tp_meta_sched_conflict(uint32_t a, uint32_t b)
+{
+	return (a >> 24) != 0 && (b >> 24) != 0 && a != b;
+}
+/* "allreduce float32 sum"-style text (", ring" appended for a schedule) for error messages. */
 const char *tp_meta_str(uint32_t meta, char *buf, size_t len);
 
 static inline bool tp_tag_eq(tp_tag a, tp_tag b)

@@ -368,3 +368,149 @@ Test(allreduce, count_or_dtype_mismatch_is_an_error, .timeout = 60)
 			             res.status[r]);
 	}
 }
+
+/*
+ * khor_comm_set switches the algorithm between calls on a running comm. A non-blocking call
+ * still queued keeps the algorithm it was made with: were the switch applied when the queue
+ * runs it, ranks whose queues drain at different moments would run different schedules for
+ * one call, which the frame headers report as an error.
+ */
+static int body_comm_set(int rank, int n, khor_config *cfg, void *arg)
+{
+	static const char *const algos[] = { "ring", "tree", "rd", "hd", "auto" };
+	enum { C = 3001, K = 5 };
+	static int32_t a[K][C], b[C];
+	char err[1024];
+	khor_comm *comm;
+	khor_request *req[K];
+
+	(void)arg;
+	khor_config_set(cfg, "KHOR_TIMEOUT", "20s");
+	if (khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS)
+		return 10;
+	for (int round = 0; round < 3; round++) {
+		for (int k = 0; k < K; k++) {
+			if (khor_comm_set(comm, "KHOR_ALGO", algos[k]) != KHOR_SUCCESS)
+				return 11;
+			for (int i = 0; i < C; i++)
+				a[k][i] = rank * 7 + k + i;
+			if (khor_iallreduce(comm, a[k], a[k], C, KHOR_INT32, KHOR_SUM, &req[k]))
+				return 12;
+		}
+		/* a blocking call with yet another setting, behind the queued ones */
+		if (khor_comm_set(comm, "KHOR_ALGO", algos[round]) != KHOR_SUCCESS)
+			return 13;
+		for (int i = 0; i < C; i++)
+			b[i] = rank - i;
+		if (khor_allreduce(comm, b, b, C, KHOR_INT32, KHOR_SUM) != KHOR_SUCCESS) {
+			fprintf(stderr, "rank %d: %s\n", rank, khor_comm_error(comm));
+			return 14;
+		}
+		for (int i = 0; i < C; i++)
+			if (b[i] != n * (n - 1) / 2 - n * i)
+				return 15;
+		for (int k = 0; k < K; k++) {
+			if (khor_wait(req[k]) != KHOR_SUCCESS)
+				return 16;
+			khor_request_free(req[k]);
+			for (int i = 0; i < C; i++)
+				if (a[k][i] != 7 * n * (n - 1) / 2 + n * (k + i))
+					return 17;
+		}
+	}
+	/* Refused: a key that cannot change after init, a bad value, NULLs. */
+	if (khor_comm_set(comm, "KHOR_TIMEOUT", "5s") != KHOR_ERR_INVALID_ARG ||
+	    strstr(khor_comm_error(comm), "KHOR_TIMEOUT") == NULL)
+		return 18;
+	if (khor_comm_set(comm, "KHOR_ALGO", "fastest") != KHOR_ERR_INVALID_ARG ||
+	    strstr(khor_comm_error(comm), "fastest") == NULL)
+		return 19;
+	if (khor_comm_set(comm, "KHOR_HIER", "maybe") != KHOR_ERR_INVALID_ARG ||
+	    khor_comm_set(comm, NULL, "on") != KHOR_ERR_INVALID_ARG ||
+	    khor_comm_set(NULL, "KHOR_ALGO", "ring") != KHOR_ERR_INVALID_ARG)
+		return 20;
+	/* A refused setting changed nothing and the comm still works. */
+	int32_t one = 1;
+	if (khor_allreduce(comm, &one, &one, 1, KHOR_INT32, KHOR_SUM) != KHOR_SUCCESS || one != n)
+		return 21;
+	khor_finalize(comm);
+	return 0;
+}
+
+Test(allreduce, comm_set_switches_algorithm_between_calls, .timeout = 120)
+{
+	harness_opts o = { .n = 4, .deadline_s = 100 };
+	harness_result res;
+	cr_assert(harness_run(&o, body_comm_set, NULL, &res), "status %d %d %d %d%s",
+	          res.status[0], res.status[1], res.status[2], res.status[3],
+	          res.timed_out ? " (timed out)" : "");
+}
+
+/* Ranks that run different algorithms for one call get an error naming both, not a hang. */
+static int body_algo_mismatch(int rank, int n, khor_config *cfg, void *arg)
+{
+	char err[1024];
+	khor_comm *comm;
+	static float buf[100000];
+
+	(void)n;
+	(void)arg;
+	khor_config_set(cfg, "KHOR_TIMEOUT", "20s");
+	if (khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS) {
+		fprintf(stderr, "rank %d: init: %s\n", rank, err);
+		return 10;
+	}
+	if (khor_comm_set(comm, "KHOR_ALGO", rank == 0 ? "ring" : "tree") != KHOR_SUCCESS)
+		return 11;
+	khor_status st = khor_allreduce(comm, buf, buf, 100000, KHOR_FLOAT32, KHOR_SUM);
+	if (st == KHOR_SUCCESS)
+		return 20;
+	if (st == KHOR_ERR_TIMEOUT)
+		return 21;
+	const char *e = khor_comm_error(comm);
+	fprintf(stderr, "rank %d saw: %s\n", rank, e);
+	if (strstr(e, "ring") == NULL || strstr(e, "double binary tree") == NULL)
+		return 22;
+	khor_finalize(comm);
+	return 0;
+}
+
+Test(allreduce, different_algorithms_on_ranks_is_an_error, .timeout = 60)
+{
+	harness_opts o = { .n = 4, .deadline_s = 50 };
+	harness_result res;
+	harness_run(&o, body_algo_mismatch, NULL, &res);
+	cr_expect(!res.timed_out);
+	for (int r = 0; r < 4; r++)
+		cr_expect_eq(res.status[r], 0, "rank %d exited %d", r, res.status[r]);
+}
+
+/* KHOR_ALGO set on one rank only is refused at init, by name, on every rank. */
+static int body_algo_env(int rank, int n, khor_config *cfg, void *arg)
+{
+	char err[1024] = "";
+	khor_comm *comm;
+
+	(void)n;
+	(void)arg;
+	if (rank == 2)
+		khor_config_set(cfg, "KHOR_ALGO", "tree");
+	khor_status st = khor_init(cfg, err, sizeof(err), &comm);
+	if (st == KHOR_SUCCESS)
+		return 20;
+	if (st != KHOR_ERR_INVALID_ARG || strstr(err, "KHOR_ALGO") == NULL) {
+		fprintf(stderr, "rank %d: status %d: %s\n", rank, (int)st, err);
+		return 21;
+	}
+	return 0;
+}
+
+Test(allreduce, algo_setting_must_agree_at_init, .timeout = 60)
+{
+	harness_opts o = { .n = 3, .deadline_s = 50 };
+	harness_result res;
+	harness_run(&o, body_algo_env, NULL, &res);
+	cr_expect(!res.timed_out);
+	for (int r = 0; r < 3; r++)
+		cr_expect_eq(res.status[r], 0, "rank %d exited %d", r, res.status[r]);
+}
