@@ -1,66 +1,96 @@
 #!/usr/bin/python3
-"""algo_sweep.py -- khor-bench allreduce with every fixed algorithm and with --algo auto,
-interleaved in one run, and a markdown table of their times and of auto / best fixed.
+"""algo_sweep.py -- every fixed allreduce algorithm and --algo auto in one khor-bench job,
+their calls interleaved, and a markdown table of their times and of auto / best fixed.
 
-  bench/algo_sweep.py -n 2 4 8 -b 8 -e 256M -f 8 -R 3
+  bench/algo_sweep.py -n 2 4 8 -b 8 -e 256M -f 2 -R 3
 
-Each repetition runs ring, tree, rd, hd and auto one after another (so noise hits them
-alike) and the table keeps the median of the repetitions. rd and hd above their useful
-range are skipped where they would be slow (rd above --rd-max)."""
+Each repetition is one job per rank count: `khor-bench allreduce --algo ring,tree,rd,hd,auto`
+switches the algorithm between calls (khor_comm_set) and runs, at each size, rounds of a
+block of calls of every algorithm in turn, so a slow second on a shared machine hits them
+alike. Small sizes (up to --split) get many iterations, large ones few, in two jobs. The
+table keeps the median over the repetitions of each algorithm's time."""
 import argparse, csv, os, statistics, subprocess, sys, tempfile
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-p.add_argument("-n", nargs="+", type=int, default=[2, 4, 8])
-p.add_argument("-b", default="8")
-p.add_argument("-e", default="256M")
-p.add_argument("-f", default="8")
-p.add_argument("-i", "--iters", default="20")
-p.add_argument("-w", "--warmup", default="3")
+p.add_argument("-n", nargs="+", type=int, default=[2, 4, 8], help="rank counts")
+p.add_argument("-b", default="8", help="smallest size")
+p.add_argument("-e", default="256M", help="largest size")
+p.add_argument("-f", default="2", help="size step factor")
+p.add_argument("--split", default="1M", help="sizes up to this get --small-iters, above --large-iters")
+p.add_argument("--small-iters", default="40")
+p.add_argument("--large-iters", default="5")
 p.add_argument("-R", "--repeats", type=int, default=3)
 p.add_argument("-B", "--build", default="build")
-p.add_argument("--algos", nargs="+", default=["ring", "tree", "rd", "hd", "auto"])
-p.add_argument("--rd-max", default="4M", help="largest size measured with rd")
-p.add_argument("--extra", default="", help="extra khor-bench flags")
+p.add_argument("--algos", default="ring,tree,rd,hd,auto")
+p.add_argument("--extra", default="", help="extra khor-bench flags, e.g. '--transport tcp'")
+p.add_argument("--csv", help="also write every sample (n, repeat, algo, size, time_us) here")
 a = p.parse_args()
 
-def size(s):
-    m = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(s[:-1]) * m[s[-1].upper()] if s[-1].upper() in m else int(s)
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
-def run(n, algo):
+
+def size(s):
+    return int(s[:-1]) * UNITS[s[-1].upper()] if s[-1].upper() in UNITS else int(s)
+
+
+def job(n, lo, hi, iters, warmup):
+    """One khor-bench job over sizes lo..hi; {(algo, size): time_us}."""
     with tempfile.NamedTemporaryFile(suffix=".csv", delete=False) as f:
         path = f.name
-    e = a.e
-    if algo == "rd" and size(a.e) > size(a.rd_max):
-        e = a.rd_max
-    cmd = [f"{a.build}/khorrun", "-np", str(n), f"{a.build}/khor-bench", "allreduce", "--algo", algo,
-           "-b", a.b, "-e", e, "-f", a.f, "-n", a.iters, "-w", a.warmup, "-c", "0", "--csv", path] + a.extra.split()
-    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=1800)
+    cmd = [f"{a.build}/khorrun", "-np", str(n), f"{a.build}/khor-bench", "allreduce",
+           "--algo", a.algos, "-b", str(lo), "-e", str(hi), "-f", a.f, "-n", iters,
+           "-w", warmup, "-c", "0", "-q", "--csv", path] + a.extra.split()
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                       timeout=3600)
     if r.returncode != 0:
-        sys.exit(f"failed: {' '.join(cmd)}\n{r.stderr[-2000:]}")
+        sys.exit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-3000:]}")
     out = {}
     with open(path) as f:
         for row in csv.DictReader(f):
-            out[int(row["size"])] = float(row["time_us"])
+            out[(row["algo"], int(row["size"]))] = float(row["time_us"])
     os.unlink(path)
     return out
 
+
+algos = a.algos.split(",")
+fixed = [al for al in algos if al != "auto"]
+lo, hi, split, factor = size(a.b), size(a.e), size(a.split), int(a.f)
+# the first size above split on the -f ladder starting at -b
+big = lo
+while big <= split:
+    big *= factor
+samples_out = []
 print(f"# command: {' '.join(sys.argv)}")
 for n in a.n:
-    samples = {al: {} for al in a.algos}
+    samples = {}
     for rep in range(a.repeats):
-        for al in a.algos:
-            for sz, t in run(n, al).items():
-                samples[al].setdefault(sz, []).append(t)
-            print(f"# n={n} repeat {rep + 1}/{a.repeats} {al} done", file=sys.stderr)
-    sizes = sorted(samples["auto"]) if "auto" in samples else sorted(samples[a.algos[0]])
-    fixed = [al for al in a.algos if al != "auto"]
-    print(f"\n### allreduce float sum, {n} ranks, time in us (median of {a.repeats})\n")
-    print("| size (B) | " + " | ".join(a.algos) + " | best fixed | auto / best |")
-    print("|---:|" + "---:|" * len(a.algos) + "---|---:|")
+        parts = []
+        if lo <= split:
+            parts.append((lo, min(hi, split), a.small_iters, "5"))
+        if big <= hi:
+            parts.append((big, hi, a.large_iters, "1"))
+        for plo, phi, iters, warm in parts:
+            for key, t in job(n, plo, phi, iters, warm).items():
+                samples.setdefault(key, []).append(t)
+                samples_out.append((n, rep + 1, key[0], key[1], t))
+            print(f"# n={n} repeat {rep + 1}/{a.repeats}: {plo}..{phi} B done", file=sys.stderr)
+    sizes = sorted({sz for (_, sz) in samples})
+    print(f"\n### allreduce float sum, {n} ranks, time in us (median of {a.repeats} jobs, "
+          f"algorithms interleaved in each)\n")
+    print("| size (B) | " + " | ".join(algos) + " | best fixed | auto / best |")
+    print("|---:|" + "---:|" * len(algos) + "---|---:|")
+    worst = 0.0
     for sz in sizes:
-        med = {al: statistics.median(samples[al][sz]) for al in a.algos if sz in samples[al]}
+        med = {al: statistics.median(samples[(al, sz)]) for al in algos if (al, sz) in samples}
         best = min((med[al], al) for al in fixed if al in med)
         ratio = med["auto"] / best[0] if "auto" in med else float("nan")
-        cells = " | ".join(f"{med[al]:.1f}" if al in med else "-" for al in a.algos)
+        worst = max(worst, ratio)
+        cells = " | ".join(f"{med[al]:.1f}" if al in med else "-" for al in algos)
         print(f"| {sz} | {cells} | {best[1]} | {ratio:.2f} |")
+    if "auto" in algos:
+        print(f"\nworst auto / best fixed at n = {n}: {worst:.2f}")
+if a.csv:
+    with open(a.csv, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["nranks", "repeat", "algo", "size", "time_us"])
+        w.writerows(samples_out)

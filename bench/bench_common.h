@@ -52,6 +52,9 @@ enum bench_dtype {
 };
 #define BENCH_NDTYPES 8
 enum bench_op { BENCH_SUM, BENCH_AVG, BENCH_MIN, BENCH_MAX, BENCH_PROD };
+#define BENCH_MAX_ALGOS 8
+/* In comparison mode the timed calls run in this many rounds, each algorithm in turn. */
+#define BENCH_ROUNDS 5
 
 /*
  * What a program gives bench_run(). Each collective returns 0 on success and -1 on failure,
@@ -64,6 +67,13 @@ struct bench_backend {
 	const char *library;   /* "khor 0.1.0", printed in the header */
 	const char *transport; /* as asked for: "auto", "shm"; MPI: "ob1/tcp,self" */
 	const char *algo;      /* the algorithm asked for: "auto", "ring", "default" */
+	/*
+	 * Comparison mode (khor-bench --algo ring,tree,auto): nalgos > 1 algorithms, switched
+	 * with set_algo on every rank between calls. nalgos 0 or 1: one algorithm, as algo says.
+	 */
+	int nalgos;
+	const char *algos[BENCH_MAX_ALGOS];
+	int (*set_algo)(struct bench_backend *b, const char *algo);
 	int rank;
 	int size;
 	void *ctx;
@@ -1027,6 +1037,37 @@ static inline const char *bench_check_name(enum bench_check c)
 	return c == BENCH_CHECK_ALL ? "all" : c == BENCH_CHECK_ONCE ? "1" : "0";
 }
 
+static inline int bench_comparing(const struct bench_backend *b)
+{
+	return b->nalgos > 1;
+}
+
+static inline int bench_rounds(const struct bench_args *a)
+{
+	return a->iters < BENCH_ROUNDS ? a->iters : BENCH_ROUNDS;
+}
+
+/* The index of "auto" among the compared algorithms when there is also a fixed one; else -1. */
+static inline int bench_auto_index(const struct bench_backend *b)
+{
+	if (!bench_comparing(b))
+		return -1;
+	for (int k = 0; k < b->nalgos; k++)
+		if (strcmp(b->algos[k], "auto") == 0)
+			return k;
+	return -1;
+}
+
+/* The fastest algorithm other than auto (sec: per algorithm); -1 when there is none. */
+static inline int bench_best_fixed(const struct bench_backend *b, const double *sec)
+{
+	int best = -1, au = bench_auto_index(b);
+	for (int k = 0; k < b->nalgos; k++)
+		if (k != au && (best < 0 || sec[k] < sec[best]))
+			best = k;
+	return best;
+}
+
 static inline void bench_print_header(const struct bench_backend *b, const struct bench_args *a)
 {
 	printf("# %s %s: %d rank%s, ", b->prog, a->coll->name, b->size, b->size == 1 ? "" : "s");
@@ -1038,6 +1079,18 @@ static inline void bench_print_header(const struct bench_backend *b, const struc
 		printf("root %d, ", a->root);
 	printf("iters %d, warmup %d, check %s\n", a->iters, a->warmup, bench_check_name(a->check));
 	printf("# library: %s (transport %s, algo %s)\n", b->library, b->transport, b->algo);
+	if (bench_comparing(b)) {
+		printf("# algorithms interleaved: %d rounds, each runs every algorithm's share of the "
+		       "iterations in turn; time in us per call\n#\n", bench_rounds(a));
+		printf("#%11s  %12s  %8s  %6s", "size", "count", "type", "redop");
+		for (int k = 0; k < b->nalgos; k++)
+			printf("  %8s", b->algos[k]);
+		if (bench_auto_index(b) >= 0)
+			printf("  %6s  %9s", "best", "auto/best");
+		printf("  %6s\n", "#wrong");
+		fflush(stdout);
+		return;
+	}
 	printf("#\n");
 	printf("#%11s  %12s  %8s  %6s  %7s  %6s  %6s  %6s\n", "size", "count", "type", "redop",
 	       "time", "algbw", "busbw", "#wrong");
@@ -1074,6 +1127,27 @@ static inline void bench_print_row(const struct bench_args *a, size_t bytes, siz
 	printf("%12zu  %12zu  %8s  %6s  %7s  %6.2f  %6.2f  %6s\n", bytes, count, bench_row_type(a),
 	       bench_row_redop(a), t, algbw, busbw, w);
 	fflush(stdout); /* one line per size is the progress report of a long sweep */
+}
+
+static inline void bench_print_compare_row(const struct bench_backend *b,
+                                           const struct bench_args *a, size_t bytes,
+                                           size_t count, const double *sec, int64_t wrong)
+{
+	char t[32], w[32];
+	printf("%12zu  %12zu  %8s  %6s", bytes, count, bench_row_type(a), bench_row_redop(a));
+	for (int k = 0; k < b->nalgos; k++) {
+		bench_format_time(t, sizeof t, sec[k] * 1e6);
+		printf("  %8s", t);
+	}
+	int au = bench_auto_index(b), best = bench_best_fixed(b, sec);
+	if (au >= 0 && best >= 0)
+		printf("  %6s  %9.2f", b->algos[best], sec[best] > 0 ? sec[au] / sec[best] : 0.0);
+	if (a->check)
+		snprintf(w, sizeof w, "%6lld", (long long)wrong);
+	else
+		snprintf(w, sizeof w, "%6s", "N/A");
+	printf("  %6s\n", w);
+	fflush(stdout);
 }
 
 /* "64 MiB", "1.5 KiB", "8 B": sizes in progress lines, for people. */
@@ -1141,7 +1215,7 @@ struct bench_progress {
 
 static inline void bench_progress_tick(const struct bench_backend *b, const struct bench_args *a,
                                        struct bench_progress *p, size_t bytes, int done,
-                                       int warmup)
+                                       int total, int warmup)
 {
 	if (b->rank != 0 || a->progress_s <= 0)
 		return;
@@ -1152,44 +1226,44 @@ static inline void bench_progress_tick(const struct bench_backend *b, const stru
 	bench_human_size(size, sizeof size, bytes);
 	if (warmup)
 		fprintf(stderr, "# [%s] %s: warm-up %d of %d, %.0f s so far\n", b->prog, size, done,
-		        a->warmup, elapsed);
+		        total, elapsed);
 	else
 		fprintf(stderr, "# [%s] %s: %d of %d iterations, %.0f s so far\n", b->prog, size, done,
-		        a->iters, elapsed);
+		        total, elapsed);
 	p->next = elapsed + 5 * a->progress_s;
 }
 
+/* Comparison mode: switches every rank to algorithm k before its calls. */
+static inline int bench_use_algo(struct bench_backend *b, int k, size_t bytes)
+{
+	if (!bench_comparing(b))
+		return 0;
+	if (b->set_algo(b, b->algos[k])) {
+		char what[64];
+		snprintf(what, sizeof what, "switching to --algo %s", b->algos[k]);
+		return bench_fail(b, what, bytes);
+	}
+	return 0;
+}
+
 /*
- * Times iters calls after warmup calls. Returns the slowest rank's average seconds per call,
- * as nccl-tests does: a barrier lines the ranks up, each times its own loop, and the maximum
- * over ranks is what a synchronous training step would see. With -c all every call, warm-up
- * included, gets fresh inputs and is checked; then only the calls are timed, each after a
- * barrier so that one rank's slower check is not counted as the next call's time. Adds this
- * rank's wrong elements to *wrong.
+ * ncalls timed calls after a barrier; adds their seconds to *sec. With -c all every call
+ * gets fresh inputs and is checked, and only the call itself is timed, after a barrier of
+ * its own so that one rank's slower check is not counted as the next call's time.
  */
-static inline int bench_time(struct bench_backend *b, const struct bench_args *a,
-                             const struct bench_shape *s, void *sendbuf, void *recvbuf,
-                             size_t bytes, double *sec_out, int64_t *wrong)
+static inline int bench_block(struct bench_backend *b, const struct bench_args *a,
+                              const struct bench_shape *s, void *sendbuf, void *recvbuf,
+                              size_t bytes, int ncalls, struct bench_progress *prog, int *done,
+                              double *sec, int64_t *wrong)
 {
 	const struct bench_coll *c = a->coll;
-	struct bench_progress prog = {bench_now(), a->progress_s};
 	int check_all = a->check == BENCH_CHECK_ALL && c->fill;
-	double mine = 0;
-	/* Warm-up at every size, not once at the largest as nccl-tests does: khor picks its
-	 * algorithm per size and a first call may set up links or buffers for that choice. */
-	for (int i = 0; i < a->warmup; i++) {
-		if (check_all)
-			c->fill(b, a, s, sendbuf, recvbuf);
-		if (c->run(b, a, s, sendbuf, recvbuf))
-			return bench_fail(b, c->name, bytes);
-		if (check_all)
-			*wrong += c->check(b, a, s, recvbuf);
-		bench_progress_tick(b, a, &prog, bytes, i + 1, 1);
-	}
+	double t0, mine = 0;
+
 	if (b->barrier(b))
 		return bench_fail(b, "barrier before the timed loop", bytes);
-	double t0 = bench_now();
-	for (int i = 0; i < a->iters; i++) {
+	t0 = bench_now();
+	for (int i = 0; i < ncalls; i++) {
 		if (check_all) {
 			c->fill(b, a, s, sendbuf, recvbuf);
 			if (b->barrier(b))
@@ -1202,15 +1276,62 @@ static inline int bench_time(struct bench_backend *b, const struct bench_args *a
 			mine += bench_now() - t0;
 			*wrong += c->check(b, a, s, recvbuf);
 		}
-		bench_progress_tick(b, a, &prog, bytes, i + 1, 0);
+		bench_progress_tick(b, a, prog, bytes, ++*done,
+		                    a->iters * (bench_comparing(b) ? b->nalgos : 1), 0);
 	}
 	if (!check_all)
 		mine = bench_now() - t0;
-	mine /= a->iters;
-	double slowest;
-	if (b->allreduce(b, &mine, &slowest, 1, BENCH_F64, BENCH_MAX))
+	*sec += mine;
+	return 0;
+}
+
+/*
+ * Times iters calls after warmup calls. Writes the slowest rank's average seconds per call
+ * to sec_out (one per compared algorithm), as nccl-tests does: a barrier lines the ranks up,
+ * each times its own loop, and the maximum over ranks is what a synchronous training step
+ * would see. In comparison mode the iterations run in rounds, each round a block of calls
+ * of every algorithm in turn, so that a slow second on a shared machine hits them alike.
+ * Adds this rank's wrong elements to *wrong.
+ */
+static inline int bench_time(struct bench_backend *b, const struct bench_args *a,
+                             const struct bench_shape *s, void *sendbuf, void *recvbuf,
+                             size_t bytes, double *sec_out, int64_t *wrong)
+{
+	const struct bench_coll *c = a->coll;
+	struct bench_progress prog = {bench_now(), a->progress_s};
+	int check_all = a->check == BENCH_CHECK_ALL && c->fill;
+	int na = bench_comparing(b) ? b->nalgos : 1;
+	int rounds = bench_comparing(b) ? bench_rounds(a) : 1, done = 0;
+	double mine[BENCH_MAX_ALGOS] = {0};
+	/* Warm-up at every size, not once at the largest as nccl-tests does: khor picks its
+	 * algorithm per size and a first call may set up links or buffers for that choice. */
+	for (int k = 0; k < na; k++) {
+		if (bench_use_algo(b, k, bytes))
+			return -1;
+		for (int i = 0; i < a->warmup; i++) {
+			if (check_all)
+				c->fill(b, a, s, sendbuf, recvbuf);
+			if (c->run(b, a, s, sendbuf, recvbuf))
+				return bench_fail(b, c->name, bytes);
+			if (check_all)
+				*wrong += c->check(b, a, s, recvbuf);
+			bench_progress_tick(b, a, &prog, bytes, k * a->warmup + i + 1, na * a->warmup, 1);
+		}
+	}
+	for (int r = 0; r < rounds; r++) {
+		/* iters split as evenly as it goes: the first iters % rounds rounds get one more */
+		int ncalls = a->iters / rounds + (r < a->iters % rounds);
+		for (int k = 0; k < na; k++) {
+			if (bench_use_algo(b, k, bytes) ||
+			    bench_block(b, a, s, sendbuf, recvbuf, bytes, ncalls, &prog, &done, &mine[k],
+			                wrong))
+				return -1;
+		}
+	}
+	for (int k = 0; k < na; k++)
+		mine[k] /= a->iters;
+	if (b->allreduce(b, mine, sec_out, (size_t)na, BENCH_F64, BENCH_MAX))
 		return bench_fail(b, "allreduce of the times", bytes);
-	*sec_out = slowest;
 	return 0;
 }
 
@@ -1222,10 +1343,14 @@ static inline int bench_verify(struct bench_backend *b, const struct bench_args 
 	const struct bench_coll *c = a->coll;
 	if (!c->fill)
 		return 0;
-	c->fill(b, a, s, sendbuf, recvbuf);
-	if (c->run(b, a, s, sendbuf, recvbuf))
-		return bench_fail(b, c->name, bytes);
-	*wrong += c->check(b, a, s, recvbuf);
+	for (int k = 0; k < (bench_comparing(b) ? b->nalgos : 1); k++) {
+		if (bench_use_algo(b, k, bytes))
+			return -1;
+		c->fill(b, a, s, sendbuf, recvbuf);
+		if (c->run(b, a, s, sendbuf, recvbuf))
+			return bench_fail(b, c->name, bytes);
+		*wrong += c->check(b, a, s, recvbuf);
+	}
 	return 0;
 }
 
@@ -1341,8 +1466,8 @@ static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 	if (rank0 && !a->quiet)
 		bench_print_header(b, a);
 	int64_t wrong_total = 0;
-	double busbw_sum = 0;
-	int rows = 0;
+	double busbw_sum[BENCH_MAX_ALGOS] = {0};
+	int rows = 0, nsizes = 0; /* rows: one per size and algorithm */
 	for (size_t size = a->minbytes;;) {
 		struct bench_shape s;
 		c->shape(c->flags & BENCH_NO_DATA ? 0 : size / esize, b->size, &s);
@@ -1350,9 +1475,9 @@ static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 		/* A size below what the collective can split would time nothing: skip it (-b 2 with
 		 * float, or allgather of 8 bytes over 4 ranks). */
 		if (s.total > 0 || (c->flags & BENCH_NO_DATA)) {
-			double sec;
+			double sec[BENCH_MAX_ALGOS];
 			int64_t mine = 0, wrong = 0;
-			if (bench_time(b, a, &s, sendbuf, recvbuf, bytes, &sec, &mine) ||
+			if (bench_time(b, a, &s, sendbuf, recvbuf, bytes, sec, &mine) ||
 			    (a->check == BENCH_CHECK_ONCE &&
 			     bench_verify(b, a, &s, sendbuf, recvbuf, bytes, &mine))) {
 				status = 1;
@@ -1363,29 +1488,43 @@ static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 				status = 1;
 				break;
 			}
-			double algbw = sec > 0 ? (double)bytes / sec / 1e9 : 0;
-			double busbw = algbw * c->busbw_factor(b->size);
 			wrong_total += wrong;
-			busbw_sum += busbw;
-			if (rank0 && !a->quiet)
-				bench_print_row(a, bytes, s.total, sec * 1e6, algbw, busbw, wrong);
-			if (csv) {
-				fprintf(csv, "%s,", c->name);
-				bench_csv_field(csv, b->library);
-				fputc(',', csv);
-				bench_csv_field(csv, b->transport);
-				fputc(',', csv);
-				bench_csv_field(csv, b->algo);
-				fprintf(csv, ",%d,%zu,%zu,%s,%s,%.6g,%.6g,%.6g,%lld\n", b->size, bytes,
-				        s.total, bench_row_type(a), bench_row_redop(a), sec * 1e6, algbw,
-				        busbw, a->check ? (long long)wrong : -1LL);
+			int na = bench_comparing(b) ? b->nalgos : 1;
+			for (int k = 0; k < na; k++) {
+				const char *algo = bench_comparing(b) ? b->algos[k] : b->algo;
+				double algbw = sec[k] > 0 ? (double)bytes / sec[k] / 1e9 : 0;
+				double busbw = algbw * c->busbw_factor(b->size);
+				busbw_sum[k] += busbw;
+				if (rank0 && !a->quiet && !bench_comparing(b))
+					bench_print_row(a, bytes, s.total, sec[k] * 1e6, algbw, busbw, wrong);
+				if (csv) {
+					fprintf(csv, "%s,", c->name);
+					bench_csv_field(csv, b->library);
+					fputc(',', csv);
+					bench_csv_field(csv, b->transport);
+					fputc(',', csv);
+					bench_csv_field(csv, algo);
+					fprintf(csv, ",%d,%zu,%zu,%s,%s,%.6g,%.6g,%.6g,%lld\n", b->size, bytes,
+					        s.total, bench_row_type(a), bench_row_redop(a), sec[k] * 1e6,
+					        algbw, busbw, a->check ? (long long)wrong : -1LL);
+				}
+				if (json) {
+					fprintf(json, "%s\n  {", rows ? "," : "");
+					if (bench_comparing(b)) {
+						fprintf(json, "\"algo\": ");
+						bench_json_string(json, algo);
+						fprintf(json, ", ");
+					}
+					fprintf(json, "\"size\": %zu, \"count\": %zu, \"time_us\": %.6g, "
+					              "\"algbw_gbs\": %.6g, \"busbw_gbs\": %.6g, \"wrong\": %lld}",
+					        bytes, s.total, sec[k] * 1e6, algbw, busbw,
+					        a->check ? (long long)wrong : -1LL);
+				}
+				rows++;
 			}
-			if (json)
-				fprintf(json, "%s\n  {\"size\": %zu, \"count\": %zu, \"time_us\": %.6g, "
-				              "\"algbw_gbs\": %.6g, \"busbw_gbs\": %.6g, \"wrong\": %lld}",
-				        rows ? "," : "", bytes, s.total, sec * 1e6, algbw, busbw,
-				        a->check ? (long long)wrong : -1LL);
-			rows++;
+			if (rank0 && !a->quiet && bench_comparing(b))
+				bench_print_compare_row(b, a, bytes, s.total, sec, wrong);
+			nsizes++;
 		}
 		if (c->flags & BENCH_NO_DATA)
 			break;
@@ -1397,11 +1536,18 @@ static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 			break;
 		size = next;
 	}
-	double avg_busbw = rows ? busbw_sum / rows : 0.0;
+	double avg_busbw = nsizes ? busbw_sum[0] / nsizes : 0.0;
 	if (rank0 && !a->quiet && status == 0) {
 		printf("# Out of bounds values : %lld %s\n", (long long)wrong_total,
 		       wrong_total ? "FAILED" : "OK");
-		printf("# Avg bus bandwidth    : %g\n", avg_busbw);
+		if (bench_comparing(b)) {
+			printf("# Avg bus bandwidth    :");
+			for (int k = 0; k < b->nalgos; k++)
+				printf(" %s %g%s", b->algos[k], nsizes ? busbw_sum[k] / nsizes : 0.0,
+				       k + 1 < b->nalgos ? "," : "\n");
+		} else {
+			printf("# Avg bus bandwidth    : %g\n", avg_busbw);
+		}
 		printf("#\n");
 	}
 	if (wrong_total)

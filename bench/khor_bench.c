@@ -143,7 +143,45 @@ static const char *kb_error(struct bench_backend *b)
 
 #define KHOR_USAGE                                                                          \
 	"      --transport T     khor's links: tcp, shm, ib or auto (KHOR_TRANSPORT)\n"          \
-	"      --algo A          khor's algorithm: ring, tree, rd, hd or auto (KHOR_ALGO)\n"
+	"      --algo A          khor's algorithm: ring, tree, rd, hd or auto (KHOR_ALGO);\n"    \
+	"                        a list (ring,tree,rd,hd,auto) compares them in one job,\n"      \
+	"                        their calls interleaved, one time column each\n"
+
+static int kb_set_algo(struct bench_backend *b, const char *algo)
+{
+	struct khor_ctx *k = b->ctx;
+	return kb_result(b, khor_comm_set(k->comm, "KHOR_ALGO", algo));
+}
+
+/* --algo a,b,c: the list to compare (nalgos > 1), or nothing for a single name. */
+static char algo_list[256], algo_spec[256]; /* split in place; as given */
+static const char *algo_names[BENCH_MAX_ALGOS];
+static int algo_count;
+
+/* Splits a comma list into algo_names; -1 after a usage error. */
+static int split_algos(const char *v)
+{
+	if (strlen(v) >= sizeof(algo_list)) {
+		fprintf(stderr, PROG ": --algo %s: too long\n", v);
+		return -1;
+	}
+	strcpy(algo_list, v);
+	strcpy(algo_spec, v);
+	algo_count = 0;
+	for (char *save = NULL, *t = strtok_r(algo_list, ",", &save); t;
+	     t = strtok_r(NULL, ",", &save)) {
+		if (algo_count == BENCH_MAX_ALGOS) {
+			fprintf(stderr, PROG ": --algo: at most %d algorithms\n", BENCH_MAX_ALGOS);
+			return -1;
+		}
+		algo_names[algo_count++] = t;
+	}
+	if (algo_count < 2) {
+		fprintf(stderr, PROG ": --algo %s: a list needs two or more names\n", v);
+		return -1;
+	}
+	return 0;
+}
 
 /*
  * khor's own flags, --algo NAME and --transport NAME, become KHOR_ALGO and KHOR_TRANSPORT
@@ -176,7 +214,14 @@ static int take_khor_flags(int argc, char **argv)
 				bench_usage(stderr, PROG, KHOR_USAGE);
 				return -1;
 			}
-			setenv(flags[f].var, v, 1);
+			if (f == 0 && strchr(v, ',')) {
+				if (split_algos(v)) {
+					bench_usage(stderr, PROG, KHOR_USAGE);
+					return -1;
+				}
+			} else {
+				setenv(flags[f].var, v, 1);
+			}
 			taken = true;
 		}
 		if (!taken)
@@ -214,7 +259,9 @@ int main(int argc, char **argv)
 		.size = khor_size(ctx.comm),
 		.ctx = &ctx,
 		.transport = getenv("KHOR_TRANSPORT") ? getenv("KHOR_TRANSPORT") : "auto",
-		.algo = getenv("KHOR_ALGO") ? getenv("KHOR_ALGO") : "auto",
+		.algo = algo_count > 1 ? algo_spec : getenv("KHOR_ALGO") ? getenv("KHOR_ALGO") : "auto",
+		.nalgos = algo_count,
+		.set_algo = kb_set_algo,
 		.allreduce = kb_allreduce,
 		.broadcast = kb_broadcast,
 		.barrier = kb_barrier,
@@ -226,6 +273,16 @@ int main(int argc, char **argv)
 		.scatter = kb_scatter,
 		.error = kb_error,
 	};
+	for (int k = 0; k < algo_count; k++) {
+		b.algos[k] = algo_names[k];
+		/* A bad name is a bad flag: refuse it before the sweep (every rank sees the same). */
+		if (kb_set_algo(&b, algo_names[k])) {
+			if (b.rank == 0)
+				fprintf(stderr, PROG ": --algo: %s\n", kb_error(&b));
+			khor_finalize(ctx.comm);
+			return 2;
+		}
+	}
 	rc = bench_run(&b, &args);
 	st = khor_finalize(ctx.comm);
 	if (st != KHOR_SUCCESS) {
