@@ -123,6 +123,12 @@ int cost_pick_allgather(const cost_model *m, int n, size_t bytes)
 #include <stdlib.h>
 #include <string.h>
 
+static int cmp_u64(const void *x, const void *y)
+{
+	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+	return a < b ? -1 : a > b;
+}
+
 khor_status cost_measure(coll_comm *cc, uint32_t seq, double v[3], kerr *err)
 {
 	enum { SMALL_ITERS = 30, BIG_ITERS = 4, BIG = 1 << 20 };
@@ -142,24 +148,33 @@ khor_status cost_measure(coll_comm *cc, uint32_t seq, double v[3], kerr *err)
 	coll_wait_init(cc, &w, "cost model calibration");
 	if (peer < cc->size) {
 		const uint32_t meta = tp_meta_make(9, KHOR_UINT8, 0);
-		uint64_t t0 = 0, t1 = 0, t2 = 0, t3;
+		uint64_t small[SMALL_ITERS], big = UINT64_MAX;
+		/*
+		 * Per-swap times, then the median (alpha) and the minimum (beta): one preemption of
+		 * a few ms in 30 swaps, common when ranks outnumber cores or the machine is shared,
+		 * moved a mean by 3-10x from run to run, and with it every choice made from it.
+		 */
 		for (int i = 0; i < SMALL_ITERS + 2 && st == KHOR_SUCCESS; i++) {
-			if (i == 2)
-				t0 = kclock_ns(); /* the first swaps also make the link */
 			tp_tag tag = { cc->comm_id, seq, (uint32_t)i, meta };
+			uint64_t t0 = kclock_ns();
 			st = coll_sendrecv(cc, &w, peer, a, 8, peer, b, 8, tag, err);
+			if (i >= 2) /* the first swaps also make the link */
+				small[i - 2] = kclock_ns() - t0;
 		}
-		t1 = kclock_ns();
 		/* Two untimed big swaps first: TCP's congestion window and buffers grow there. */
 		for (int i = 0; i < BIG_ITERS + 2 && st == KHOR_SUCCESS; i++) {
-			if (i == 2)
-				t2 = kclock_ns();
 			tp_tag tag = { cc->comm_id, seq, (uint32_t)(100 + i), meta };
+			uint64_t t0 = kclock_ns();
 			st = coll_sendrecv(cc, &w, peer, a, BIG, peer, b, BIG, tag, err);
+			uint64_t t = kclock_ns() - t0;
+			if (i >= 2 && t < big)
+				big = t;
 		}
-		t3 = kclock_ns();
-		v[0] = (double)(t1 - t0) / 1e9 / SMALL_ITERS;
-		v[1] = ((double)(t3 - t2) / 1e9 / BIG_ITERS - v[0]) / BIG;
+		if (st == KHOR_SUCCESS) {
+			qsort(small, SMALL_ITERS, sizeof(small[0]), cmp_u64);
+			v[0] = (double)small[SMALL_ITERS / 2] / 1e9;
+			v[1] = ((double)big / 1e9 - v[0]) / BIG;
+		}
 		if (v[1] < 1e-12)
 			v[1] = 1e-12;
 	}

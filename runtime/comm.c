@@ -242,6 +242,26 @@ static khor_status calibrate(khor_comm *c, kerr *err)
 		st = cost_measure(&c->cc, seq, c->nhosts > 1 ? v + 3 : v, err);
 		memcpy(c->nhosts > 1 ? v : v + 3, c->nhosts > 1 ? v + 3 : v, 3 * sizeof(double));
 	}
+	/*
+	 * Ranks outnumbering cores share them for as long as a large collective runs, so each
+	 * moves and reduces bytes at cores/ranks of the speed measured: a 1 MiB swap is shorter
+	 * than a scheduler time slice and often runs with its pair alone on the cores. Without
+	 * this the model saw 4 ranks on 2 cores at 2x, 8 at 4x their real bandwidth and kept
+	 * recursive doubling up to 4x too large a size. Latency (alpha, a median of swaps made
+	 * while every rank is busy) already carries the contention. Scaled before the max, so
+	 * machines with different crowding still agree on one model.
+	 */
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	if (ncpu > 0 && c->on_machine > ncpu) {
+		double k = (double)c->on_machine / (double)ncpu;
+		v[1] *= k;
+		v[2] *= k;
+		v[4] *= k;
+		v[5] *= k;
+	}
+	KLOG_DEBUG("cost model measured here: intra alpha %.1f us, %.2f GB/s; inter alpha %.1f us, "
+	           "%.2f GB/s; reduce %.2f GB/s", v[0] * 1e6, v[1] > 0 ? 1e-9 / v[1] : 0.0,
+	           v[3] * 1e6, v[4] > 0 ? 1e-9 / v[4] : 0.0, v[2] > 0 ? 1e-9 / v[2] : 0.0);
 	/* A call of its own: messages of one (comm, seq) must all be of one collective. */
 	if (st == KHOR_SUCCESS)
 		st = rd_allreduce(&c->cc, v, v, 6, KHOR_FLOAT64, KHOR_MAX, c->next_seq++,
