@@ -23,6 +23,7 @@
 #include "../collectives/ring.h"
 #include "../collectives/select.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -223,6 +224,25 @@ static void make_group(const khor_comm *c, coll_comm *g, uint32_t id, const int 
 }
 
 /*
+ * The cores this machine's ranks share: the online CPUs, or fewer when this process may run
+ * on fewer (a container's cpuset, taskset). A set of one core is taken as a rank pinned to
+ * its own core (Slurm's --cpu-bind), which says nothing about the others.
+ */
+static int shared_cores(void)
+{
+	long online = sysconf(_SC_NPROCESSORS_ONLN);
+	int n = online > 0 ? (int)online : 1;
+	cpu_set_t set;
+
+	if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+		int mine = CPU_COUNT(&set);
+		if (mine > 1 && mine < n)
+			n = mine;
+	}
+	return n;
+}
+
+/*
  * Measures the cost model: with node groups, intra-host pairs (node group) and inter-host
  * pairs (cross group) separately; otherwise neighbours in the world. One allreduce(max)
  * over the world then gives every rank the same numbers, so every rank picks the same
@@ -251,8 +271,8 @@ static khor_status calibrate(khor_comm *c, kerr *err)
 	 * while every rank is busy) already carries the contention. Scaled before the max, so
 	 * machines with different crowding still agree on one model.
 	 */
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	if (ncpu > 0 && c->on_machine > ncpu) {
+	int ncpu = shared_cores();
+	if (c->on_machine > ncpu) {
 		double k = (double)c->on_machine / (double)ncpu;
 		v[1] *= k;
 		v[2] *= k;
@@ -467,14 +487,13 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	c->tune_hier = s->hier;
 	c->run_hier = s->hier;
 	c->cc.spin_ns = s->spin_us * 1000;
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	/*
 	 * When this machine has more ranks than cores (counted by boot id, so ranks in network
 	 * namespaces or with pretend host names count too), a spinning rank steals the core its
 	 * peer needs: yield while spinning. With exactly one rank per core, yielding measured
 	 * slower (a syscall and a pass through the scheduler per spin).
 	 */
-	c->cc.spin_yield = ncpu < 1 || c->on_machine > ncpu;
+	c->cc.spin_yield = c->on_machine > shared_cores();
 	make_group(c, &c->node_cc, 1, c->node_map, c->node_n, c->node_me);
 	make_group(c, &c->cross_cc, 2, c->cross_map, c->cross_n, c->cross_me);
 	if (c->size > 1 && (st = agree_settings(c, cfg, err)) != KHOR_SUCCESS)
