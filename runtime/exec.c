@@ -78,7 +78,7 @@ static void log_choice(coll_comm *cc, size_t bytes)
 	cc->logged_buckets |= 1ull << bucket;
 	enum allreduce_algo a = allreduce_pick(cc, (enum allreduce_algo)cc->algo, bytes);
 	KLOG_DEBUG("allreduce %zu B on %d ranks: %s%s (predicted us: ring %.1f, tree %.1f, rd %.1f, "
-	           "hd %.1f)", bytes, cc->size, names[a], cc->algo ? " (forced by KHOR_ALGO)" : "",
+	           "hd %.1f)", bytes, cc->size, names[a], cc->algo ? " (forced: KHOR_ALGO or khor_comm_set)" : "",
 	           cost_allreduce(&m, ALGO_RING, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
 	           cost_allreduce(&m, ALGO_TREE, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
 	           cost_allreduce(&m, ALGO_RD, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,

@@ -717,25 +717,26 @@ static tp_req *posted_take(tp_link *l, const struct rec_hdr *h)
 
 /*
  * No receive matches h yet. If one is posted for the same collective call (comm, seq) by
- * another allreduce schedule, on any link, the ranks chose different algorithms: their steps need not line up, so waiting would only end at the deadline (a
- * schedule may wait on another peer first and never post a receive on this link). Fail now.
+ * another allreduce schedule, on any link, the ranks chose different algorithms: their
+ * steps need not line up, so waiting would only end at the deadline (a schedule may wait on
+ * another peer first and never post a receive on this link). Fail now.
  */
 static bool rx_conflict(tp_link *l, const struct rec_hdr *h)
 {
 	char b1[64], b2[64];
 
 	for (tp_link *o = l->ctx->all; o != NULL; o = o->next_all) {
-	for (tp_req *r = o->posted.head; r != NULL; r = r->next) {
-		if (r->tag.comm == h->comm && r->tag.seq == h->seq &&
-		    tp_meta_sched_conflict(r->tag.meta, h->meta)) {
+		for (tp_req *r = o->posted.head; r != NULL; r = r->next) {
+			if (r->tag.comm != h->comm || r->tag.seq != h->seq ||
+			    !tp_meta_sched_conflict(r->tag.meta, h->meta))
+				continue;
 			link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was sent by "
 			          "%s but this rank posted %s for the same call: the ranks chose "
-			          "different algorithms", h->comm, h->seq,
-			          h->step, tp_meta_str(h->meta, b1, sizeof(b1)),
+			          "different algorithms", h->comm, h->seq, h->step,
+			          tp_meta_str(h->meta, b1, sizeof(b1)),
 			          tp_meta_str(r->tag.meta, b2, sizeof(b2)));
 			return true;
 		}
-	}
 	}
 	return false;
 }

@@ -656,6 +656,22 @@ static struct chunk *rq_take(struct tsock *s, const struct frame_hdr *h)
 	return NULL;
 }
 
+/*
+ * A receive posted on any link for the same call (comm, seq) as h by another allreduce
+ * schedule: the ranks chose different algorithms, whose steps need not ever match, so h
+ * would stay parked until the deadline. Every link, since a schedule may wait on another
+ * peer first and never post a receive on this one.
+ */
+static struct chunk *sched_conflict(tp_ctx *ctx, const struct frame_hdr *h)
+{
+	for (struct tsock *t = ctx->all; t != NULL; t = t->next_all)
+		for (struct chunk *c = t->rq_head; c != NULL; c = c->next)
+			if (c->hdr.comm == h->comm && c->hdr.seq == h->seq &&
+			    tp_meta_sched_conflict(c->hdr.meta, h->meta))
+				return c;
+	return NULL;
+}
+
 /* A header is complete: find its receive or park it. Returns false if the link broke. */
 static bool recv_match(struct tsock *s)
 {
@@ -665,23 +681,14 @@ static bool recv_match(struct tsock *s)
 
 	c = rq_take(s, h);
 	if (c == NULL) {
-		/* A receive for the same call (comm, seq) of another allreduce schedule: the ranks
-		 * chose different algorithms, whose steps need not ever match. Fail now, not at the
-		 * deadline. Look at every link: a schedule may wait on another peer first and
-		 * never post a receive on this one. */
-		for (struct tsock *t = s->ctx->all; t != NULL; t = t->next_all) {
-		for (c = t->rq_head; c != NULL; c = c->next) {
-			if (c->hdr.comm == h->comm && c->hdr.seq == h->seq &&
-			    tp_meta_sched_conflict(c->hdr.meta, h->meta)) {
-				sock_fail(s, KHOR_ERR_PROTOCOL,
-				          "message (comm %u, seq %u, step %u) was sent by %s but this rank "
-				          "posted %s for the same call: the ranks chose different "
-				          "algorithms", h->comm, h->seq, h->step,
-				          tp_meta_str(h->meta, b1, sizeof(b1)),
-				          tp_meta_str(c->hdr.meta, b2, sizeof(b2)));
-				return false;
-			}
-		}
+		c = sched_conflict(s->ctx, h);
+		if (c != NULL) {
+			sock_fail(s, KHOR_ERR_PROTOCOL,
+			          "message (comm %u, seq %u, step %u) was sent by %s but this rank posted "
+			          "%s for the same call: the ranks chose different algorithms", h->comm,
+			          h->seq, h->step, tp_meta_str(h->meta, b1, sizeof(b1)),
+			          tp_meta_str(c->hdr.meta, b2, sizeof(b2)));
+			return false;
 		}
 		s->parked = true;
 		return true;
