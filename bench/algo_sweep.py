@@ -7,18 +7,23 @@ their calls interleaved, and a markdown table of their times and of auto / best 
 Each repetition is one job per rank count: `khor-bench allreduce --algo ring,tree,rd,hd,auto`
 switches the algorithm between calls (khor_comm_set) and runs, at each size, rounds of a
 block of calls of every algorithm in turn, so a slow second on a shared machine hits them
-alike. Small sizes (up to --split) get many iterations, large ones few, in two jobs. The
-table keeps the median over the repetitions of each algorithm's time."""
-import argparse, csv, os, statistics, subprocess, sys, tempfile
+alike. Sizes get many iterations up to --small (many short calls average out the
+scheduler), fewer up to --split, few above, in three jobs. The table keeps the median over
+the repetitions of each algorithm's time, and adds which algorithm auto picked (from one
+KHOR_LOG=debug run) and that algorithm's median against the best: auto / best also carries
+run-to-run noise, picked / best only the quality of the choice."""
+import argparse, csv, os, re, statistics, subprocess, sys, tempfile
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("-n", nargs="+", type=int, default=[2, 4, 8], help="rank counts")
 p.add_argument("-b", default="8", help="smallest size")
 p.add_argument("-e", default="256M", help="largest size")
 p.add_argument("-f", default="2", help="size step factor")
-p.add_argument("--split", default="1M", help="sizes up to this get --small-iters, above --large-iters")
-p.add_argument("--small-iters", default="40")
-p.add_argument("--large-iters", default="5")
+p.add_argument("--small", default="64K", help="sizes up to this get --small-iters")
+p.add_argument("--split", default="4M", help="sizes up to this get --mid-iters, above --large-iters")
+p.add_argument("--small-iters", default="400")
+p.add_argument("--mid-iters", default="60")
+p.add_argument("--large-iters", default="8")
 p.add_argument("-R", "--repeats", type=int, default=3)
 p.add_argument("-B", "--build", default="build")
 p.add_argument("--algos", default="ring,tree,rd,hd,auto")
@@ -52,43 +57,63 @@ def job(n, lo, hi, iters, warmup):
     return out
 
 
+def picks(n):
+    """{size: algorithm} that auto chooses, from KHOR_LOG=debug (one line per power of two)."""
+    cmd = [f"{a.build}/khorrun", "-np", str(n), f"{a.build}/khor-bench", "allreduce",
+           "--algo", "auto", "-b", a.b, "-e", a.e, "-f", a.f, "-n", "1", "-w", "0", "-c", "0",
+           ] + a.extra.split()
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                       timeout=3600, env=dict(os.environ, KHOR_LOG="debug"))
+    out = {}
+    for line in r.stderr.splitlines():
+        m = re.search(r"DEBUG allreduce (\d+) B on \d+ ranks: (\w+) \(predicted", line)
+        if m:
+            out[int(m.group(1))] = m.group(2)
+    return out
+
+
 algos = a.algos.split(",")
 fixed = [al for al in algos if al != "auto"]
-lo, hi, split, factor = size(a.b), size(a.e), size(a.split), int(a.f)
-# the first size above split on the -f ladder starting at -b
-big = lo
-while big <= split:
-    big *= factor
+lo, hi, factor = size(a.b), size(a.e), int(a.f)
+# the -f ladder from -b to -e, cut into the three iteration tiers
+ladder = [lo]
+while ladder[-1] * factor <= hi:
+    ladder.append(ladder[-1] * factor)
+tiers = [([s for s in ladder if s <= size(a.small)], a.small_iters, "20"),
+         ([s for s in ladder if size(a.small) < s <= size(a.split)], a.mid_iters, "3"),
+         ([s for s in ladder if s > size(a.split)], a.large_iters, "1")]
 samples_out = []
 print(f"# command: {' '.join(sys.argv)}")
 for n in a.n:
     samples = {}
     for rep in range(a.repeats):
-        parts = []
-        if lo <= split:
-            parts.append((lo, min(hi, split), a.small_iters, "5"))
-        if big <= hi:
-            parts.append((big, hi, a.large_iters, "1"))
+        parts = [(sz[0], sz[-1], it, w) for sz, it, w in tiers if sz]
         for plo, phi, iters, warm in parts:
             for key, t in job(n, plo, phi, iters, warm).items():
                 samples.setdefault(key, []).append(t)
                 samples_out.append((n, rep + 1, key[0], key[1], t))
             print(f"# n={n} repeat {rep + 1}/{a.repeats}: {plo}..{phi} B done", file=sys.stderr)
+    chosen = picks(n)
     sizes = sorted({sz for (_, sz) in samples})
     print(f"\n### allreduce float sum, {n} ranks, time in us (median of {a.repeats} jobs, "
           f"algorithms interleaved in each)\n")
-    print("| size (B) | " + " | ".join(algos) + " | best fixed | auto / best |")
-    print("|---:|" + "---:|" * len(algos) + "---|---:|")
-    worst = 0.0
+    print("| size (B) | " + " | ".join(algos) + " | best fixed | auto / best | auto picks | picked / best |")
+    print("|---:|" + "---:|" * len(algos) + "---|---:|---|---:|")
+    worst = worst_pick = 0.0
     for sz in sizes:
         med = {al: statistics.median(samples[(al, sz)]) for al in algos if (al, sz) in samples}
         best = min((med[al], al) for al in fixed if al in med)
         ratio = med["auto"] / best[0] if "auto" in med else float("nan")
         worst = max(worst, ratio)
         cells = " | ".join(f"{med[al]:.1f}" if al in med else "-" for al in algos)
-        print(f"| {sz} | {cells} | {best[1]} | {ratio:.2f} |")
+        pick = chosen.get(sz, "?")
+        pratio = med[pick] / best[0] if pick in med else float("nan")
+        if pick in med:
+            worst_pick = max(worst_pick, pratio)
+        print(f"| {sz} | {cells} | {best[1]} | {ratio:.2f} | {pick} | {pratio:.2f} |")
     if "auto" in algos:
-        print(f"\nworst auto / best fixed at n = {n}: {worst:.2f}")
+        print(f"\nworst auto / best fixed at n = {n}: {worst:.2f}; worst picked / best: "
+              f"{worst_pick:.2f}")
 if a.csv:
     with open(a.csv, "w", newline="") as f:
         w = csv.writer(f)

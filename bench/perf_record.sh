@@ -41,9 +41,9 @@ for step in $steps; do
     $py bench/compare.py -c all -n 4 -b 8 -e 16M -f 16 -i 10 -w 2 -R 3 --khor tcp \
       --peers mpi-tcp -o "$out/colls-tcp" >/dev/null ;;
   algos) # issue 3: every allreduce algorithm and auto, interleaved
-    log "algos: n=2 4 8, 8 B .. 256 MiB"
-    $py bench/algo_sweep.py -n 2 4 8 -b 8 -e 256M -f 8 -i 5 -w 1 -R 2 \
-      --extra "--transport tcp" > "$out/algos-tcp.md" ;;
+    log "algos: n=2 4 8, 8 B .. 256 MiB, every power of two"
+    $py bench/algo_sweep.py -n 2 4 8 -b 8 -e 256M -f 2 -R 3 --extra "--transport tcp" \
+      --csv "$out/algos-tcp.csv" > "$out/algos-tcp.md" ;;
   peers) # issue 5: khor's transports against OpenMPI (tcp, vader) and gloo, with a plot
     log "peers: allreduce and allgather, n=2 4"
     $py bench/compare.py -c allreduce allgather -n 2 4 -b 8 -e 16M -f 8 -i 10 -w 2 -R 3 \
