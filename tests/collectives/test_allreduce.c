@@ -331,12 +331,21 @@ static int body_nonblocking(int rank, int n, khor_config *cfg, void *arg)
 	return 0;
 }
 
+/* Runs body on n ranks; every rank must exit 0 before the deadline. */
+static void expect_every_rank_ok(int n, harness_body body, void *arg, const char *what)
+{
+	harness_opts o = { .n = n, .deadline_s = 45 };
+	harness_result res;
+
+	harness_run(&o, body, arg, &res);
+	cr_expect(!res.timed_out, "%s: timed out", what);
+	for (int r = 0; r < n; r++)
+		cr_expect_eq(res.status[r], 0, "%s: rank %d exited %d", what, r, res.status[r]);
+}
+
 Test(allreduce, nonblocking_in_order, .timeout = 60)
 {
-	harness_opts o = { .n = 4, .deadline_s = 50 };
-	harness_result res;
-	cr_assert(harness_run(&o, body_nonblocking, NULL, &res), "status %d %d %d %d",
-	          res.status[0], res.status[1], res.status[2], res.status[3]);
+	expect_every_rank_ok(4, body_nonblocking, NULL, "non-blocking");
 }
 
 /* Ranks that disagree on count or dtype get an error, not a hang or an overrun. */
@@ -362,17 +371,10 @@ static int body_mismatch(int rank, int n, khor_config *cfg, void *arg)
 	return 0;
 }
 
-Test(allreduce, count_or_dtype_mismatch_is_an_error, .timeout = 60)
+Test(allreduce, count_or_dtype_mismatch_is_an_error, .timeout = 100)
 {
-	for (int kind = 0; kind < 2; kind++) {
-		harness_opts o = { .n = 3, .deadline_s = 40 };
-		harness_result res;
-		harness_run(&o, body_mismatch, &kind, &res);
-		cr_expect(!res.timed_out);
-		for (int r = 0; r < 3; r++)
-			cr_expect_eq(res.status[r], 0, "mismatch kind %d: rank %d exited %d", kind, r,
-			             res.status[r]);
-	}
+	for (int kind = 0; kind < 2; kind++)
+		expect_every_rank_ok(3, body_mismatch, &kind, kind == 0 ? "count" : "dtype");
 }
 
 /*
@@ -443,13 +445,9 @@ static int body_comm_set(int rank, int n, khor_config *cfg, void *arg)
 	return 0;
 }
 
-Test(allreduce, comm_set_switches_algorithm_between_calls, .timeout = 120)
+Test(allreduce, comm_set_switches_algorithm_between_calls, .timeout = 60)
 {
-	harness_opts o = { .n = 4, .deadline_s = 100 };
-	harness_result res;
-	cr_assert(harness_run(&o, body_comm_set, NULL, &res), "status %d %d %d %d%s",
-	          res.status[0], res.status[1], res.status[2], res.status[3],
-	          res.timed_out ? " (timed out)" : "");
+	expect_every_rank_ok(4, body_comm_set, NULL, "khor_comm_set");
 }
 
 /* Ranks that run different algorithms for one call get an error naming both, not a hang. */
@@ -483,12 +481,7 @@ static int body_algo_mismatch(int rank, int n, khor_config *cfg, void *arg)
 
 Test(allreduce, different_algorithms_on_ranks_is_an_error, .timeout = 60)
 {
-	harness_opts o = { .n = 4, .deadline_s = 50 };
-	harness_result res;
-	harness_run(&o, body_algo_mismatch, NULL, &res);
-	cr_expect(!res.timed_out);
-	for (int r = 0; r < 4; r++)
-		cr_expect_eq(res.status[r], 0, "rank %d exited %d", r, res.status[r]);
+	expect_every_rank_ok(4, body_algo_mismatch, NULL, "ring against tree");
 }
 
 /* KHOR_ALGO set on one rank only is refused at init, by name, on every rank. */
@@ -513,10 +506,5 @@ static int body_algo_env(int rank, int n, khor_config *cfg, void *arg)
 
 Test(allreduce, algo_setting_must_agree_at_init, .timeout = 60)
 {
-	harness_opts o = { .n = 3, .deadline_s = 50 };
-	harness_result res;
-	harness_run(&o, body_algo_env, NULL, &res);
-	cr_expect(!res.timed_out);
-	for (int r = 0; r < 3; r++)
-		cr_expect_eq(res.status[r], 0, "rank %d exited %d", r, res.status[r]);
+	expect_every_rank_ok(3, body_algo_env, NULL, "KHOR_ALGO on one rank");
 }
