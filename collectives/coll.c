@@ -133,7 +133,7 @@ const char *coll_wait_what(coll_wait *w)
 khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int nxs, kerr *err)
 {
 	khor_status st;
-	uint64_t now, spin_end;
+	uint64_t now, spin_start, spin_end;
 	bool moved = false;
 
 	/*
@@ -147,7 +147,8 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 			mask |= 1u << xs[i].tpi;
 	if (mask == 0)
 		mask = (1u << cc->ntps) - 1;
-	spin_end = kclock_ns() + cc->spin_ns;
+	spin_start = kclock_ns();
+	spin_end = spin_start + cc->spin_ns;
 	for (unsigned i = 1;; i++) {
 		st = coll_progress(cc, 0, mask, &moved, err);
 		if (st != KHOR_SUCCESS || moved)
@@ -165,7 +166,7 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 			 * out our whole spin for every message, 300 us for a 10 us swap. With nothing
 			 * else to run, sched_yield returns at once.
 			 */
-			if (!cc->spin_yield && now + cc->spin_ns >= spin_end + SPIN_PURE_NS)
+			if (!cc->spin_yield && now - spin_start >= SPIN_PURE_NS)
 				sched_yield();
 		}
 	}
