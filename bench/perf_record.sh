@@ -42,7 +42,7 @@ for step in $steps; do
       --peers mpi-tcp -o "$out/colls-tcp" >/dev/null ;;
   algos) # issue 3: every allreduce algorithm and auto, interleaved
     log "algos: n=2 4 8, 8 B .. 256 MiB, every power of two"
-    $py bench/algo_sweep.py -n 2 4 8 -b 8 -e 256M -f 2 -R 3 --extra "--transport tcp" \
+    $py bench/algo_sweep.py -n 2 4 8 -b 8 -e 256M -f 2 -R 5 --extra "--transport tcp" \
       --csv "$out/algos-tcp.csv" > "$out/algos-tcp.md" ;;
   peers) # issue 5: khor's transports against OpenMPI (tcp, vader) and gloo, with a plot
     log "peers: allreduce and allgather, n=2 4"
