@@ -159,8 +159,7 @@ khor_status ring_allgatherv(coll_comm *cc, const void *sendbuf, void *recvbuf,
 	if (st != KHOR_SUCCESS) {
 		for (int li = 0; li < nactive; li++)
 			coll_drain(cc, lanes[li].x, 2);
-		if (strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
-			kerr_prefix(err, "%s (ring, step %d of %d)", coll_wait_what(&w), lanes[0].step, nsteps);
+		coll_wait_fail(&w, err, " (ring, step %d of %d)", lanes[0].step, nsteps);
 	}
 	return st;
 }
@@ -223,8 +222,7 @@ khor_status rd_allgather(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	}
 	if (st != KHOR_SUCCESS) {
 		coll_drain(cc, x, 4);
-		if (strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
-			kerr_prefix(err, "%s (Bruck, round %u)", coll_wait_what(&w), round);
+		coll_wait_fail(&w, err, " (Bruck, round %u)", round);
 	}
 	return st;
 }

@@ -155,7 +155,7 @@ khor_status pairwise_alltoallv(coll_comm *cc, const void *sendbuf, const size_t 
 			coll_drain(cc, slots[i].x, 2);
 	}
 out:
-	if (st != KHOR_SUCCESS && strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
-		kerr_prefix(err, "%s (pairwise%s)", coll_wait_what(&w), sendbuf == recvbuf ? ", in place" : "");
+	if (st != KHOR_SUCCESS)
+		coll_wait_fail(&w, err, " (pairwise%s)", sendbuf == recvbuf ? ", in place" : "");
 	return st;
 }

@@ -104,8 +104,7 @@ khor_status chain_broadcast(coll_comm *cc, void *buf, size_t count, khor_dtype d
 	if (st != KHOR_SUCCESS) {
 		coll_drain(cc, rx, window);
 		coll_drain(cc, tx, window);
-		if (strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
-			kerr_prefix(err, "%s", coll_wait_what(&w));
+		coll_wait_fail(&w, err, " (chain)");
 	}
 	return st;
 }

@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <stdio.h>
+#include <stdarg.h>
 #include <string.h>
 
 khor_status coll_post(coll_comm *cc, coll_xfer *x, int peer, bool is_send, void *buf,
@@ -125,6 +126,20 @@ const char *coll_wait_what(coll_wait *w)
 		w->what = w->buf;
 	}
 	return w->what;
+}
+
+void coll_wait_fail(coll_wait *w, kerr *err, const char *detail, ...)
+{
+	const char *what = coll_wait_what(w);
+	char buf[128];
+	va_list ap;
+
+	if (err->text[0] == '\0' || strncmp(err->text, what, strlen(what)) == 0)
+		return;
+	va_start(ap, detail);
+	vsnprintf(buf, sizeof(buf), detail, ap);
+	va_end(ap);
+	kerr_prefix(err, "%s%s", what, buf);
 }
 
 /* How long a wait spins before it starts to yield the core now and then. */

@@ -113,6 +113,12 @@ void coll_wait_init(coll_comm *cc, coll_wait *w, const char *what);
 void coll_wait_begin(coll_comm *cc, coll_wait *w, const char *fmt, uint32_t seq, int root);
 const char *coll_wait_what(coll_wait *w);
 /*
+ * A collective failed: prefix err with what it was ("allreduce seq 7") and detail (a
+ * printf format, e.g. " (ring, step 3 of 6)"), unless an inner wait already did.
+ */
+void coll_wait_fail(coll_wait *w, kerr *err, const char *detail, ...)
+	__attribute__((format(printf, 3, 4)));
+/*
  * Nothing could advance: drive the transport once (blocking briefly), then enforce the
  * deadline (the error names the peers of the still-pending transfers in xs) and poll for
  * a job abort once a second.

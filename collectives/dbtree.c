@@ -258,8 +258,7 @@ khor_status dbtree_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 		for (int h = 0; h < 2; h++)
 			for (size_t j = 0; j < window; j++)
 				coll_drain(cc, jobs[h][j].x, 3);
-		if (strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
-			kerr_prefix(err, "%s", coll_wait_what(&w));
+		coll_wait_fail(&w, err, ", %zu slices in flight per tree", window);
 	}
 	return st;
 }

@@ -171,8 +171,8 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	}
 	if (st == KHOR_SUCCESS && op == KHOR_AVG && count > 0)
 		reduce_avg_finish(out, count, dtype, n);
-	if (st != KHOR_SUCCESS && strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
-		kerr_prefix(err, "%s (recursive doubling, step %u)", coll_wait_what(&w), step);
+	if (st != KHOR_SUCCESS)
+		coll_wait_fail(&w, err, " (recursive doubling, step %u)", step);
 	return st;
 }
 
@@ -311,7 +311,7 @@ khor_status hd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 		else
 			st = coll_sendrecv(cc, &w, -1, NULL, bytes, r + 1, out, bytes, tag, err);
 	}
-	if (st != KHOR_SUCCESS && strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
-		kerr_prefix(err, "%s step %u", coll_wait_what(&w), step);
+	if (st != KHOR_SUCCESS)
+		coll_wait_fail(&w, err, " step %u", step);
 	return st;
 }

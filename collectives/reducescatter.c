@@ -182,8 +182,7 @@ khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbu
 	if (st != KHOR_SUCCESS) {
 		for (int li = 0; li < nactive; li++)
 			coll_drain(cc, lanes[li].x, 2);
-		if (strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
-			kerr_prefix(err, "%s (ring, step %d of %d)", coll_wait_what(&w), lanes[0].step, nsteps);
+		coll_wait_fail(&w, err, " (ring, step %d of %d)", lanes[0].step, nsteps);
 	}
 	return st;
 }

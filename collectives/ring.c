@@ -173,8 +173,7 @@ khor_status ring_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, si
 	if (st != KHOR_SUCCESS) {
 		for (int li = 0; li < nactive; li++)
 			coll_drain(cc, lanes[li].x, 2);
-		if (err->text[0] != '\0' && strncmp(err->text, coll_wait_what(&w), strlen(coll_wait_what(&w))) != 0)
-			kerr_prefix(err, "%s (step %d of %d)", coll_wait_what(&w), lanes[0].step, nsteps);
+		coll_wait_fail(&w, err, " (step %d of %d)", lanes[0].step, nsteps);
 	}
 	return st;
 }
