@@ -338,7 +338,14 @@ static khor_status run_one(khor_comm *c, struct khor_request *r)
 		void *v;
 		size_t len;
 		kerr e;
-		if (store_get(c->store, "abort", kdeadline_in_ms(300), &v, &len, &e) == KHOR_SUCCESS) {
+		/*
+		 * A peer that closed its link after an error of its own is an echo by construction,
+		 * and the rank that failed first may itself wait these 300 ms before it publishes:
+		 * wait longer for it (seen under load: a rank gave up just before the cause came).
+		 */
+		int64_t wait_ms = strstr(err.text, "after an error on its side") != NULL ? 1500 : 300;
+		if (store_get(c->store, "abort", kdeadline_in_ms(wait_ms), &v, &len, &e) ==
+		    KHOR_SUCCESS) {
 			char mine[KERR_TEXT_MAX];
 			kstrlcpy(mine, err.text, sizeof(mine));
 			kerr_set(&err, KHOR_ERR_REMOTE, "the job was aborted by another rank: %s "
