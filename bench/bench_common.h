@@ -1081,7 +1081,8 @@ static inline void bench_print_header(const struct bench_backend *b, const struc
 	printf("# library: %s (transport %s, algo %s)\n", b->library, b->transport, b->algo);
 	if (bench_comparing(b)) {
 		printf("# algorithms interleaved: %d rounds, each runs every algorithm's share of the "
-		       "iterations in turn; time in us per call\n#\n", bench_rounds(a));
+		       "iterations in turn (starting one later each round); time in us per call, "
+		       "median of the rounds\n#\n", bench_rounds(a));
 		printf("#%11s  %12s  %8s  %6s", "size", "count", "type", "redop");
 		for (int k = 0; k < b->nalgos; k++)
 			printf("  %8s", b->algos[k]);
@@ -1233,6 +1234,18 @@ static inline void bench_progress_tick(const struct bench_backend *b, const stru
 	p->next = elapsed + 5 * a->progress_s;
 }
 
+/* Median of n (<= BENCH_ROUNDS) values; sorts them in place. */
+static inline double bench_median(double *v, int n)
+{
+	for (int i = 1; i < n; i++)
+		for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+			double t = v[j];
+			v[j] = v[j - 1];
+			v[j - 1] = t;
+		}
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 /* Comparison mode: switches every rank to algorithm k before its calls. */
 static inline int bench_use_algo(struct bench_backend *b, int k, size_t bytes)
 {
@@ -1290,7 +1303,11 @@ static inline int bench_block(struct bench_backend *b, const struct bench_args *
  * to sec_out (one per compared algorithm), as nccl-tests does: a barrier lines the ranks up,
  * each times its own loop, and the maximum over ranks is what a synchronous training step
  * would see. In comparison mode the iterations run in rounds, each round a block of calls
- * of every algorithm in turn, so that a slow second on a shared machine hits them alike.
+ * of every algorithm in turn, so that a slow second on a shared machine hits them alike;
+ * each round starts one algorithm later than the one before, so that no algorithm always
+ * runs right after the same other one, and an algorithm's time is the median over the
+ * rounds of the slowest rank's time per call in that round: one block that a preemption
+ * stretched 2x moved the mean of five by 20%, and the median not at all.
  * Adds this rank's wrong elements to *wrong.
  */
 static inline int bench_time(struct bench_backend *b, const struct bench_args *a,
@@ -1302,7 +1319,7 @@ static inline int bench_time(struct bench_backend *b, const struct bench_args *a
 	int check_all = a->check == BENCH_CHECK_ALL && c->fill;
 	int na = bench_comparing(b) ? b->nalgos : 1;
 	int rounds = bench_comparing(b) ? bench_rounds(a) : 1, done = 0;
-	double mine[BENCH_MAX_ALGOS] = {0};
+	double mine[BENCH_MAX_ALGOS * BENCH_ROUNDS] = {0}, all[BENCH_MAX_ALGOS * BENCH_ROUNDS];
 	/* Warm-up at every size, not once at the largest as nccl-tests does: khor picks its
 	 * algorithm per size and a first call may set up links or buffers for that choice. */
 	for (int k = 0; k < na; k++) {
@@ -1321,17 +1338,20 @@ static inline int bench_time(struct bench_backend *b, const struct bench_args *a
 	for (int r = 0; r < rounds; r++) {
 		/* iters split as evenly as it goes: the first iters % rounds rounds get one more */
 		int ncalls = a->iters / rounds + (r < a->iters % rounds);
-		for (int k = 0; k < na; k++) {
+		for (int j = 0; j < na; j++) {
+			int k = (j + r) % na;
+			double *sec = &mine[k * rounds + r];
 			if (bench_use_algo(b, k, bytes) ||
-			    bench_block(b, a, s, sendbuf, recvbuf, bytes, ncalls, &prog, &done, &mine[k],
+			    bench_block(b, a, s, sendbuf, recvbuf, bytes, ncalls, &prog, &done, sec,
 			                wrong))
 				return -1;
+			*sec /= ncalls > 0 ? ncalls : 1;
 		}
 	}
-	for (int k = 0; k < na; k++)
-		mine[k] /= a->iters;
-	if (b->allreduce(b, mine, sec_out, (size_t)na, BENCH_F64, BENCH_MAX))
+	if (b->allreduce(b, mine, all, (size_t)(na * rounds), BENCH_F64, BENCH_MAX))
 		return bench_fail(b, "allreduce of the times", bytes);
+	for (int k = 0; k < na; k++)
+		sec_out[k] = bench_median(&all[k * rounds], rounds);
 	return 0;
 }
 
