@@ -23,6 +23,21 @@ enum allreduce_algo { ALGO_AUTO = 0, ALGO_RING, ALGO_RD, ALGO_TREE, ALGO_HD };
 
 #define COLL_MAX_TP 2
 
+/*
+ * The cost model (select.h) that picks schedules: alpha s per message, beta s per byte on a
+ * link, gamma s per byte reduced; ring_slice is the ring's pipeline slice (each slice is a
+ * message of its own) and cache the bytes of last-level cache one rank can count on keeping
+ * a step's data in (0: don't count on any). Every rank of a comm holds the same values.
+ */
+typedef struct cost_model {
+	double alpha;
+	double beta;
+	double gamma;
+	bool valid;
+	double ring_slice;
+	double cache;
+} cost_model;
+
 /* One transport instance the comm's links come from (tcp, shm). */
 typedef struct coll_tp {
 	const struct transport_ops *ops;
@@ -51,9 +66,7 @@ typedef struct coll_comm {
 	int algo;             /* enum allreduce_algo forced by KHOR_ALGO */
 	uint64_t spin_ns;     /* busy-poll this long before sleeping in epoll */
 	bool spin_yield;      /* more ranks than cores here: yield the core while spinning */
-	struct {
-		double alpha, beta, gamma; /* the cost model (select.h); valid when alpha > 0 */
-	} model;
+	cost_model model;     /* select.h; valid when alpha > 0 */
 	uint64_t logged_buckets; /* sizes (log2) whose algorithm choice was logged */
 	unsigned poll_count;     /* coll_progress calls, to poll idle transports now and then */
 	size_t pick_cache_bytes; /* allreduce_pick's last size + 1 (0 = none) and its answer */

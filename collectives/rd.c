@@ -186,9 +186,8 @@ enum allreduce_algo allreduce_pick(const coll_comm *cc, enum allreduce_algo forc
 		/* The choice depends only on the size: remember it per exact size seen last. */
 		if (cc->pick_cache_bytes == bytes + 1)
 			return (enum allreduce_algo)cc->pick_cache_algo;
-		cost_model m = { cc->model.alpha, cc->model.beta, cc->model.gamma, true };
 		double t;
-		int a = cost_pick_allreduce(&m, cc->size, bytes, dbtree_slice_bytes(cc), &t);
+		int a = cost_pick_allreduce(&cc->model, cc->size, bytes, dbtree_slice_bytes(cc), &t);
 		((coll_comm *)cc)->pick_cache_bytes = bytes + 1;
 		((coll_comm *)cc)->pick_cache_algo = a;
 		return (enum allreduce_algo)a;

@@ -16,13 +16,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-typedef struct cost_model {
-	double alpha; /* s per message */
-	double beta;  /* s per byte on a link */
-	double gamma; /* s per byte reduced */
-	bool valid;
-} cost_model;
-
 enum bcast_algo { BCAST_BINOMIAL = 0, BCAST_CHAIN };
 enum allgather_algo { AG_RD = 0, AG_RING };
 

@@ -242,6 +242,88 @@ static int shared_cores(void)
 	return n;
 }
 
+/* CPUs in a sysfs list such as "0-3,8-11"; 0 when unreadable. */
+static int count_cpu_list(const char *s)
+{
+	int n = 0;
+
+	while (*s >= '0' && *s <= '9') {
+		char *end;
+		long a = strtol(s, &end, 10), b = a;
+		if (*end == '-')
+			b = strtol(end + 1, &end, 10);
+		if (b >= a)
+			n += (int)(b - a + 1);
+		s = *end == ',' ? end + 1 : end;
+	}
+	return n;
+}
+
+/*
+ * Bytes of last-level cache one of ranks_here ranks can count on: the biggest data or
+ * unified cache of cpu0 (sysfs), times how many of them the machine has (online CPUs over
+ * the CPUs sharing one), over the ranks. sysfs rather than sysconf: on a 2-core VM glibc's
+ * LEVEL3_CACHE_SIZE said 256 MiB (the host's), sysfs 32 MiB shared by both cores. 0 when
+ * unknown, and 0 when ranks outnumber cores: they take turns on a core and each evicts
+ * what the last one left, pipelined or not (measured: with 4 and 8 ranks on 2 cores
+ * halving-doubling stayed level with the ring up to 256 MiB).
+ */
+static double cache_share(int ranks_here, int cores)
+{
+	long size = 0;
+	int shared = 1, best_level = 0;
+
+	if (ranks_here < 1 || ranks_here > cores)
+		return 0;
+	for (int i = 0; i < 16; i++) {
+		char path[96], type[32] = "", list[256] = "";
+		int level = 0;
+		long sz = 0;
+		char unit = 0;
+		FILE *f;
+
+		snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+		if ((f = fopen(path, "r")) == NULL)
+			break;
+		if (fscanf(f, "%d", &level) != 1)
+			level = 0;
+		fclose(f);
+		snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+		if ((f = fopen(path, "r")) != NULL) {
+			if (fscanf(f, "%31s", type) != 1)
+				type[0] = 0;
+			fclose(f);
+		}
+		if (level <= best_level || strcmp(type, "Instruction") == 0)
+			continue;
+		snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+		if ((f = fopen(path, "r")) != NULL) {
+			if (fscanf(f, "%ld%c", &sz, &unit) < 1)
+				sz = 0;
+			fclose(f);
+		}
+		sz *= unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1;
+		snprintf(path, sizeof path,
+		         "/sys/devices/system/cpu/cpu0/cache/index%d/shared_cpu_list", i);
+		if ((f = fopen(path, "r")) != NULL) {
+			if (fgets(list, sizeof list, f) == NULL)
+				list[0] = 0;
+			fclose(f);
+		}
+		if (sz > 0) {
+			int k = count_cpu_list(list);
+			best_level = level;
+			size = sz;
+			shared = k > 0 ? k : 1;
+		}
+	}
+	if (size <= 0)
+		return 0;
+	long online = sysconf(_SC_NPROCESSORS_ONLN);
+	int domains = online > shared ? (int)(online / shared) : 1;
+	return (double)size * domains / ranks_here;
+}
+
 /*
  * Measures the cost model: with node groups, intra-host pairs (node group) and inter-host
  * pairs (cross group) separately; otherwise neighbours in the world. One allreduce(max)
@@ -250,7 +332,7 @@ static int shared_cores(void)
  */
 static khor_status calibrate(khor_comm *c, kerr *err)
 {
-	double v[6] = { 0, 0, 0, 0, 0, 0 };
+	double v[7] = { 0, 0, 0, 0, 0, 0, 0 };
 	khor_status st;
 	uint32_t seq = c->next_seq++;
 
@@ -272,6 +354,7 @@ static khor_status calibrate(khor_comm *c, kerr *err)
 	 * machines with different crowding still agree on one model.
 	 */
 	int ncpu = shared_cores();
+	v[6] = -cache_share(c->on_machine, ncpu); /* the max of -x is the smallest cache */
 	if (c->on_machine > ncpu) {
 		double k = (double)c->on_machine / (double)ncpu;
 		v[1] *= k;
@@ -284,12 +367,12 @@ static khor_status calibrate(khor_comm *c, kerr *err)
 	           v[3] * 1e6, v[4] > 0 ? 1e-9 / v[4] : 0.0, v[2] > 0 ? 1e-9 / v[2] : 0.0);
 	/* A call of its own: messages of one (comm, seq) must all be of one collective. */
 	if (st == KHOR_SUCCESS)
-		st = rd_allreduce(&c->cc, v, v, 6, KHOR_FLOAT64, KHOR_MAX, c->next_seq++,
+		st = rd_allreduce(&c->cc, v, v, 7, KHOR_FLOAT64, KHOR_MAX, c->next_seq++,
 		                  COLL_ALLREDUCE, err);
 	if (st != KHOR_SUCCESS)
 		return st;
-	c->inner = (cost_model){ v[0], v[1], v[2], true };
-	c->outer = (cost_model){ v[3], v[4], v[5], true };
+	c->inner = (cost_model){ v[0], v[1], v[2], true, 0, -v[6] };
+	c->outer = (cost_model){ v[3], v[4], v[5], true, 0, -v[6] };
 	return KHOR_SUCCESS;
 }
 
@@ -499,27 +582,24 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	if (c->size > 1 && (st = agree_settings(c, cfg, err)) != KHOR_SUCCESS)
 		goto fail;
 	if (s->cost[0] > 0) {
-		c->inner = (cost_model){ s->cost[0], s->cost[1], s->cost[2], true };
+		c->inner = (cost_model){ s->cost[0], s->cost[1], s->cost[2], true, 0, 0 };
 		c->outer = c->inner;
 	} else if ((st = calibrate(c, err)) != KHOR_SUCCESS) {
 		goto fail;
 	}
 	/* Flat schedules are only as fast as the slowest links they cross. */
 	const cost_model *flat = c->nhosts > 1 ? &c->outer : &c->inner;
-	c->cc.model.alpha = flat->alpha;
-	c->cc.model.beta = flat->beta;
-	c->cc.model.gamma = flat->gamma;
-	c->node_cc.model.alpha = c->inner.alpha;
-	c->node_cc.model.beta = c->inner.beta;
-	c->node_cc.model.gamma = c->inner.gamma;
-	c->cross_cc.model.alpha = c->outer.alpha;
-	c->cross_cc.model.beta = c->outer.beta;
-	c->cross_cc.model.gamma = c->outer.gamma;
+	c->inner.ring_slice = c->outer.ring_slice = (double)s->slice_bytes;
+	c->cc.model = *flat;
+	c->node_cc.model = c->inner;
+	c->cross_cc.model = c->outer;
 	KLOG_INFO("cost model (%s): intra-host alpha %.1f us, link %.2f GB/s; inter-host alpha "
-	          "%.1f us, link %.2f GB/s; reduce %.2f GB/s; %d host(s), node-aware %s",
+	          "%.1f us, link %.2f GB/s; reduce %.2f GB/s; cache %.1f MiB per rank; %d host(s), "
+	          "node-aware %s",
 	          s->cost[0] > 0 ? "from KHOR_COST_*" : "measured at init", c->inner.alpha * 1e6,
 	          1e-9 / c->inner.beta, c->outer.alpha * 1e6, 1e-9 / c->outer.beta,
-	          1e-9 / c->inner.gamma, c->nhosts, c->hier_ok ? "possible" : "off");
+	          1e-9 / c->inner.gamma, c->inner.cache / (1 << 20), c->nhosts,
+	          c->hier_ok ? "possible" : "off");
 	KLOG_INFO("joined job '%s' as rank %d of %d (local %d/%d, cross %d/%d) via %s; "
 	          "transports: %s at %s%s%s", s->job_id, c->rank, c->size, c->local_rank,
 	          c->local_size, c->cross_rank, c->cross_size, s->source, "tcp",

@@ -69,7 +69,7 @@ static void log_choice(coll_comm *cc, size_t bytes)
 {
 	static const char *const names[] = { "auto", "ring", "rd", "tree", "hd" };
 	int bucket = 0;
-	cost_model m = { cc->model.alpha, cc->model.beta, cc->model.gamma, cc->model.alpha > 0 };
+	const cost_model *m = &cc->model;
 
 	while (bucket < 63 && (1ull << (bucket + 1)) <= bytes)
 		bucket++;
@@ -79,10 +79,10 @@ static void log_choice(coll_comm *cc, size_t bytes)
 	enum allreduce_algo a = allreduce_pick(cc, (enum allreduce_algo)cc->algo, bytes);
 	KLOG_DEBUG("allreduce %zu B on %d ranks: %s%s (predicted us: ring %.1f, tree %.1f, rd %.1f, "
 	           "hd %.1f)", bytes, cc->size, names[a], cc->algo ? " (forced: KHOR_ALGO or khor_comm_set)" : "",
-	           cost_allreduce(&m, ALGO_RING, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
-	           cost_allreduce(&m, ALGO_TREE, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
-	           cost_allreduce(&m, ALGO_RD, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
-	           cost_allreduce(&m, ALGO_HD, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6);
+	           cost_allreduce(m, ALGO_RING, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
+	           cost_allreduce(m, ALGO_TREE, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
+	           cost_allreduce(m, ALGO_RD, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
+	           cost_allreduce(m, ALGO_HD, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6);
 }
 
 /* Equal-block allgather through the v schedule: counts all equal, packed in rank order. */
@@ -208,9 +208,9 @@ static bool rs_by_allreduce(const coll_comm *cc, size_t bytes)
 	const int n = cc->size;
 	if (cc->model.alpha <= 0 || n <= 2)
 		return false;
-	cost_model m = { cc->model.alpha, cc->model.beta, cc->model.gamma, true };
-	double ring = (n - 1) * (m.alpha + (double)bytes / n * m.beta + (double)bytes / n * m.gamma);
-	return cost_allreduce(&m, ALGO_RD, n, bytes, 0) < ring;
+	const cost_model *m = &cc->model;
+	double ring = (n - 1) * (m->alpha + (double)bytes / n * m->beta + (double)bytes / n * m->gamma);
+	return cost_allreduce(m, ALGO_RD, n, bytes, 0) < ring;
 }
 
 static khor_status rd_reduce_scatter(coll_comm *cc, struct khor_request *r, kerr *err)
@@ -231,9 +231,6 @@ static khor_status rd_reduce_scatter(coll_comm *cc, struct khor_request *r, kerr
 	free(tmp);
 	return st;
 }
-
-#define model_of(cc) \
-	((cost_model){ (cc)->model.alpha, (cc)->model.beta, (cc)->model.gamma, true })
 
 /* Picks the schedule for one collective and runs it. */
 static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
@@ -274,7 +271,7 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 			                      r->count, r->dtype, r->seq, err);
 		}
 		if (c->cfg.rd_max_set ? bytes <= cc->rd_max_bytes
-		                      : cost_pick_broadcast(&model_of(cc), c->size, bytes,
+		                      : cost_pick_broadcast(&cc->model, c->size, bytes,
 		                                            cc->slice_bytes) == BCAST_BINOMIAL)
 			return binomial_broadcast(cc, r->recvbuf, r->count, r->dtype, r->root, r->seq, err);
 		return chain_broadcast(cc, r->recvbuf, r->count, r->dtype, r->root, r->seq, err);
@@ -289,7 +286,7 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 			return ring_allgatherv(cc, r->sendbuf, r->recvbuf, r->rcounts, r->rdispls,
 			                       r->dtype, r->seq, err);
 		if (c->cfg.rd_max_set ? bytes * (size_t)c->size <= cc->rd_max_bytes
-		                      : cost_pick_allgather(&model_of(cc), c->size,
+		                      : cost_pick_allgather(&cc->model, c->size,
 		                                            bytes * (size_t)c->size) == AG_RD)
 			return rd_allgather(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->seq, err);
 		return ring_allgather_equal(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->seq,

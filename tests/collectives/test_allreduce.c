@@ -9,6 +9,7 @@
  */
 #include "../harness.h"
 #include "../../collectives/reduce.h"
+#include "../../collectives/select.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -507,4 +508,39 @@ static int body_algo_env(int rank, int n, khor_config *cfg, void *arg)
 Test(allreduce, algo_setting_must_agree_at_init, .timeout = 60)
 {
 	expect_every_rank_ok(3, body_algo_env, NULL, "KHOR_ALGO on one rank");
+}
+
+/*
+ * The cost model alone, with fixed numbers: at 2 ranks the ring and halving-doubling move
+ * the same bytes, so what separates them is the ring's slices (a message each) and
+ * halving-doubling's whole halves outgrowing the cache before they are folded.
+ */
+Test(cost_model, ring_slices_and_cache_spills_separate_ring_and_hd)
+{
+	cost_model m = { 10e-6, 1 / 2e9, 1 / 10e9, true, 512 << 10, 16 << 20 };
+	const size_t MiB = 1 << 20;
+
+	/* One slice per chunk: the same messages and bytes, a tie, and ties go to the ring. */
+	cr_expect_float_eq(cost_allreduce(&m, ALGO_RING, 2, MiB, 0),
+	                   cost_allreduce(&m, ALGO_HD, 2, MiB, 0), 1e-12);
+	cr_expect_eq(cost_pick_allreduce(&m, 2, MiB, 128 << 10, NULL), ALGO_RING);
+	/* 4 MiB: eight ring messages against two; the 2 MiB halves (6 MiB folded) still fit. */
+	cr_expect_eq(cost_pick_allreduce(&m, 2, 4 * MiB, 128 << 10, NULL), ALGO_HD);
+	cr_expect_float_eq(cost_allreduce(&m, ALGO_RING, 2, 4 * MiB, 0) -
+	                       cost_allreduce(&m, ALGO_HD, 2, 4 * MiB, 0),
+	                   6 * m.alpha, 1e-9);
+	/* 16 MiB: halves of 8 MiB need 24 MiB cached, one more pass over them: 8 MiB x gamma. */
+	cost_model nocache = m;
+	nocache.cache = 0;
+	cr_expect_float_eq(cost_allreduce(&m, ALGO_HD, 2, 16 * MiB, 0) -
+	                       cost_allreduce(&nocache, ALGO_HD, 2, 16 * MiB, 0),
+	                   8 * MiB * m.gamma, 1e-9);
+	cr_expect_float_eq(cost_allreduce(&m, ALGO_HD, 2, 4 * MiB, 0),
+	                   cost_allreduce(&nocache, ALGO_HD, 2, 4 * MiB, 0), 1e-12);
+	cr_expect_eq(cost_pick_allreduce(&m, 2, 64 * MiB, 128 << 10, NULL), ALGO_RING);
+	/* Without a cache to count on (ranks outnumber cores) the ring's 128 messages lose. */
+	cr_expect_eq(cost_pick_allreduce(&nocache, 2, 64 * MiB, 128 << 10, NULL), ALGO_HD);
+	/* The pipelined schedules never spill. */
+	cr_expect_float_eq(cost_allreduce(&m, ALGO_TREE, 8, 64 * MiB, 128 << 10),
+	                   cost_allreduce(&nocache, ALGO_TREE, 8, 64 * MiB, 128 << 10), 1e-12);
 }
