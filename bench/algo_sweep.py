@@ -11,7 +11,10 @@ alike. Sizes get many iterations up to --small (many short calls average out the
 scheduler), fewer up to --split, few above, in three jobs. The table keeps the median over
 the repetitions of each algorithm's time, and adds which algorithm auto picked (from one
 KHOR_LOG=debug run) and that algorithm's median against the best: auto / best also carries
-run-to-run noise, picked / best only the quality of the choice."""
+run-to-run noise, picked / best only the quality of the choice. "paired" is the median over
+the jobs of auto's time over the best algorithm's time in the same job: the whole job moves
+with the machine (the same call took 61 and 99 ms in two jobs), the ratio inside one much
+less. --from-csv tabulates the samples of an earlier run instead of running jobs."""
 import argparse, csv, os, re, statistics, subprocess, sys, tempfile
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -29,6 +32,8 @@ p.add_argument("-B", "--build", default="build")
 p.add_argument("--algos", default="ring,tree,rd,hd,auto")
 p.add_argument("--extra", default="", help="extra khor-bench flags, e.g. '--transport tcp'")
 p.add_argument("--csv", help="also write every sample (n, repeat, algo, size, time_us) here")
+p.add_argument("--from-csv", help="tabulate these samples (a --csv of an earlier run), run no jobs")
+p.add_argument("--picks", action="store_true", help="with --from-csv: still run the KHOR_LOG=debug job")
 a = p.parse_args()
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -72,6 +77,13 @@ def picks(n):
     return out
 
 
+def paired_ratio(by_job, x, y, sz):
+    """Median over the jobs that ran both of x's time / y's time at size sz."""
+    tx, ty = by_job.get((x, sz), {}), by_job.get((y, sz), {})
+    r = [tx[j] / ty[j] for j in tx if j in ty and ty[j] > 0]
+    return statistics.median(r) if r else float("nan")
+
+
 algos = a.algos.split(",")
 fixed = [al for al in algos if al != "auto"]
 lo, hi, factor = size(a.b), size(a.e), int(a.f)
@@ -83,37 +95,62 @@ tiers = [([s for s in ladder if s <= size(a.small)], a.small_iters, "20"),
          ([s for s in ladder if size(a.small) < s <= size(a.split)], a.mid_iters, "3"),
          ([s for s in ladder if s > size(a.split)], a.large_iters, "1")]
 samples_out = []
+earlier = {}
+if a.from_csv:
+    with open(a.from_csv) as f:
+        for row in csv.DictReader(f):
+            earlier.setdefault(int(row["nranks"]), []).append(
+                (int(row["repeat"]), row["algo"], int(row["size"]), float(row["time_us"])))
+    a.n = sorted(earlier)
+    a.repeats = max(rep for rows in earlier.values() for rep, *_ in rows)
 print(f"# command: {' '.join(sys.argv)}")
 for n in a.n:
     samples = {}
-    for rep in range(a.repeats):
+    by_job = {}  # (algo, size) -> {repeat: time}
+    for rep, al, sz, t in sorted(earlier.get(n, [])):
+        samples.setdefault((al, sz), []).append(t)
+        by_job.setdefault((al, sz), {})[rep] = t
+        samples_out.append((n, rep, al, sz, t))
+    for rep in range(a.repeats if not a.from_csv else 0):
         parts = [(sz[0], sz[-1], it, w) for sz, it, w in tiers if sz]
         for plo, phi, iters, warm in parts:
             for key, t in job(n, plo, phi, iters, warm).items():
                 samples.setdefault(key, []).append(t)
+                by_job.setdefault(key, {})[rep + 1] = t
                 samples_out.append((n, rep + 1, key[0], key[1], t))
             print(f"# n={n} repeat {rep + 1}/{a.repeats}: {plo}..{phi} B done", file=sys.stderr)
-    chosen = picks(n)
+    # from a CSV: the build's model now need not be the one that ran then
+    chosen = picks(n) if not a.from_csv or a.picks else {}
     sizes = sorted({sz for (_, sz) in samples})
     print(f"\n### allreduce float sum, {n} ranks, time in us (median of {a.repeats} jobs, "
           f"algorithms interleaved in each)\n")
-    print("| size (B) | " + " | ".join(algos) + " | best fixed | auto / best | auto picks | picked / best |")
-    print("|---:|" + "---:|" * len(algos) + "---|---:|---|---:|")
-    worst = worst_pick = 0.0
+    print("| size (B) | " + " | ".join(algos) +
+          " | best fixed | auto / best | paired | auto picks | picked / best |")
+    print("|---:|" + "---:|" * len(algos) + "---|---:|---:|---|---:|")
+    worst = worst_pick = worst_paired = 0.0
     for sz in sizes:
         med = {al: statistics.median(samples[(al, sz)]) for al in algos if (al, sz) in samples}
         best = min((med[al], al) for al in fixed if al in med)
         ratio = med["auto"] / best[0] if "auto" in med else float("nan")
         worst = max(worst, ratio)
         cells = " | ".join(f"{med[al]:.1f}" if al in med else "-" for al in algos)
+        paired = paired_ratio(by_job, "auto", best[1], sz)
+        worst_paired = max(worst_paired, paired)
         pick = chosen.get(sz, "?")
         pratio = med[pick] / best[0] if pick in med else float("nan")
         if pick in med:
             worst_pick = max(worst_pick, pratio)
-        print(f"| {sz} | {cells} | {best[1]} | {ratio:.2f} | {pick} | {pratio:.2f} |")
+        print(f"| {sz} | {cells} | {best[1]} | {ratio:.2f} | {paired:.2f} | {pick} | "
+              f"{pratio:.2f} |")
     if "auto" in algos:
-        print(f"\nworst auto / best fixed at n = {n}: {worst:.2f}; worst picked / best: "
-              f"{worst_pick:.2f}")
+        print(f"\nworst auto / best fixed at n = {n}: {worst:.2f} (paired {worst_paired:.2f}); "
+              "worst picked / best: " + (f"{worst_pick:.2f}" if chosen else "-"))
+    if "ring" in algos and "tree" in algos:
+        big = [sz for sz in sizes if sz >= 16 << 20]
+        if big:
+            print(f"\nring time / tree time at n = {n}, paired (below 1: ring faster): " +
+                  ", ".join(f"{sz >> 20} MiB {paired_ratio(by_job, 'ring', 'tree', sz):.2f}"
+                            for sz in big))
 if a.csv:
     with open(a.csv, "w", newline="") as f:
         w = csv.writer(f)

@@ -145,7 +145,8 @@ static const char *kb_error(struct bench_backend *b)
 	"      --transport T     khor's links: tcp, shm, ib or auto (KHOR_TRANSPORT)\n"          \
 	"      --algo A          khor's algorithm: ring, tree, rd, hd or auto (KHOR_ALGO);\n"    \
 	"                        a list (ring,tree,rd,hd,auto) compares them in one job,\n"      \
-	"                        their calls interleaved, one time column each\n"
+	"                        their calls interleaved in rounds, one time column\n"           \
+	"                        each (the median of the rounds)\n"
 
 static int kb_set_algo(struct bench_backend *b, const char *algo)
 {
