@@ -299,6 +299,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	}
 	if (o->ppn < 2)
 		o->use[M_HIER] = false;
+	/* As the runtime: each ring slice is a message. No cache term: hosts unknown here. */
+	o->outer.ring_slice = o->inner.ring_slice = (double)o->slice;
 	return 0;
 }
 

@@ -259,6 +259,21 @@ static int count_cpu_list(const char *s)
 	return n;
 }
 
+/* The first line of cpu0's cache attribute index<i>/<name> into buf; false if unreadable. */
+static bool cache_attr(int i, const char *name, char *buf, int len)
+{
+	char path[96];
+	FILE *f;
+	bool ok;
+
+	snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/%s", i, name);
+	if ((f = fopen(path, "r")) == NULL)
+		return false;
+	ok = fgets(buf, len, f) != NULL;
+	fclose(f);
+	return ok;
+}
+
 /*
  * Bytes of last-level cache one of ranks_here ranks can count on: the biggest data or
  * unified cache of cpu0 (sysfs), times how many of them the machine has (online CPUs over
@@ -270,58 +285,34 @@ static int count_cpu_list(const char *s)
  */
 static double cache_share(int ranks_here, int cores)
 {
-	long size = 0;
+	double size = 0;
 	int shared = 1, best_level = 0;
+	char buf[256];
 
 	if (ranks_here < 1 || ranks_here > cores)
 		return 0;
-	for (int i = 0; i < 16; i++) {
-		char path[96], type[32] = "", list[256] = "";
-		int level = 0;
-		long sz = 0;
-		char unit = 0;
-		FILE *f;
+	for (int i = 0; i < 16 && cache_attr(i, "level", buf, sizeof buf); i++) {
+		int level = atoi(buf);
+		char *unit;
+		double sz;
 
-		snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
-		if ((f = fopen(path, "r")) == NULL)
-			break;
-		if (fscanf(f, "%d", &level) != 1)
-			level = 0;
-		fclose(f);
-		snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
-		if ((f = fopen(path, "r")) != NULL) {
-			if (fscanf(f, "%31s", type) != 1)
-				type[0] = 0;
-			fclose(f);
-		}
-		if (level <= best_level || strcmp(type, "Instruction") == 0)
+		if (level <= best_level ||
+		    (cache_attr(i, "type", buf, sizeof buf) && strncmp(buf, "Instruction", 11) == 0) ||
+		    !cache_attr(i, "size", buf, sizeof buf))
 			continue;
-		snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
-		if ((f = fopen(path, "r")) != NULL) {
-			if (fscanf(f, "%ld%c", &sz, &unit) < 1)
-				sz = 0;
-			fclose(f);
-		}
-		sz *= unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1;
-		snprintf(path, sizeof path,
-		         "/sys/devices/system/cpu/cpu0/cache/index%d/shared_cpu_list", i);
-		if ((f = fopen(path, "r")) != NULL) {
-			if (fgets(list, sizeof list, f) == NULL)
-				list[0] = 0;
-			fclose(f);
-		}
-		if (sz > 0) {
-			int k = count_cpu_list(list);
-			best_level = level;
-			size = sz;
-			shared = k > 0 ? k : 1;
-		}
+		sz = strtod(buf, &unit);
+		sz *= *unit == 'K' ? 1024 : *unit == 'M' ? 1024 * 1024 : 1;
+		if (sz <= 0)
+			continue;
+		best_level = level;
+		size = sz;
+		shared = cache_attr(i, "shared_cpu_list", buf, sizeof buf) ? count_cpu_list(buf) : 1;
+		if (shared < 1)
+			shared = 1;
 	}
-	if (size <= 0)
-		return 0;
 	long online = sysconf(_SC_NPROCESSORS_ONLN);
 	int domains = online > shared ? (int)(online / shared) : 1;
-	return (double)size * domains / ranks_here;
+	return size * domains / ranks_here;
 }
 
 /*
