@@ -9,8 +9,9 @@ switches the algorithm between calls (khor_comm_set) and runs, at each size, rou
 block of calls of every algorithm in turn, so a slow second on a shared machine hits them
 alike. Sizes get many iterations up to --small (many short calls average out the
 scheduler), fewer up to --split, few above, in three jobs. The table keeps the median over
-the repetitions of each algorithm's time, and adds which algorithm auto picked (from one
-KHOR_LOG=debug run) and that algorithm's median against the best: auto / best also carries
+the repetitions of each algorithm's time, and adds which algorithm auto picked (from --pick-jobs
+KHOR_LOG=debug jobs, the most frequent choice, with how many of them made it when they
+disagreed) and that algorithm's median against the best: auto / best also carries
 run-to-run noise, picked / best only the quality of the choice. "paired" is the median over
 the jobs of auto's time over the best algorithm's time in the same job: the whole job moves
 with the machine (the same call took 61 and 99 ms in two jobs), the ratio inside one much
@@ -33,7 +34,9 @@ p.add_argument("--algos", default="ring,tree,rd,hd,auto")
 p.add_argument("--extra", default="", help="extra khor-bench flags, e.g. '--transport tcp'")
 p.add_argument("--csv", help="also write every sample (n, repeat, algo, size, time_us) here")
 p.add_argument("--from-csv", help="tabulate these samples (a --csv of an earlier run), run no jobs")
-p.add_argument("--picks", action="store_true", help="with --from-csv: still run the KHOR_LOG=debug job")
+p.add_argument("--picks", action="store_true", help="with --from-csv: still run the KHOR_LOG=debug jobs")
+p.add_argument("--pick-jobs", type=int, default=3,
+               help="KHOR_LOG=debug jobs that record auto's choice (each calibrates anew)")
 a = p.parse_args()
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -120,7 +123,12 @@ for n in a.n:
                 samples_out.append((n, rep + 1, key[0], key[1], t))
             print(f"# n={n} repeat {rep + 1}/{a.repeats}: {plo}..{phi} B done", file=sys.stderr)
     # from a CSV: the build's model now need not be the one that ran then
-    chosen = picks(n) if not a.from_csv or a.picks else {}
+    runs = [picks(n) for _ in range(a.pick_jobs)] if not a.from_csv or a.picks else []
+    chosen, votes = {}, {}
+    for sz in sorted({sz for r in runs for sz in r}):
+        got = [r[sz] for r in runs if sz in r]
+        chosen[sz] = max(set(got), key=got.count)  # the most frequent choice
+        votes[sz] = len(got) - got.count(chosen[sz])
     sizes = sorted({sz for (_, sz) in samples})
     print(f"\n### allreduce float sum, {n} ranks, time in us (median of {a.repeats} jobs, "
           f"algorithms interleaved in each)\n")
@@ -140,7 +148,11 @@ for n in a.n:
         pratio = med[pick] / best[0] if pick in med else float("nan")
         if pick in med:
             worst_pick = max(worst_pick, pratio)
-        print(f"| {sz} | {cells} | {best[1]} | {ratio:.2f} | {paired:.2f} | {pick} | "
+        if votes.get(sz):
+            pick_cell = f"{pick} ({len(runs) - votes[sz]}/{len(runs)})"
+        else:
+            pick_cell = pick
+        print(f"| {sz} | {cells} | {best[1]} | {ratio:.2f} | {paired:.2f} | {pick_cell} | "
               f"{pratio:.2f} |")
     if "auto" in algos:
         print(f"\nworst auto / best fixed at n = {n}: {worst:.2f} (paired {worst_paired:.2f}); "

@@ -1081,8 +1081,8 @@ static inline void bench_print_header(const struct bench_backend *b, const struc
 	printf("# library: %s (transport %s, algo %s)\n", b->library, b->transport, b->algo);
 	if (bench_comparing(b)) {
 		printf("# algorithms interleaved: %d rounds, each runs every algorithm's share of the "
-		       "iterations in turn (starting one later each round); time in us per call, "
-		       "median of the rounds\n#\n", bench_rounds(a));
+		       "iterations in turn (starting one later each round, every other round in "
+		       "reverse); time in us per call, median of the rounds\n#\n", bench_rounds(a));
 		printf("#%11s  %12s  %8s  %6s", "size", "count", "type", "redop");
 		for (int k = 0; k < b->nalgos; k++)
 			printf("  %8s", b->algos[k]);
@@ -1304,8 +1304,9 @@ static inline int bench_block(struct bench_backend *b, const struct bench_args *
  * each times its own loop, and the maximum over ranks is what a synchronous training step
  * would see. In comparison mode the iterations run in rounds, each round a block of calls
  * of every algorithm in turn, so that a slow second on a shared machine hits them alike;
- * each round starts one algorithm later than the one before, so that no algorithm always
- * runs right after the same other one, and an algorithm's time is the median over the
+ * each round starts one algorithm later than the one before, and every other round runs
+ * them in reverse order, so that no algorithm always runs right after the same other one
+ * (a rotation alone keeps the cyclic order), and an algorithm's time is the median over the
  * rounds of the slowest rank's time per call in that round: one block that a preemption
  * stretched 2x moved the mean of five by 20%, and the median not at all.
  * Adds this rank's wrong elements to *wrong.
@@ -1339,7 +1340,7 @@ static inline int bench_time(struct bench_backend *b, const struct bench_args *a
 		/* iters split as evenly as it goes: the first iters % rounds rounds get one more */
 		int ncalls = a->iters / rounds + (r < a->iters % rounds);
 		for (int j = 0; j < na; j++) {
-			int k = (j + r) % na;
+			int k = ((r % 2 == 0 ? j : na - 1 - j) + r) % na;
 			double *sec = &mine[k * rounds + r];
 			if (bench_use_algo(b, k, bytes) ||
 			    bench_block(b, a, s, sendbuf, recvbuf, bytes, ncalls, &prog, &done, sec,
