@@ -9,8 +9,9 @@ switches the algorithm between calls (khor_comm_set) and runs, at each size, rou
 block of calls of every algorithm in turn, so a slow second on a shared machine hits them
 alike. Sizes get many iterations up to --small (many short calls average out the
 scheduler), fewer up to --split, few above, in three jobs. The table keeps the median over
-the repetitions of each algorithm's time, and adds which algorithm auto picked (from --pick-jobs
-KHOR_LOG=debug jobs, the most frequent choice, with how many of them made it when they
+the repetitions of each algorithm's time, and adds which algorithm auto picked (read from
+the jobs' own KHOR_LOG=debug lines, each job calibrating its own model, plus --pick-jobs
+jobs that only record it: the most frequent choice, with how many jobs made it when they
 disagreed) and that algorithm's median against the best: auto / best also carries
 run-to-run noise, picked / best only the quality of the choice. "paired" is the median over
 the jobs of auto's time over the best algorithm's time in the same job: the whole job moves
@@ -35,8 +36,8 @@ p.add_argument("--extra", default="", help="extra khor-bench flags, e.g. '--tran
 p.add_argument("--csv", help="also write every sample (n, repeat, algo, size, time_us) here")
 p.add_argument("--from-csv", help="tabulate these samples (a --csv of an earlier run), run no jobs")
 p.add_argument("--picks", action="store_true", help="with --from-csv: still run the KHOR_LOG=debug jobs")
-p.add_argument("--pick-jobs", type=int, default=3,
-               help="KHOR_LOG=debug jobs that record auto's choice (each calibrates anew)")
+p.add_argument("--pick-jobs", type=int, default=0,
+               help="extra jobs that only record auto's choice (each calibrates anew)")
 a = p.parse_args()
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -46,15 +47,26 @@ def size(s):
     return int(s[:-1]) * UNITS[s[-1].upper()] if s[-1].upper() in UNITS else int(s)
 
 
+def auto_picks(stderr):
+    """{size: algorithm} auto chose, from rank 0's KHOR_LOG=debug lines (one per power of two;
+    forced choices are marked and skipped; a size is filed under its power of two)."""
+    out = {}
+    for line in stderr.splitlines():
+        m = re.search(r"^\[0\].*DEBUG allreduce (\d+) B on \d+ ranks: (\w+) \(predicted", line)
+        if m and int(m.group(1)) > 0:
+            out[1 << (int(m.group(1)).bit_length() - 1)] = m.group(2)
+    return out
+
+
 def job(n, lo, hi, iters, warmup):
-    """One khor-bench job over sizes lo..hi; {(algo, size): time_us}."""
+    """One khor-bench job over sizes lo..hi; {(algo, size): time_us} and auto's picks in it."""
     with tempfile.NamedTemporaryFile(suffix=".csv", delete=False) as f:
         path = f.name
     cmd = [f"{a.build}/khorrun", "-np", str(n), f"{a.build}/khor-bench", "allreduce",
            "--algo", a.algos, "-b", str(lo), "-e", str(hi), "-f", a.f, "-n", iters,
            "-w", warmup, "-c", "0", "-q", "--csv", path] + a.extra.split()
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                       timeout=3600)
+                       timeout=3600, env=dict(os.environ, KHOR_LOG="debug"))
     if r.returncode != 0:
         sys.exit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-3000:]}")
     out = {}
@@ -62,7 +74,7 @@ def job(n, lo, hi, iters, warmup):
         for row in csv.DictReader(f):
             out[(row["algo"], int(row["size"]))] = float(row["time_us"])
     os.unlink(path)
-    return out
+    return out, auto_picks(r.stderr)
 
 
 def picks(n):
@@ -72,12 +84,7 @@ def picks(n):
            ] + a.extra.split()
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                        timeout=3600, env=dict(os.environ, KHOR_LOG="debug"))
-    out = {}
-    for line in r.stderr.splitlines():
-        m = re.search(r"DEBUG allreduce (\d+) B on \d+ ranks: (\w+) \(predicted", line)
-        if m:
-            out[int(m.group(1))] = m.group(2)
-    return out
+    return auto_picks(r.stderr)
 
 
 def paired_ratio(by_job, x, y, sz):
@@ -114,16 +121,22 @@ for n in a.n:
         samples.setdefault((al, sz), []).append(t)
         by_job.setdefault((al, sz), {})[rep] = t
         samples_out.append((n, rep, al, sz, t))
+    runs = []  # auto's picks: one dict per job that calibrated a model
     for rep in range(a.repeats if not a.from_csv else 0):
         parts = [(sz[0], sz[-1], it, w) for sz, it, w in tiers if sz]
+        job_picks = {}
         for plo, phi, iters, warm in parts:
-            for key, t in job(n, plo, phi, iters, warm).items():
+            times, got = job(n, plo, phi, iters, warm)
+            job_picks.update({sz: al for sz, al in got.items() if plo <= sz <= phi})
+            for key, t in times.items():
                 samples.setdefault(key, []).append(t)
                 by_job.setdefault(key, {})[rep + 1] = t
                 samples_out.append((n, rep + 1, key[0], key[1], t))
             print(f"# n={n} repeat {rep + 1}/{a.repeats}: {plo}..{phi} B done", file=sys.stderr)
+        runs.append(job_picks)
     # from a CSV: the build's model now need not be the one that ran then
-    runs = [picks(n) for _ in range(a.pick_jobs)] if not a.from_csv or a.picks else []
+    if not a.from_csv or a.picks:
+        runs += [picks(n) for _ in range(a.pick_jobs)]
     chosen, votes = {}, {}
     for sz in sorted({sz for r in runs for sz in r}):
         got = [r[sz] for r in runs if sz in r]

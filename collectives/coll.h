@@ -67,7 +67,7 @@ typedef struct coll_comm {
 	uint64_t spin_ns;     /* busy-poll this long before sleeping in epoll */
 	bool spin_yield;      /* more ranks than cores here: yield the core while spinning */
 	cost_model model;     /* select.h; valid when alpha > 0 */
-	uint64_t logged_buckets; /* sizes (log2) whose algorithm choice was logged */
+	uint64_t logged_buckets[2]; /* sizes (log2) whose choice was logged: [0] auto, [1] forced */
 	unsigned poll_count;     /* coll_progress calls, to poll idle transports now and then */
 	size_t pick_cache_bytes; /* allreduce_pick's last size + 1 (0 = none) and its answer */
 	int pick_cache_algo;

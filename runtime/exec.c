@@ -73,9 +73,12 @@ static void log_choice(coll_comm *cc, size_t bytes)
 
 	while (bucket < 63 && (1ull << (bucket + 1)) <= bytes)
 		bucket++;
-	if (cc->logged_buckets & (1ull << bucket))
+	/* Auto's choices and forced ones apart: khor-bench --algo ring,auto forces the ring
+	 * first at every size, and auto's pick would never be shown. */
+	uint64_t *logged = &cc->logged_buckets[cc->algo != ALGO_AUTO];
+	if (*logged & (1ull << bucket))
 		return;
-	cc->logged_buckets |= 1ull << bucket;
+	*logged |= 1ull << bucket;
 	enum allreduce_algo a = allreduce_pick(cc, (enum allreduce_algo)cc->algo, bytes);
 	KLOG_DEBUG("allreduce %zu B on %d ranks: %s%s (predicted us: ring %.1f, tree %.1f, rd %.1f, "
 	           "hd %.1f)", bytes, cc->size, names[a], cc->algo ? " (forced: KHOR_ALGO or khor_comm_set)" : "",
