@@ -166,7 +166,22 @@ static int cmp_u64(const void *x, const void *y)
 	return a < b ? -1 : a > b;
 }
 
-khor_status cost_measure(coll_comm *cc, uint32_t seq, double v[3], kerr *err)
+/*
+ * A batch's alpha: its median, or, with a core per rank, at most 1.5x its 10th percentile.
+ * The median was 1.2-1.3x the 10th percentile in 18 of 20 inits at 2 ranks; in the other 2
+ * (both ranks on one core while they swapped, the other core busy) it was 8x, 75-80 us
+ * against 9 us, and that model sent 16 MiB to the tree (1.4x the ring). With more ranks
+ * than cores sharing a core is the steady state (medians 4-10x the 10th percentile at 4 and
+ * 8 ranks on 2 cores) and the median is what the collectives will see.
+ */
+uint64_t cost_batch_alpha(const uint64_t *sorted, int k, bool own_cores)
+{
+	uint64_t med = sorted[k / 2], cap = sorted[k / 10] * 3 / 2;
+
+	return own_cores && med > cap ? cap : med;
+}
+
+khor_status cost_measure(coll_comm *cc, uint32_t seq, bool own_cores, double v[3], kerr *err)
 {
 	enum { SMALL_ITERS = 30, BIG_ITERS = 4, BIG = 1 << 20 };
 	int peer = cc->rank ^ 1;
@@ -187,8 +202,9 @@ khor_status cost_measure(coll_comm *cc, uint32_t seq, double v[3], kerr *err)
 		const uint32_t meta = tp_meta_make(9, KHOR_UINT8, 0);
 		uint64_t small[2][SMALL_ITERS], big = UINT64_MAX, t0;
 		/*
-		 * Per-swap times: alpha is the lower of the medians of two batches of small swaps,
-		 * one before and one after the big ones, beta the fastest big swap. A mean moved
+		 * Per-swap times: alpha is the lower of two batches' alphas (cost_batch_alpha: the
+		 * median, capped with a core per rank), one batch before and one after the big
+		 * swaps, beta the fastest big swap. A mean moved
 		 * 3-10x from run to run whenever one swap in 30 was preempted for a few ms (ranks
 		 * outnumbering cores, a shared machine), and a whole batch can land in a slow
 		 * moment; every allreduce choice moved with it.
@@ -218,7 +234,8 @@ khor_status cost_measure(coll_comm *cc, uint32_t seq, double v[3], kerr *err)
 		if (st == KHOR_SUCCESS) {
 			qsort(small[0], SMALL_ITERS, sizeof(small[0][0]), cmp_u64);
 			qsort(small[1], SMALL_ITERS, sizeof(small[1][0]), cmp_u64);
-			uint64_t m0 = small[0][SMALL_ITERS / 2], m1 = small[1][SMALL_ITERS / 2];
+			uint64_t m0 = cost_batch_alpha(small[0], SMALL_ITERS, own_cores);
+			uint64_t m1 = cost_batch_alpha(small[1], SMALL_ITERS, own_cores);
 			v[0] = (double)(m0 < m1 ? m0 : m1) / 1e9;
 			v[1] = ((double)big / 1e9 - v[0]) / BIG;
 		}

@@ -32,9 +32,13 @@ int cost_pick_allgather(const cost_model *m, int n, size_t bytes);
 
 /*
  * Measures alpha, beta (with neighbour r^1 of the group, if any; else zeros) and gamma into
- * v[0..2]. The caller agrees on the values with an allreduce(max) over the world.
+ * v[0..2]. own_cores: every rank here has a core of its own, so a batch of swaps that ran
+ * far slower than its fast tenth caught two ranks on one core for a while, not their
+ * steady state. The caller agrees on the values with an allreduce(max) over the world.
  */
-khor_status cost_measure(coll_comm *cc, uint32_t seq, double v[3], kerr *err);
+khor_status cost_measure(coll_comm *cc, uint32_t seq, bool own_cores, double v[3], kerr *err);
+/* One batch's alpha from its k swap times, sorted (select.c says why). */
+uint64_t cost_batch_alpha(const uint64_t *sorted, int k, bool own_cores);
 
 /* Node-aware allreduce: inner = intra-host links, outer = inter-host links. */
 double cost_hier_allreduce(const cost_model *inner, const cost_model *outer, int L, int H,

@@ -326,13 +326,15 @@ static khor_status calibrate(khor_comm *c, kerr *err)
 	double v[7] = { 0, 0, 0, 0, 0, 0, 0 };
 	khor_status st;
 	uint32_t seq = c->next_seq++;
+	const int ncpu = shared_cores();
+	const bool own = c->on_machine <= ncpu;
 
 	if (c->hier_ok) {
-		st = cost_measure(&c->node_cc, seq, v, err);
+		st = cost_measure(&c->node_cc, seq, own, v, err);
 		if (st == KHOR_SUCCESS)
-			st = cost_measure(&c->cross_cc, seq, v + 3, err);
+			st = cost_measure(&c->cross_cc, seq, own, v + 3, err);
 	} else {
-		st = cost_measure(&c->cc, seq, c->nhosts > 1 ? v + 3 : v, err);
+		st = cost_measure(&c->cc, seq, own, c->nhosts > 1 ? v + 3 : v, err);
 		memcpy(c->nhosts > 1 ? v : v + 3, c->nhosts > 1 ? v + 3 : v, 3 * sizeof(double));
 	}
 	/*
@@ -344,7 +346,6 @@ static khor_status calibrate(khor_comm *c, kerr *err)
 	 * while every rank is busy) already carries the contention. Scaled before the max, so
 	 * machines with different crowding still agree on one model.
 	 */
-	int ncpu = shared_cores();
 	v[6] = -cache_share(c->on_machine, ncpu); /* the max of -x is the smallest cache */
 	if (c->on_machine > ncpu) {
 		double k = (double)c->on_machine / (double)ncpu;

@@ -544,3 +544,17 @@ Test(cost_model, ring_slices_and_cache_spills_separate_ring_and_hd)
 	cr_expect_float_eq(cost_allreduce(&m, ALGO_TREE, 8, 64 * MiB, 128 << 10),
 	                   cost_allreduce(&nocache, ALGO_TREE, 8, 64 * MiB, 128 << 10), 1e-12);
 }
+
+/* A batch of swaps half of which caught both ranks on one core: its median is not alpha. */
+Test(cost_model, batch_alpha_ignores_a_transient_shared_core)
+{
+	uint64_t t[30];
+
+	for (int i = 0; i < 30; i++) /* 12 fast swaps of 9-10 us, then 18 of 75-80 us */
+		t[i] = i < 12 ? 9000 + (uint64_t)i * 100 : 75000 + (uint64_t)(i - 12) * 250;
+	cr_expect_eq(cost_batch_alpha(t, 30, true), 9300 * 3 / 2, "capped at 1.5x the 10th percentile");
+	cr_expect_eq(cost_batch_alpha(t, 30, false), t[15], "ranks outnumber cores: the median");
+	for (int i = 0; i < 30; i++) /* a plain batch: median 1.2x the 10th percentile */
+		t[i] = 12000 + (uint64_t)i * 200;
+	cr_expect_eq(cost_batch_alpha(t, 30, true), t[15]);
+}
