@@ -214,8 +214,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	double bps;
 
 	*o = (struct opts){
-		.outer = { 10e-6, 1 / 12.5e9, 1 / 10e9, true },
-		.inner = { 1e-6, 1 / 20e9, 1 / 10e9, true },
+		.outer = { .alpha = 10e-6, .beta = 1 / 12.5e9, .gamma = 1 / 10e9 },
+		.inner = { .alpha = 1e-6, .beta = 1 / 20e9, .gamma = 1 / 10e9 },
 		.ppn = 8,
 		.slice = 512 << 10,
 	};

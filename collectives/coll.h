@@ -27,13 +27,13 @@ enum allreduce_algo { ALGO_AUTO = 0, ALGO_RING, ALGO_RD, ALGO_TREE, ALGO_HD };
  * The cost model (select.h) that picks schedules: alpha s per message, beta s per byte on a
  * link, gamma s per byte reduced; ring_slice is the ring's pipeline slice (each slice is a
  * message of its own) and cache the bytes of last-level cache one rank can count on keeping
- * a step's data in (0: don't count on any). Every rank of a comm holds the same values.
+ * a step's data in (0: don't count on any). Valid when alpha > 0. Every rank of a comm holds
+ * the same values.
  */
 typedef struct cost_model {
 	double alpha;
 	double beta;
 	double gamma;
-	bool valid;
 	double ring_slice;
 	double cache;
 } cost_model;
@@ -66,7 +66,7 @@ typedef struct coll_comm {
 	int algo;             /* enum allreduce_algo forced by KHOR_ALGO */
 	uint64_t spin_ns;     /* busy-poll this long before sleeping in epoll */
 	bool spin_yield;      /* more ranks than cores here: yield the core while spinning */
-	cost_model model;     /* select.h; valid when alpha > 0 */
+	cost_model model;     /* select.h */
 	uint64_t logged_buckets[2]; /* sizes (log2) whose choice was logged: [0] auto, [1] forced */
 	unsigned poll_count;     /* coll_progress calls, to poll idle transports now and then */
 	size_t pick_cache_bytes; /* allreduce_pick's last size + 1 (0 = none) and its answer */

@@ -363,8 +363,8 @@ static khor_status calibrate(khor_comm *c, kerr *err)
 		                  COLL_ALLREDUCE, err);
 	if (st != KHOR_SUCCESS)
 		return st;
-	c->inner = (cost_model){ v[0], v[1], v[2], true, 0, -v[6] };
-	c->outer = (cost_model){ v[3], v[4], v[5], true, 0, -v[6] };
+	c->inner = (cost_model){ .alpha = v[0], .beta = v[1], .gamma = v[2], .cache = -v[6] };
+	c->outer = (cost_model){ .alpha = v[3], .beta = v[4], .gamma = v[5], .cache = -v[6] };
 	return KHOR_SUCCESS;
 }
 
@@ -574,7 +574,7 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	if (c->size > 1 && (st = agree_settings(c, cfg, err)) != KHOR_SUCCESS)
 		goto fail;
 	if (s->cost[0] > 0) {
-		c->inner = (cost_model){ s->cost[0], s->cost[1], s->cost[2], true, 0, 0 };
+		c->inner = (cost_model){ .alpha = s->cost[0], .beta = s->cost[1], .gamma = s->cost[2] };
 		c->outer = c->inner;
 	} else if ((st = calibrate(c, err)) != KHOR_SUCCESS) {
 		goto fail;

@@ -517,7 +517,8 @@ Test(allreduce, algo_setting_must_agree_at_init, .timeout = 60)
  */
 Test(cost_model, ring_slices_and_cache_spills_separate_ring_and_hd)
 {
-	cost_model m = { 10e-6, 1 / 2e9, 1 / 10e9, true, 512 << 10, 16 << 20 };
+	cost_model m = { .alpha = 10e-6, .beta = 1 / 2e9, .gamma = 1 / 10e9,
+	                 .ring_slice = 512 << 10, .cache = 16 << 20 };
 	const size_t MiB = 1 << 20;
 
 	/* One slice per chunk: the same messages and bytes, a tie, and ties go to the ring. */
