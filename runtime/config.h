@@ -2,9 +2,9 @@
  * config.h -- every KHOR_* setting, parsed in one place.
  *
  * config_vars[] is the single table of variables (name, default, meaning); the README table
- * and `khorrun --help-env` are made from it. A value comes from the caller's khor_config
- * first, then the environment, then the other launchers' variables (torchrun, Slurm), then
- * the default.
+ * and `khorrun --help-env` show it (test_config checks the README row for row). A value
+ * comes from the caller's khor_config first, then the environment, then the other
+ * launchers' variables (torchrun, Slurm), then the default.
  */
 #ifndef KHOR_RUNTIME_CONFIG_H
 #define KHOR_RUNTIME_CONFIG_H

@@ -3,6 +3,7 @@
 #include "khor.h"
 
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,4 +111,27 @@ Test(config, public_api_rejects_bad_arguments_without_poisoning)
 	cr_assert_str_eq(khor_strerror(KHOR_ERR_TIMEOUT), "timed out");
 	cr_assert_str_eq(khor_version(), "0.1.0");
 	khor_finalize(comm);
+}
+
+/* The README's variable table is config_vars[], row for row: no default or meaning drifts. */
+Test(config, readme_table_is_the_config_table)
+{
+	FILE *f = fopen(KHOR_SOURCE_DIR "/README.md", "r");
+	char line[1024], want[1024];
+	int row = 0;
+
+	cr_assert_not_null(f, "cannot open %s", KHOR_SOURCE_DIR "/README.md");
+	while (fgets(line, sizeof(line), f) != NULL) {
+		if (strncmp(line, "| `KHOR_", 8) != 0)
+			continue;
+		cr_assert_lt(row, config_nvars, "README has a row config.c lacks: %s", line);
+		snprintf(want, sizeof(want), "| `%s` | %s%s%s | %s |\n", config_vars[row].name,
+		         config_vars[row].def ? "`" : "", config_vars[row].def ? config_vars[row].def : "—",
+		         config_vars[row].def ? "`" : "", config_vars[row].help);
+		cr_assert_str_eq(line, want, "README row %d differs from runtime/config.c", row);
+		row++;
+	}
+	fclose(f);
+	cr_assert_eq(row, config_nvars, "README lists %d of config.c's %d variables", row,
+	             config_nvars);
 }
