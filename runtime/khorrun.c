@@ -30,6 +30,8 @@
 #include "base/log.h"
 #include "base/parse.h"
 #include "khor.h"
+#include "runtime/config.h"
+#include "runtime/cpubind.h"
 #include "runtime/store.h"
 
 #include <ctype.h>
@@ -84,6 +86,7 @@ struct opts {
 	int64_t grace_ms;
 	bool no_prefix;
 	const char *job_id;
+	cpubind_mode bind;
 	char **prog_argv; /* NULL-terminated, points into argv */
 };
 
@@ -205,8 +208,13 @@ static void usage(FILE *f)
 	        "  --store-port PORT    its port (default 0: any free port)\n"
 	        "  --job-id ID          job id (default khor-<8 random hex digits>)\n"
 	        "  --no-prefix          do not prefix output lines with \"[rank] \"\n"
+	        "  --bind MODE          CPUs of the ranks: auto (default: when ranks outnumber\n"
+	        "                       khorrun's CPUs, rank r runs on CPU r mod CPUs only),\n"
+	        "                       cores (always: each rank its own equal block of CPUs,\n"
+	        "                       hardware threads of a core together), none\n"
 	        "  -H HOST:SLOTS,...    start ranks on other hosts (not supported yet)\n"
 	        "  -h, --help           show this help\n"
+	        "  --help-env           list the KHOR_* variables the ranks read\n"
 	        "  --version            print the version\n"
 	        "\n"
 	        "Each rank gets KHOR_RANK, KHOR_SIZE, KHOR_LOCAL_RANK, KHOR_LOCAL_SIZE,\n"
@@ -215,6 +223,16 @@ static void usage(FILE *f)
 	        "/dev/null. Exit status: the first failed rank's (128+signal if killed), 130/143\n"
 	        "when interrupted by SIGINT/SIGTERM, 2 for a bad command line, 127 when the\n"
 	        "program is not found, 126 when it cannot be run.\n");
+}
+
+/* The variables every rank reads (runtime/config.c's table, as in the README). */
+static void print_env_help(void)
+{
+	printf("Variables khor reads in every rank (set them in khorrun's environment or with -x):\n\n");
+	for (int i = 0; i < config_nvars; i++)
+		printf("  %-20s %-8s %s\n", config_vars[i].name,
+		       config_vars[i].def != NULL ? config_vars[i].def : "-", config_vars[i].help);
+	printf("\nDurations take ms, s, m suffixes; sizes take K, M, G (powers of 1024).\n");
 }
 
 static int bad_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -272,6 +290,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	o->grace_ms = DEFAULT_GRACE_MS;
 	o->no_prefix = false;
 	o->job_id = NULL;
+	o->bind = CPUBIND_AUTO;
 	o->prog_argv = NULL;
 	o->xvars = calloc((size_t)argc, sizeof(*o->xvars));
 	if (o->xvars == NULL) {
@@ -307,6 +326,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			usage(stdout);
 			return 0;
 		}
+		if (strcmp(name, "--help-env") == 0) {
+			print_env_help();
+			return 0;
+		}
 		if (strcmp(name, "--version") == 0) {
 			printf("khorrun (khor) %d.%d.%d\n", KHOR_VERSION_MAJOR, KHOR_VERSION_MINOR,
 			       KHOR_VERSION_PATCH);
@@ -331,7 +354,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		    strcmp(name, "--np") != 0 && strcmp(name, "-x") != 0 &&
 		    strcmp(name, "--timeout") != 0 && strcmp(name, "--grace") != 0 &&
 		    strcmp(name, "--bind-store") != 0 && strcmp(name, "--store-port") != 0 &&
-		    strcmp(name, "--job-id") != 0)
+		    strcmp(name, "--job-id") != 0 && strcmp(name, "--bind") != 0)
 			return bad_usage("unknown option '%s'", a);
 		if (val == NULL) {
 			if (i + 1 >= argc)
@@ -388,6 +411,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 				return bad_usage("--job-id wants 1 to 64 letters, digits, '-', '_' or "
 				                 "'.', not '%s'", val);
 			o->job_id = val;
+		} else if (strcmp(name, "--bind") == 0) {
+			if (!cpubind_parse(val, &o->bind))
+				return bad_usage("--bind wants auto, cores or none, not '%s'", val);
 		}
 	}
 
@@ -1119,9 +1145,42 @@ fail_close_pipes:
 	return err;
 }
 
+/*
+ * Puts khorrun's main thread on rank r's CPUs so the rank, spawned next, inherits them (the
+ * store thread keeps its own). A rank that cannot be bound runs unbound, with a warning.
+ */
+static void bind_next(const cpubind_cpus *cpus, int np, int r)
+{
+	char list[256], ebuf[128];
+	int first, count, err;
+
+	cpubind_share(cpus->n, np, r, &first, &count);
+	cpubind_format(cpus->cpu + first, count, list, sizeof(list));
+	err = cpubind_apply(cpus, first, count);
+	if (err != 0) {
+		say("cannot bind rank %d to CPU %s (%s); it runs on khorrun's CPUs", r, list,
+		    kerr_errno_str(err, ebuf, sizeof(ebuf)));
+		(void)cpubind_apply(cpus, 0, 0);
+		return;
+	}
+	KLOG_DEBUG("khorrun: rank %d runs on CPU %s", r, list);
+}
+
+static void unbind(const cpubind_cpus *cpus)
+{
+	char ebuf[128];
+	int err;
+
+	if (cpus == NULL)
+		return;
+	err = cpubind_apply(cpus, 0, 0);
+	if (err != 0)
+		say("cannot restore khorrun's own CPUs (%s)", kerr_errno_str(err, ebuf, sizeof(ebuf)));
+}
+
 /* Starts all ranks; on a failure stops those already running and records why. */
 static void spawn_all(struct job *j, const char *path, char **fixed, size_t nfixed,
-                      const sigset_t *child_mask)
+                      const sigset_t *child_mask, const cpubind_cpus *cpus)
 {
 	char rank_slot[32], local_slot[40];
 	char **env = NULL;
@@ -1171,6 +1230,8 @@ static void spawn_all(struct job *j, const char *path, char **fixed, size_t nfix
 	for (int r = 0; r < j->o.np; r++) {
 		snprintf(rank_slot, sizeof(rank_slot), "KHOR_RANK=%d", r);
 		snprintf(local_slot, sizeof(local_slot), "KHOR_LOCAL_RANK=%d", r);
+		if (cpus != NULL)
+			bind_next(cpus, j->o.np, r);
 		err = spawn_rank(j, r, path, env, &attr, devnull);
 		if (err != 0) {
 			say("cannot start rank %d (%s): %s%s", r, path,
@@ -1182,12 +1243,14 @@ static void spawn_all(struct job *j, const char *path, char **fixed, size_t nfix
 		}
 		j->nstarted = r + 1;
 	}
+	unbind(cpus);
 	posix_spawnattr_destroy(&attr);
 	free(env);
 	close(devnull);
 	return;
 
 fail_destroy_attr:
+	unbind(cpus);
 	posix_spawnattr_destroy(&attr);
 fail_free_env:
 	free(env);
@@ -1237,6 +1300,8 @@ int main(int argc, char **argv)
 	kerr err;
 	uint8_t rnd[4];
 	const char *host;
+	cpubind_cpus cpus = { 0 };
+	bool bind = false;
 	int rc;
 
 	memset(j, 0, sizeof(*j));
@@ -1251,6 +1316,16 @@ int main(int argc, char **argv)
 	rc = resolve_program(j->o.prog_argv[0], &path);
 	if (rc != 0)
 		goto out_free_opts;
+	/* Before the store thread exists: its CPUs are the ones khorrun was given. */
+	if (j->o.bind != CPUBIND_NONE) {
+		int e = cpubind_load(&cpus);
+		char ebuf[128];
+
+		if (e != 0)
+			say("cannot read khorrun's CPUs (%s); ranks run unbound",
+			    kerr_errno_str(e, ebuf, sizeof(ebuf)));
+		bind = e == 0 && cpubind_wanted(j->o.bind, j->o.np, cpus.n);
+	}
 	rc = 1;
 	if (!ensure_fd_limit(j->o.np))
 		goto out_free_path;
@@ -1365,7 +1440,7 @@ int main(int argc, char **argv)
 		goto out_free_fixed;
 	}
 
-	spawn_all(j, path, fixed, nfixed, &old_mask);
+	spawn_all(j, path, fixed, nfixed, &old_mask, bind ? &cpus : NULL);
 	run_loop(j);
 	sweep_leftovers(j);
 	rc = report(j);
@@ -1389,6 +1464,7 @@ out_close_sfd:
 out_restore_mask:
 	sigprocmask(SIG_SETMASK, &old_mask, NULL);
 out_free_path:
+	cpubind_free(&cpus);
 	free(path);
 out_free_opts:
 	free(j->o.xvars);

@@ -9,12 +9,14 @@
  */
 #include <criterion/criterion.h>
 
+#include "runtime/cpubind.h"
 #include "runtime/store.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -644,6 +646,7 @@ Test(khorrun, bad_command_lines, .timeout = 30)
 	const char *noprog[] = { "-np", "2", NULL };
 	const char *noval[] = { "-np", NULL };
 	const char *hosts[] = { "-H", "a:2,b:2", "-np", "4", "true", NULL };
+	const char *bind[] = { "--bind", "socket", "-np", "2", "true", NULL };
 
 	expect_usage_error(bogus, "usage: khorrun");
 	expect_usage_error(bogus, "unknown option '--bogus'");
@@ -655,6 +658,7 @@ Test(khorrun, bad_command_lines, .timeout = 30)
 	expect_usage_error(noprog, "no program");
 	expect_usage_error(noval, "needs a value");
 	expect_usage_error(hosts, "not supported yet");
+	expect_usage_error(bind, "--bind wants auto, cores or none, not 'socket'");
 }
 
 Test(khorrun, help_and_version, .timeout = 30)
@@ -702,4 +706,111 @@ Test(khorrun, missing_or_unrunnable_program, .timeout = 30)
 	cr_assert_eq(exit_code(&p), 126, "stderr:\n%s", p.b[1].data);
 	cr_assert_not_null(strstr(p.b[1].data, file), "%s", p.b[1].data);
 	proc_free(&p);
+}
+
+/*
+ * Runs np ranks that print the CPUs they may run on (the kernel's own list in
+ * /proc/self/status) and returns rank r's list in lists[r].
+ */
+static void rank_cpu_lists(const char *mode, int np, char lists[][256])
+{
+	char nps[16];
+	const char *args[] = { "--bind", mode, "-np", nps, "/bin/sh", "-c",
+		               "sed -n 's/^Cpus_allowed_list:[[:space:]]*/cpus=/p' /proc/self/status",
+		               NULL };
+	struct proc p;
+
+	snprintf(nps, sizeof(nps), "%d", np);
+	proc_start(&p, args, NULL);
+	proc_finish(&p, 30);
+	cr_assert_eq(exit_code(&p), 0, "--bind %s -np %d; stderr:\n%s", mode, np, p.b[1].data);
+	for (int r = 0; r < np; r++) {
+		char want[32];
+		const char *line;
+
+		snprintf(want, sizeof(want), "[%d] cpus=", r);
+		line = strstr(p.b[0].data, want);
+		cr_assert_not_null(line, "no '%s' in:\n%s", want, p.b[0].data);
+		cr_assert_eq(sscanf(line + strlen(want), "%255s", lists[r]), 1);
+	}
+	proc_free(&p);
+}
+
+/* The ranks' CPUs, read back from each rank, under every --bind mode. */
+Test(khorrun, bind_gives_ranks_their_share_of_khorruns_cpus, .timeout = 120)
+{
+	cpubind_cpus own;
+	char own_list[256], want[256], lists[9][256];
+	int m;
+
+	/* At most 4 CPUs, so "more ranks than CPUs" stays a handful of processes anywhere. */
+	cr_assert_eq(cpubind_load(&own), 0);
+	if (own.n > 4) {
+		cpu_set_t set;
+		CPU_ZERO(&set);
+		for (int i = 0; i < 4; i++)
+			CPU_SET(own.cpu[i], &set);
+		cr_assert_eq(sched_setaffinity(0, sizeof(set), &set), 0, "%s", strerror(errno));
+		cpubind_free(&own);
+		cr_assert_eq(cpubind_load(&own), 0);
+	}
+	m = own.n;
+	cr_assert(m >= 1 && m <= 4);
+	cpubind_format(own.cpu, m, own_list, sizeof(own_list));
+
+	/* auto, ranks outnumber CPUs: rank r on CPU r mod m alone. */
+	rank_cpu_lists("auto", 2 * m + 1, lists);
+	for (int r = 0; r < 2 * m + 1; r++) {
+		cpubind_format(&own.cpu[r % m], 1, want, sizeof(want));
+		cr_assert_str_eq(lists[r], want, "auto, rank %d of %d on %d CPUs", r, 2 * m + 1, m);
+	}
+	/* auto, a CPU or more per rank: left alone. So is none, however many ranks. */
+	rank_cpu_lists("auto", m, lists);
+	for (int r = 0; r < m; r++)
+		cr_assert_str_eq(lists[r], own_list, "auto, rank %d of %d", r, m);
+	rank_cpu_lists("none", 2 * m + 1, lists);
+	for (int r = 0; r < 2 * m + 1; r++)
+		cr_assert_str_eq(lists[r], own_list, "none, rank %d", r);
+	/* cores: one rank gets them all; m ranks one each, in topology order. */
+	rank_cpu_lists("cores", 1, lists);
+	cr_assert_str_eq(lists[0], own_list, "cores, one rank");
+	rank_cpu_lists("cores", m, lists);
+	for (int r = 0; r < m; r++) {
+		cpubind_format(&own.cpu[r], 1, want, sizeof(want));
+		cr_assert_str_eq(lists[r], want, "cores, rank %d of %d", r, m);
+	}
+	cpubind_free(&own);
+}
+
+/* Blocks cover every CPU exactly once and differ by at most one; past n, ranks go round. */
+Test(khorrun, bind_shares_are_even_blocks_then_round_robin)
+{
+	for (int n = 1; n <= 12; n++) {
+		for (int np = 1; np <= 3 * n; np++) {
+			int next = 0, minc = n, maxc = 0;
+
+			for (int r = 0; r < np; r++) {
+				int first, count;
+
+				cpubind_share(n, np, r, &first, &count);
+				if (np > n) {
+					cr_assert(first == r % n && count == 1, "n %d np %d r %d", n, np, r);
+					continue;
+				}
+				cr_assert_eq(first, next, "n %d np %d r %d: gap or overlap", n, np, r);
+				cr_assert_geq(count, 1);
+				next += count;
+				minc = count < minc ? count : minc;
+				maxc = count > maxc ? count : maxc;
+			}
+			if (np <= n) {
+				cr_assert_eq(next, n, "n %d np %d: CPUs left over", n, np);
+				cr_assert_leq(maxc - minc, 1, "n %d np %d: uneven blocks", n, np);
+			}
+		}
+	}
+	char buf[64];
+	int cpus[] = { 9, 1, 2, 3, 8, 5 };
+	cpubind_format(cpus, 6, buf, sizeof(buf));
+	cr_assert_str_eq(buf, "1-3,5,8-9");
 }
