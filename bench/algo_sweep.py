@@ -33,6 +33,7 @@ p.add_argument("-R", "--repeats", type=int, default=3)
 p.add_argument("-B", "--build", default="build")
 p.add_argument("--algos", default="ring,tree,rd,hd,auto")
 p.add_argument("--extra", default="", help="extra khor-bench flags, e.g. '--transport tcp'")
+p.add_argument("--khorrun", default="", help="extra khorrun flags, e.g. '--bind cores'")
 p.add_argument("--csv", help="also write every sample (n, repeat, algo, size, time_us) here")
 p.add_argument("--from-csv", help="tabulate these samples (a --csv of an earlier run), run no jobs")
 p.add_argument("--picks", action="store_true", help="with --from-csv: still run the KHOR_LOG=debug jobs")
@@ -62,7 +63,8 @@ def job(n, lo, hi, iters, warmup):
     """One khor-bench job over sizes lo..hi; {(algo, size): time_us} and auto's picks in it."""
     with tempfile.NamedTemporaryFile(suffix=".csv", delete=False) as f:
         path = f.name
-    cmd = [f"{a.build}/khorrun", "-np", str(n), f"{a.build}/khor-bench", "allreduce",
+    cmd = [f"{a.build}/khorrun", *a.khorrun.split(), "-np", str(n),
+           f"{a.build}/khor-bench", "allreduce",
            "--algo", a.algos, "-b", str(lo), "-e", str(hi), "-f", a.f, "-n", iters,
            "-w", warmup, "-c", "0", "-q", "--csv", path] + a.extra.split()
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -79,7 +81,8 @@ def job(n, lo, hi, iters, warmup):
 
 def picks(n):
     """{size: algorithm} that auto chooses, from KHOR_LOG=debug (one line per power of two)."""
-    cmd = [f"{a.build}/khorrun", "-np", str(n), f"{a.build}/khor-bench", "allreduce",
+    cmd = [f"{a.build}/khorrun", *a.khorrun.split(), "-np", str(n),
+           f"{a.build}/khor-bench", "allreduce",
            "--algo", "auto", "-b", a.b, "-e", a.e, "-f", a.f, "-n", "1", "-w", "0", "-c", "0",
            ] + a.extra.split()
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

@@ -14,7 +14,7 @@ bool cpubind_parse(const char *s, cpubind_mode *mode_out)
 	static const struct {
 		const char *name;
 		cpubind_mode mode;
-	} modes[] = { { "auto", CPUBIND_AUTO }, { "cores", CPUBIND_CORES }, { "none", CPUBIND_NONE } };
+	} modes[] = { { "cores", CPUBIND_CORES }, { "none", CPUBIND_NONE } };
 
 	for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
 		if (strcmp(s, modes[i].name) == 0) {
@@ -117,21 +117,6 @@ void cpubind_free(cpubind_cpus *c)
 	if (c->saved != NULL)
 		CPU_FREE((cpu_set_t *)c->saved);
 	memset(c, 0, sizeof(*c));
-}
-
-bool cpubind_wanted(cpubind_mode mode, int np, int n)
-{
-	if (n < 1)
-		return false;
-	switch (mode) {
-	case CPUBIND_CORES:
-		return true;
-	case CPUBIND_AUTO:
-		return np > n;
-	case CPUBIND_NONE:
-		break;
-	}
-	return false;
 }
 
 void cpubind_share(int n, int np, int r, int *first_out, int *count_out)

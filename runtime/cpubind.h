@@ -1,17 +1,18 @@
 /*
  * cpubind.h -- which CPUs each rank of a local job may run on (khorrun --bind).
  *
- * The launcher takes the CPUs it was itself given (a taskset, a cgroup cpuset, Slurm's
- * allocation), orders them by package, core and hardware thread, and hands each rank a share:
- * with np ranks on n CPUs, rank r gets the r-th of np equal contiguous blocks when np <= n
- * (so hardware threads of one core stay with one rank), else the (r mod n)-th CPU, so
- * neighbouring ranks, which talk the most in a ring, run on different CPUs.
+ * With --bind cores the launcher takes the CPUs it was itself given (a taskset, a cgroup
+ * cpuset, Slurm's allocation), orders them by package, core and hardware thread, and hands
+ * each rank a share: with np ranks on n CPUs, rank r gets the r-th of np equal contiguous
+ * blocks when np <= n (so hardware threads of one core stay with one rank), else the
+ * (r mod n)-th CPU, so ring neighbours run on different CPUs.
  *
- * Why bind at all: with more ranks than CPUs, unbound ranks migrate between CPUs hundreds of
- * times per large collective and every migration costs the caches its copies were using
- * (see docs/PERFORMANCE.md, "Binding"). With a CPU or more per rank the scheduler already
- * keeps ranks apart, and a framework's own threads are better left the whole machine, so the
- * default binds only when ranks outnumber CPUs.
+ * Not the default. With 4 ranks on 2 CPUs, pinned ranks ran the ring up to 30% faster (no
+ * migrations: about 400 per 256 MiB allreduce unpinned) but halving-doubling up to 20% slower
+ * (at 4 ranks its distance-2 partners share a CPU), and the cost model, which does not know
+ * who shares a CPU, kept picking halving-doubling: auto's choice was 10-40% off at 10 of 52
+ * sizes pinned, 3 unpinned (docs/PERFORMANCE.md, "Pinning ranks"). With a CPU per rank
+ * nothing measurable changed, and a framework's own threads are better left the machine.
  */
 #ifndef KHOR_RUNTIME_CPUBIND_H
 #define KHOR_RUNTIME_CPUBIND_H
@@ -20,9 +21,8 @@
 #include <stddef.h>
 
 typedef enum {
-	CPUBIND_AUTO, /* bind only when ranks outnumber CPUs */
-	CPUBIND_CORES, /* always give each rank its share */
-	CPUBIND_NONE, /* leave the scheduler alone */
+	CPUBIND_NONE, /* leave the scheduler alone (the default) */
+	CPUBIND_CORES, /* give each rank its share */
 } cpubind_mode;
 
 /* The calling thread's CPUs, ordered package, core, thread; and its mask, to restore. */
@@ -33,15 +33,12 @@ typedef struct {
 	int setsize; /* CPUs the sets can hold */
 } cpubind_cpus;
 
-/* "auto", "cores" or "none". */
+/* "cores" or "none". */
 bool cpubind_parse(const char *s, cpubind_mode *mode_out);
 
 /* Reads the calling thread's affinity and the CPUs' topology. Returns 0 or an errno. */
 int cpubind_load(cpubind_cpus *c);
 void cpubind_free(cpubind_cpus *c);
-
-/* Whether mode binds np ranks on n CPUs. */
-bool cpubind_wanted(cpubind_mode mode, int np, int n);
 
 /* Rank r's share of n ordered CPUs: count of them starting at index first. */
 void cpubind_share(int n, int np, int r, int *first_out, int *count_out);

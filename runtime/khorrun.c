@@ -208,10 +208,9 @@ static void usage(FILE *f)
 	        "  --store-port PORT    its port (default 0: any free port)\n"
 	        "  --job-id ID          job id (default khor-<8 random hex digits>)\n"
 	        "  --no-prefix          do not prefix output lines with \"[rank] \"\n"
-	        "  --bind MODE          CPUs of the ranks: auto (default: when ranks outnumber\n"
-	        "                       khorrun's CPUs, rank r runs on CPU r mod CPUs only),\n"
-	        "                       cores (always: each rank its own equal block of CPUs,\n"
-	        "                       hardware threads of a core together), none\n"
+	        "  --bind MODE          cores: pin each rank to its own equal block of khorrun's\n"
+	        "                       CPUs (hardware threads of a core together), or to CPU\n"
+	        "                       r mod CPUs when ranks outnumber them; none (default)\n"
 	        "  -H HOST:SLOTS,...    start ranks on other hosts (not supported yet)\n"
 	        "  -h, --help           show this help\n"
 	        "  --help-env           list the KHOR_* variables the ranks read\n"
@@ -290,7 +289,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	o->grace_ms = DEFAULT_GRACE_MS;
 	o->no_prefix = false;
 	o->job_id = NULL;
-	o->bind = CPUBIND_AUTO;
+	o->bind = CPUBIND_NONE;
 	o->prog_argv = NULL;
 	o->xvars = calloc((size_t)argc, sizeof(*o->xvars));
 	if (o->xvars == NULL) {
@@ -413,7 +412,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->job_id = val;
 		} else if (strcmp(name, "--bind") == 0) {
 			if (!cpubind_parse(val, &o->bind))
-				return bad_usage("--bind wants auto, cores or none, not '%s'", val);
+				return bad_usage("--bind wants cores or none, not '%s'", val);
 		}
 	}
 
@@ -1317,14 +1316,14 @@ int main(int argc, char **argv)
 	if (rc != 0)
 		goto out_free_opts;
 	/* Before the store thread exists: its CPUs are the ones khorrun was given. */
-	if (j->o.bind != CPUBIND_NONE) {
+	if (j->o.bind == CPUBIND_CORES) {
 		int e = cpubind_load(&cpus);
 		char ebuf[128];
 
 		if (e != 0)
 			say("cannot read khorrun's CPUs (%s); ranks run unbound",
 			    kerr_errno_str(e, ebuf, sizeof(ebuf)));
-		bind = e == 0 && cpubind_wanted(j->o.bind, j->o.np, cpus.n);
+		bind = e == 0 && cpus.n > 0;
 	}
 	rc = 1;
 	if (!ensure_fd_limit(j->o.np))

@@ -658,7 +658,7 @@ Test(khorrun, bad_command_lines, .timeout = 30)
 	expect_usage_error(noprog, "no program");
 	expect_usage_error(noval, "needs a value");
 	expect_usage_error(hosts, "not supported yet");
-	expect_usage_error(bind, "--bind wants auto, cores or none, not 'socket'");
+	expect_usage_error(bind, "--bind wants cores or none, not 'socket'");
 }
 
 Test(khorrun, help_and_version, .timeout = 30)
@@ -721,9 +721,11 @@ static void rank_cpu_lists(const char *mode, int np, char lists[][256])
 	struct proc p;
 
 	snprintf(nps, sizeof(nps), "%d", np);
-	proc_start(&p, args, NULL);
+	/* mode NULL: no --bind at all, the default. */
+	proc_start(&p, mode != NULL ? args : args + 2, NULL);
 	proc_finish(&p, 30);
-	cr_assert_eq(exit_code(&p), 0, "--bind %s -np %d; stderr:\n%s", mode, np, p.b[1].data);
+	cr_assert_eq(exit_code(&p), 0, "--bind %s -np %d; stderr:\n%s", mode ? mode : "(none given)",
+	             np, p.b[1].data);
 	for (int r = 0; r < np; r++) {
 		char want[32];
 		const char *line;
@@ -737,7 +739,7 @@ static void rank_cpu_lists(const char *mode, int np, char lists[][256])
 }
 
 /* The ranks' CPUs, read back from each rank, under every --bind mode. */
-Test(khorrun, bind_gives_ranks_their_share_of_khorruns_cpus, .timeout = 120)
+Test(khorrun, bind_cores_gives_ranks_their_share_of_khorruns_cpus, .timeout = 120)
 {
 	cpubind_cpus own;
 	char own_list[256], want[256], lists[9][256];
@@ -758,19 +760,19 @@ Test(khorrun, bind_gives_ranks_their_share_of_khorruns_cpus, .timeout = 120)
 	cr_assert(m >= 1 && m <= 4);
 	cpubind_format(own.cpu, m, own_list, sizeof(own_list));
 
-	/* auto, ranks outnumber CPUs: rank r on CPU r mod m alone. */
-	rank_cpu_lists("auto", 2 * m + 1, lists);
+	/* cores, ranks outnumber CPUs: rank r on CPU r mod m alone. */
+	rank_cpu_lists("cores", 2 * m + 1, lists);
 	for (int r = 0; r < 2 * m + 1; r++) {
 		cpubind_format(&own.cpu[r % m], 1, want, sizeof(want));
-		cr_assert_str_eq(lists[r], want, "auto, rank %d of %d on %d CPUs", r, 2 * m + 1, m);
+		cr_assert_str_eq(lists[r], want, "cores, rank %d of %d on %d CPUs", r, 2 * m + 1, m);
 	}
-	/* auto, a CPU or more per rank: left alone. So is none, however many ranks. */
-	rank_cpu_lists("auto", m, lists);
-	for (int r = 0; r < m; r++)
-		cr_assert_str_eq(lists[r], own_list, "auto, rank %d of %d", r, m);
+	/* none (the default), however many ranks: khorrun's own CPUs. */
 	rank_cpu_lists("none", 2 * m + 1, lists);
 	for (int r = 0; r < 2 * m + 1; r++)
 		cr_assert_str_eq(lists[r], own_list, "none, rank %d", r);
+	rank_cpu_lists(NULL, 2 * m + 1, lists);
+	for (int r = 0; r < 2 * m + 1; r++)
+		cr_assert_str_eq(lists[r], own_list, "no --bind, rank %d", r);
 	/* cores: one rank gets them all; m ranks one each, in topology order. */
 	rank_cpu_lists("cores", 1, lists);
 	cr_assert_str_eq(lists[0], own_list, "cores, one rank");
