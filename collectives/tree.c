@@ -26,12 +26,13 @@
  *
  * gather / scatter: a subtree's blocks travel as one run in relative order; an inner rank
  * keeps them in a malloc'd buffer of its subtree's size. At the root relative order is
- * rotated by root, so a subtree's run may wrap past block n-1 of the root's buffer: every
- * edge therefore carries two messages (the second empty unless that run wraps at the root),
- * and the root's buffer is read or written in place with no rotation copy.
+ * rotated by root, so a subtree's run may wrap past block n-1 of the root's buffer: such an
+ * edge carries its run as two messages (up to block n-1, then from block 0), and the root's
+ * buffer is read or written in place with no rotation copy. Every other edge carries one.
+ * Both ends know from (n, root, subtree) alone which edges wrap.
  *
- * Every edge carries its messages even when empty, so ranks that disagree on count see it
- * in a frame header.
+ * Every edge carries its messages even when they are empty (count 0), so ranks that
+ * disagree on count see it in a frame header.
  */
 #include "algos.h"
 
@@ -85,7 +86,8 @@ static inline int absolute(int v, int n, int root)
 
 /*
  * How the run of relative blocks [v, v + s) travels between v and its parent: whole
- * (len1 = 0), unless the parent is the root and the run wraps past block n-1 there.
+ * (len1 = 0: one message), unless the parent is the root and the run wraps past block n-1
+ * there (two messages). len0 >= 1 always, so the first message is never skipped.
  */
 static void edge_split(int v, int s, int n, int root, int *len0, int *len1)
 {
@@ -370,7 +372,7 @@ khor_status binomial_gather(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 			dst[0] = tmp + (size_t)(c - t.v) * bsz;
 			dst[1] = dst[0] + (size_t)len[0] * bsz;
 		}
-		for (int k = 0; k < 2 && st == KHOR_SUCCESS; k++) {
+		for (int k = 0; k < (len[1] > 0 ? 2 : 1) && st == KHOR_SUCCESS; k++) {
 			tp_tag tag = { cc->comm_id, seq, (uint32_t)k, meta };
 			st = coll_post(cc, &x[2 * i + k], absolute(c, n, root), false, dst[k],
 			               (size_t)len[k] * bsz, tag, w.dl, err);
@@ -383,7 +385,7 @@ khor_status binomial_gather(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 		const uint8_t *src = t.nch > 0 ? tmp : sendbuf;
 		int len[2];
 		edge_split(t.v, t.subtree, n, root, &len[0], &len[1]);
-		for (int k = 0; k < 2 && st == KHOR_SUCCESS; k++) {
+		for (int k = 0; k < (len[1] > 0 ? 2 : 1) && st == KHOR_SUCCESS; k++) {
 			tp_tag tag = { cc->comm_id, seq, (uint32_t)k, meta };
 			st = coll_post(cc, &x[k], t.parent, true,
 			               (void *)(src + (k == 0 ? 0 : (size_t)len[0] * bsz)),
@@ -433,7 +435,7 @@ khor_status binomial_scatter(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 			in = tmp;
 		}
 		edge_split(t.v, t.subtree, n, root, &len[0], &len[1]);
-		for (int k = 0; k < 2 && st == KHOR_SUCCESS; k++) {
+		for (int k = 0; k < (len[1] > 0 ? 2 : 1) && st == KHOR_SUCCESS; k++) {
 			tp_tag tag = { cc->comm_id, seq, (uint32_t)k, meta };
 			st = coll_post(cc, &x[k], t.parent, false,
 			               dst + (k == 0 ? 0 : (size_t)len[0] * bsz), (size_t)len[k] * bsz,
@@ -455,7 +457,7 @@ khor_status binomial_scatter(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 			src[0] = in + (size_t)(c - t.v) * bsz;
 			src[1] = src[0] + (size_t)len[0] * bsz;
 		}
-		for (int k = 0; k < 2 && st == KHOR_SUCCESS; k++) {
+		for (int k = 0; k < (len[1] > 0 ? 2 : 1) && st == KHOR_SUCCESS; k++) {
 			tp_tag tag = { cc->comm_id, seq, (uint32_t)k, meta };
 			st = coll_post(cc, &x[2 * i + k], absolute(c, n, root), true, (void *)src[k],
 			               (size_t)len[k] * bsz, tag, w.dl, err);

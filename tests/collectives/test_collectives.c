@@ -647,7 +647,7 @@ Test(collectives, identical_bits_across_ranks_and_runs, .timeout = 120)
 }
 
 /* Ranks that disagree on count get an error: not a hang, not a write past their buffer. */
-enum { MM_ALLGATHER_RING, MM_ALLGATHER_BRUCK, MM_ALLTOALL, MM_KINDS };
+enum { MM_ALLGATHER_RING, MM_ALLGATHER_BRUCK, MM_ALLTOALL, MM_GATHER, MM_SCATTER, MM_KINDS };
 
 static int body_mismatch(int rank, int n, khor_config *cfg, void *arg)
 {
@@ -663,8 +663,21 @@ static int body_mismatch(int rank, int n, khor_config *cfg, void *arg)
 		return 10;
 	if (kind == MM_ALLTOALL)
 		st = khor_alltoall(comm, in.p, out.p, count, KHOR_FLOAT32);
+	else if (kind == MM_GATHER)
+		st = khor_gather(comm, in.p, out.p, count, KHOR_FLOAT32, 0);
+	else if (kind == MM_SCATTER)
+		st = khor_scatter(comm, in.p, out.p, count, KHOR_FLOAT32, 0);
 	else
 		st = khor_allgather(comm, in.p, out.p, count, KHOR_FLOAT32);
+	/*
+	 * Gather and scatter move data one way: the receiver of the odd-sized message sees the
+	 * mismatch (the root in gather, rank 1 in scatter); a rank that only sends, or only
+	 * talks to ranks that agree with it, may finish, and must not have written past its
+	 * buffer.
+	 */
+	if (st == KHOR_SUCCESS && ((kind == MM_GATHER && rank != 0) ||
+	                           (kind == MM_SCATTER && rank != 1)))
+		return guards_ok(&out) && guards_ok(&in) ? 0 : 22;
 	if (st == KHOR_SUCCESS)
 		return 20; /* must not succeed */
 	if (st == KHOR_ERR_TIMEOUT)
