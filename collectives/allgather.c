@@ -28,7 +28,7 @@
  *   round 2 d=4  x x x x x x      got 4,5   from rank 4 (m = min(4, 2) = 2)
  *
  * Blocks are kept at their final places in recvbuf, so a run of blocks that wraps past
- * block n-1 travels as two messages (the second empty when it does not wrap). Each rank
+ * block n-1 travels as two messages, any other run as one. Each rank
  * receives n-1 blocks in total, like recursive doubling, but n need not be a power of two
  * and no rank sits out (the fold-in/fold-out fix would cost two extra steps and a whole
  * extra copy of the data for the folded ranks).
@@ -205,9 +205,11 @@ khor_status rd_allgather(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 			tp_tag tag = { cc->comm_id, seq, 2 * round + (uint32_t)k, meta };
 			size_t rfirst = k == 0 ? (size_t)from : 0, sfirst = k == 0 ? (size_t)r : 0;
 			size_t rlen = (size_t)(k == 0 ? r0 : r1), slen = (size_t)(k == 0 ? s0 : s1);
-			st = coll_post(cc, &x[2 * k], from, false, out + rfirst * bsz, rlen * bsz, tag,
-			               w.dl, err);
-			if (st == KHOR_SUCCESS)
+			/* A run that does not wrap is one message; both ends of it know that. */
+			if (k == 0 || rlen > 0)
+				st = coll_post(cc, &x[2 * k], from, false, out + rfirst * bsz, rlen * bsz,
+				               tag, w.dl, err);
+			if (st == KHOR_SUCCESS && (k == 0 || slen > 0))
 				st = coll_post(cc, &x[2 * k + 1], to, true, out + sfirst * bsz, slen * bsz,
 				               tag, w.dl, err);
 		}
