@@ -88,6 +88,31 @@ static void log_choice(coll_comm *cc, size_t bytes)
 	           cost_allreduce(m, ALGO_HD, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6);
 }
 
+/*
+ * KHOR_LOG=debug: broadcast's or allgather's choice between its latency schedule (binomial,
+ * Bruck) and its bandwidth one (chain, ring), once per power-of-two size, with both
+ * predictions, or the KHOR_RD_MAX_BYTES threshold that decided it.
+ */
+static void log_pick(const coll_comm *cc, uint64_t *logged, const char *what, size_t bytes,
+                     bool latency, const char *lat_name, double t_lat, const char *bw_name,
+                     double t_bw, bool by_threshold)
+{
+	int bucket = 0;
+
+	while (bucket < 63 && (1ull << (bucket + 1)) <= bytes)
+		bucket++;
+	if (*logged & (1ull << bucket))
+		return;
+	*logged |= 1ull << bucket;
+	if (by_threshold)
+		KLOG_DEBUG("%s %zu B on %d ranks: %s (KHOR_RD_MAX_BYTES %zu)", what, bytes, cc->size,
+		           latency ? lat_name : bw_name, cc->rd_max_bytes);
+	else
+		KLOG_DEBUG("%s %zu B on %d ranks: %s (predicted us: %s %.1f, %s %.1f)", what, bytes,
+		           cc->size, latency ? lat_name : bw_name, lat_name, t_lat * 1e6, bw_name,
+		           t_bw * 1e6);
+}
+
 /* Equal-block allgather through the v schedule: counts all equal, packed in rank order. */
 static khor_status ring_allgather_equal(coll_comm *cc, const void *sendbuf, void *recvbuf,
                                        size_t count, khor_dtype dtype, uint32_t seq, kerr *err)
@@ -240,6 +265,7 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 {
 	coll_comm *cc = &c->cc;
 	size_t esz = khor_dtype_size(r->dtype), bytes = r->count * esz;
+	bool binomial, bruck;
 
 	if (c->size == 1)
 		return run_single(r, err);
@@ -273,9 +299,16 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 			return hier_broadcast(&c->node_cc, &c->cross_cc, host, local, r->recvbuf,
 			                      r->count, r->dtype, r->seq, err);
 		}
-		if (c->cfg.rd_max_set ? bytes <= cc->rd_max_bytes
-		                      : cost_pick_broadcast(&cc->model, c->size, bytes,
-		                                            cc->slice_bytes) == BCAST_BINOMIAL)
+		binomial = c->cfg.rd_max_set ? bytes <= cc->rd_max_bytes
+		                             : cost_pick_broadcast(&cc->model, c->size, bytes,
+		                                                   cc->slice_bytes) == BCAST_BINOMIAL;
+		if (klog_threshold >= KLOG_DEBUG)
+			log_pick(cc, &cc->logged_bcast, "broadcast", bytes, binomial, "binomial",
+			         cost_broadcast(&cc->model, BCAST_BINOMIAL, c->size, bytes, cc->slice_bytes),
+			         "chain",
+			         cost_broadcast(&cc->model, BCAST_CHAIN, c->size, bytes, cc->slice_bytes),
+			         c->cfg.rd_max_set);
+		if (binomial)
 			return binomial_broadcast(cc, r->recvbuf, r->count, r->dtype, r->root, r->seq, err);
 		return chain_broadcast(cc, r->recvbuf, r->count, r->dtype, r->root, r->seq, err);
 	case COLL_REDUCE:
@@ -288,9 +321,15 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 		if (r->rcounts != NULL)
 			return ring_allgatherv(cc, r->sendbuf, r->recvbuf, r->rcounts, r->rdispls,
 			                       r->dtype, r->seq, err);
-		if (c->cfg.rd_max_set ? bytes * (size_t)c->size <= cc->rd_max_bytes
-		                      : cost_pick_allgather(&cc->model, c->size,
-		                                            bytes * (size_t)c->size) == AG_RD)
+		bruck = c->cfg.rd_max_set ? bytes * (size_t)c->size <= cc->rd_max_bytes
+		                          : cost_pick_allgather(&cc->model, c->size,
+		                                                bytes * (size_t)c->size) == AG_RD;
+		if (klog_threshold >= KLOG_DEBUG)
+			log_pick(cc, &cc->logged_allgather, "allgather", bytes * (size_t)c->size, bruck,
+			         "Bruck", cost_allgather(&cc->model, AG_RD, c->size, bytes * (size_t)c->size),
+			         "ring", cost_allgather(&cc->model, AG_RING, c->size, bytes * (size_t)c->size),
+			         c->cfg.rd_max_set);
+		if (bruck)
 			return rd_allgather(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->seq, err);
 		return ring_allgather_equal(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->seq,
 		                            err);
