@@ -816,3 +816,64 @@ Test(khorrun, bind_shares_are_even_blocks_then_round_robin)
 	cpubind_format(cpus, 6, buf, sizeof(buf));
 	cr_assert_str_eq(buf, "1-3,5,8-9");
 }
+
+/* The line of rank r's stderr (prefixed "[r] ") that contains text, or NULL. */
+static const char *rank_line(const char *out, int r, const char *text)
+{
+	char prefix[16];
+	const char *at = out;
+
+	snprintf(prefix, sizeof(prefix), "[%d] ", r);
+	while ((at = strstr(at, text)) != NULL) {
+		const char *bol = at;
+		while (bol > out && bol[-1] != '\n')
+			bol--;
+		if (strncmp(bol, prefix, strlen(prefix)) == 0)
+			return at;
+		at++;
+	}
+	return NULL;
+}
+
+/* KHOR_LOG=debug names each schedule auto chose, with the model's predictions, per rank. */
+Test(khorrun, debug_log_shows_choices_with_predictions, .timeout = 90)
+{
+	static const struct {
+		const char *args; /* khor-bench's */
+		const char *want[2];
+	} jobs[] = {
+		{ "allreduce -b 8 -e 4M -f 512",
+		  { "allreduce 8 B on 2 ranks: ", "allreduce 2097152 B on 2 ranks: " } },
+		{ "broadcast -b 8 -e 4M -f 512",
+		  { "broadcast 8 B on 2 ranks: ", "broadcast 2097152 B on 2 ranks: " } },
+		{ "allgather -b 64 -e 4M -f 65536",
+		  { "allgather 64 B on 2 ranks: ", "allgather 4194304 B on 2 ranks: " } },
+		{ "allreduce -b 8 -e 8 --algo ring", { "allreduce 8 B on 2 ranks: ring (forced", NULL } },
+	};
+	const char *bench = getenv("KHOR_BENCH");
+	const char *env[] = { "KHOR_LOG=debug", NULL };
+
+	if (bench == NULL || *bench == '\0')
+		cr_skip_test("KHOR_BENCH is not set (ctest sets it to the built khor-bench)");
+	for (size_t j = 0; j < sizeof(jobs) / sizeof(jobs[0]); j++) {
+		char script[1024];
+		const char *args[] = { "-np", "2", "/bin/sh", "-c", script, NULL };
+		struct proc p;
+
+		snprintf(script, sizeof(script), "exec %s %s -n 1 -w 0 --transport tcp", bench,
+		         jobs[j].args);
+		proc_start(&p, args, env);
+		proc_finish(&p, 40);
+		cr_assert_eq(exit_code(&p), 0, "%s; stderr:\n%s", script, p.b[1].data);
+		for (int r = 0; r < 2; r++) {
+			for (int k = 0; k < 2 && jobs[j].want[k] != NULL; k++) {
+				const char *line = rank_line(p.b[1].data, r, jobs[j].want[k]);
+				cr_assert_not_null(line, "rank %d: no '%s' line in:\n%s", r, jobs[j].want[k],
+				                   p.b[1].data);
+				cr_assert_not_null(strstr(line, "(predicted us: "), "rank %d: %.200s", r,
+				                   line);
+			}
+		}
+		proc_free(&p);
+	}
+}
