@@ -1,7 +1,8 @@
 /*
  * comm.c -- joining a job (bootstrap) and the links between ranks.
  *
- * Bootstrap, through the store, under "<job>/<generation>/":
+ * Bootstrap, through the store, under "<job>/<generation>/" (generation k for a rank's k-th
+ * init in the job, counted in "<job>/0/inits/<rank>"):
  *   1. every rank publishes "addr/<rank>" (its transport address) and "host/<rank>";
  *   2. it adds 1 to "joined"; the rank that brings it to n sets "ready";
  *   3. everyone waits for "ready" until KHOR_INIT_TIMEOUT; on timeout the error lists the
@@ -54,7 +55,30 @@ static khor_status start_store(khor_comm *c, kerr *err)
 	                       err);
 	if (st != KHOR_SUCCESS)
 		return st;
+	/*
+	 * The k-th init of each rank meets in generation k. A job that finalizes and inits
+	 * again (Horovod's shutdown() and init(), a rank script running two programs) would
+	 * otherwise read the first init's addresses, counters and abort notice, and wait out
+	 * its timeout on a peer that left. Generation 0 holds only these counters.
+	 */
+	char key[32];
+	int64_t k = 0;
 	store_set_prefix(c->store, s->job_id, 0);
+	snprintf(key, sizeof(key), "inits/%d", c->rank);
+	st = store_add(c->store, key, 1, &k, err);
+	if (st != KHOR_SUCCESS) {
+		kerr_prefix(err, "rank %d: counting its inits in the store at %s", c->rank,
+		            c->store_addr);
+		return st;
+	}
+	if (k < 1 || k > INT32_MAX)
+		return kerr_set(err, KHOR_ERR_INTERNAL, "rank %d: the store counted %lld inits of "
+		                "this rank", c->rank, (long long)k);
+	c->generation = (int)k;
+	store_set_prefix(c->store, s->job_id, c->generation);
+	if (k > 1)
+		KLOG_INFO("init %lld of rank %d in job '%s': store generation %d", (long long)k,
+		          c->rank, s->job_id, c->generation);
 	return KHOR_SUCCESS;
 }
 
@@ -532,12 +556,16 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	size_t vl;
 	st = store_get(c->store, "ready", dl, &v, &vl, err);
 	if (st == KHOR_ERR_TIMEOUT) {
-		char missing[256];
+		char missing[256], again[128] = "";
 		name_missing(c, missing, sizeof(missing));
+		if (c->generation > 1)
+			snprintf(again, sizeof(again), " (this was rank %d's init number %d in this job: "
+			         "the others must init as often)", c->rank, c->generation);
 		st = kerr_set(err, KHOR_ERR_TIMEOUT, "init: timed out after %lld ms "
 		              "(KHOR_INIT_TIMEOUT) waiting for all %d ranks to join the store at %s; "
-		              "ranks that never came: %s", (long long)s->init_timeout_ms, c->size,
-		              c->store_addr, missing[0] ? missing : "(none missing now; retry?)");
+		              "ranks that never came: %s%s", (long long)s->init_timeout_ms, c->size,
+		              c->store_addr, missing[0] ? missing : "(none missing now; retry?)",
+		              again);
 		goto fail;
 	}
 	if (st != KHOR_SUCCESS)

@@ -40,6 +40,7 @@ struct khor_comm {
 	store_server *server; /* when this rank serves the store */
 	store *store;
 	char store_addr[300];
+	int generation; /* this init's store generation: the rank's count of inits in the job */
 	int tcp_i, shm_i;    /* index of each transport in cc.tps, -1 when not used */
 	tp_link **links;     /* per peer, once made */
 	int8_t *link_tp;     /* per peer: index in cc.tps, -1 = not chosen yet */

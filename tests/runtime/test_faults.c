@@ -173,3 +173,95 @@ Test(faults, rank_that_stops_participating_times_out_with_names, .timeout = 60)
 	}
 	harness_shared_free(sh, sizeof(*sh));
 }
+
+/*
+ * A job that finalizes and initializes again (Horovod's shutdown() then init(), or a rank
+ * script that runs two programs in turn) meets in a fresh generation of the store: the
+ * second init must not read the first one's addresses or its abort notice. Rank 1 re-inits
+ * late, so a stale address of rank 1 would be read by rank 0 if generations were shared.
+ */
+static int body_reinit(int rank, int n, khor_config *cfg, void *arg)
+{
+	struct shared *sh = arg;
+	char err[TEXT];
+
+	(void)n;
+	for (int round = 0; round < 3; round++) {
+		khor_comm *comm;
+		float v = (float)(rank + 1), sum = 0;
+
+		if (rank == 1 && round > 0)
+			usleep(300 * 1000);
+		if (khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS) {
+			snprintf(sh->err[rank], TEXT, "init %d: %s", round, err);
+			return 10 + round;
+		}
+		if (khor_allreduce(comm, &v, &sum, 1, KHOR_FLOAT32, KHOR_SUM) != KHOR_SUCCESS) {
+			snprintf(sh->err[rank], TEXT, "allreduce %d: %s", round, khor_comm_error(comm));
+			khor_finalize(comm);
+			return 20 + round;
+		}
+		/* One round fails on purpose: its abort notice must not leak into the next. */
+		if (round == 1) {
+			float big[4] = { 0 };
+			size_t count = rank == 0 ? 4 : 2;
+			(void)khor_allreduce(comm, big, big, count, KHOR_FLOAT32, KHOR_SUM);
+		}
+		khor_finalize(comm);
+		if (sum != 3.0f) {
+			snprintf(sh->err[rank], TEXT, "round %d: sum %g, want 3", round, (double)sum);
+			return 30 + round;
+		}
+	}
+	return 0;
+}
+
+Test(faults, finalize_then_init_again_meets_in_a_fresh_generation, .timeout = 120)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	harness_opts o = { .n = 2, .timeout = "10s", .deadline_s = 90 };
+	harness_result res;
+
+	harness_run(&o, body_reinit, sh, &res);
+	cr_assert(!res.timed_out, "re-init hung");
+	for (int r = 0; r < 2; r++)
+		cr_expect_eq(res.status[r], 0, "rank %d exited %d: %s", r, res.status[r], sh->err[r]);
+	harness_shared_free(sh, sizeof(*sh));
+}
+
+/* Rank 0 inits a second time, rank 1 does not: rank 0 is told who is missing and why. */
+static int body_reinit_alone(int rank, int n, khor_config *cfg, void *arg)
+{
+	struct shared *sh = arg;
+	char err[TEXT];
+	khor_comm *comm;
+
+	(void)n;
+	khor_config_set(cfg, "KHOR_INIT_TIMEOUT", "2s");
+	if (khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS)
+		return 10;
+	khor_finalize(comm);
+	if (rank == 1)
+		return 0;
+	if (khor_init(cfg, err, sizeof(err), &comm) == KHOR_SUCCESS) {
+		khor_finalize(comm);
+		return 11; /* nobody to meet: must not succeed */
+	}
+	snprintf(sh->err[rank], TEXT, "%s", err);
+	return 0;
+}
+
+Test(faults, init_again_without_the_others_names_them, .timeout = 60)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	harness_opts o = { .n = 2, .timeout = "10s", .deadline_s = 40 };
+	harness_result res;
+
+	harness_run(&o, body_reinit_alone, sh, &res);
+	cr_assert(!res.timed_out, "hung");
+	cr_assert_eq(res.status[0], 0, "rank 0 exited %d", res.status[0]);
+	cr_assert_eq(res.status[1], 0, "rank 1 exited %d", res.status[1]);
+	cr_expect_not_null(strstr(sh->err[0], "ranks that never came: 1"), "%s", sh->err[0]);
+	cr_expect_not_null(strstr(sh->err[0], "init number 2"), "%s", sh->err[0]);
+	harness_shared_free(sh, sizeof(*sh));
+}
