@@ -216,17 +216,23 @@ static int body_reinit(int rank, int n, khor_config *cfg, void *arg)
 	return 0;
 }
 
-Test(faults, finalize_then_init_again_meets_in_a_fresh_generation, .timeout = 120)
+/* Runs body on 2 ranks; both must exit 0 within deadline_s. The caller frees the result. */
+static struct shared *run_pair(harness_body body, double deadline_s)
 {
 	struct shared *sh = harness_shared(sizeof(*sh));
-	harness_opts o = { .n = 2, .timeout = "10s", .deadline_s = 90 };
+	harness_opts o = { .n = 2, .timeout = "10s", .deadline_s = deadline_s };
 	harness_result res;
 
-	harness_run(&o, body_reinit, sh, &res);
-	cr_assert(!res.timed_out, "re-init hung");
+	harness_run(&o, body, sh, &res);
+	cr_assert(!res.timed_out, "hung");
 	for (int r = 0; r < 2; r++)
-		cr_expect_eq(res.status[r], 0, "rank %d exited %d: %s", r, res.status[r], sh->err[r]);
-	harness_shared_free(sh, sizeof(*sh));
+		cr_assert_eq(res.status[r], 0, "rank %d exited %d: %s", r, res.status[r], sh->err[r]);
+	return sh;
+}
+
+Test(faults, finalize_then_init_again_meets_in_a_fresh_generation, .timeout = 120)
+{
+	harness_shared_free(run_pair(body_reinit, 90), sizeof(struct shared));
 }
 
 /* Rank 0 inits a second time, rank 1 does not: rank 0 is told who is missing and why. */
@@ -253,14 +259,8 @@ static int body_reinit_alone(int rank, int n, khor_config *cfg, void *arg)
 
 Test(faults, init_again_without_the_others_names_them, .timeout = 60)
 {
-	struct shared *sh = harness_shared(sizeof(*sh));
-	harness_opts o = { .n = 2, .timeout = "10s", .deadline_s = 40 };
-	harness_result res;
+	struct shared *sh = run_pair(body_reinit_alone, 40);
 
-	harness_run(&o, body_reinit_alone, sh, &res);
-	cr_assert(!res.timed_out, "hung");
-	cr_assert_eq(res.status[0], 0, "rank 0 exited %d", res.status[0]);
-	cr_assert_eq(res.status[1], 0, "rank 1 exited %d", res.status[1]);
 	cr_expect_not_null(strstr(sh->err[0], "ranks that never came: 1"), "%s", sh->err[0]);
 	cr_expect_not_null(strstr(sh->err[0], "init number 2"), "%s", sh->err[0]);
 	harness_shared_free(sh, sizeof(*sh));
