@@ -249,15 +249,20 @@ static void make_group(const khor_comm *c, coll_comm *g, uint32_t id, const int 
 }
 
 /*
- * The cores this machine's ranks share: the online CPUs, or fewer when this process may run
- * on fewer (a container's cpuset, taskset). A set of one core is taken as a rank pinned to
- * its own core (Slurm's --cpu-bind), which says nothing about the others.
+ * The cores this machine's ranks share: what the launcher says (KHOR_LOCAL_CPUS: khorrun
+ * counts the CPUs it was given, before it pins any rank), else the online CPUs, or fewer
+ * when this process may run on fewer (a container's cpuset, taskset). Without the launcher's
+ * word a set of one core is taken as a rank pinned to its own core (Slurm's --cpu-bind),
+ * which says nothing about the others.
  */
-static int shared_cores(void)
+static int shared_cores(const khor_comm *c)
 {
 	long online = sysconf(_SC_NPROCESSORS_ONLN);
 	int n = online > 0 ? (int)online : 1;
 	cpu_set_t set;
+
+	if (c->cfg.local_cpus > 0)
+		return c->cfg.local_cpus;
 
 	if (sched_getaffinity(0, sizeof(set), &set) == 0) {
 		int mine = CPU_COUNT(&set);
@@ -351,7 +356,7 @@ static khor_status calibrate(khor_comm *c, kerr *err)
 	double v[7] = { 0, 0, 0, 0, 0, 0, 0 };
 	khor_status st;
 	uint32_t seq = c->next_seq++;
-	const int ncpu = shared_cores();
+	const int ncpu = shared_cores(c);
 	const bool own = c->on_machine <= ncpu;
 
 	if (c->hier_ok) {
@@ -597,7 +602,7 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	 * peer needs: yield while spinning. With exactly one rank per core, yielding measured
 	 * slower (a syscall and a pass through the scheduler per spin).
 	 */
-	c->cc.spin_yield = c->on_machine > shared_cores();
+	c->cc.spin_yield = c->on_machine > shared_cores(c);
 	make_group(c, &c->node_cc, 1, c->node_map, c->node_n, c->node_me);
 	make_group(c, &c->cross_cc, 2, c->cross_map, c->cross_n, c->cross_me);
 	if (c->size > 1 && (st = agree_settings(c, cfg, err)) != KHOR_SUCCESS)
@@ -616,11 +621,12 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	c->cross_cc.model = c->outer;
 	KLOG_INFO("cost model (%s): intra-host alpha %.1f us, link %.2f GB/s; inter-host alpha "
 	          "%.1f us, link %.2f GB/s; reduce %.2f GB/s; cache %.1f MiB per rank; %d host(s), "
-	          "node-aware %s",
+	          "node-aware %s; %d rank(s) on this machine's %d CPU(s)%s",
 	          s->cost[0] > 0 ? "from KHOR_COST_*" : "measured at init", c->inner.alpha * 1e6,
 	          1e-9 / c->inner.beta, c->outer.alpha * 1e6, 1e-9 / c->outer.beta,
 	          1e-9 / c->inner.gamma, c->inner.cache / (1 << 20), c->nhosts,
-	          c->hier_ok ? "possible" : "off");
+	          c->hier_ok ? "possible" : "off", c->on_machine, shared_cores(c),
+	          c->cc.spin_yield ? ", yielding while spinning" : "");
 	KLOG_INFO("joined job '%s' as rank %d of %d (local %d/%d, cross %d/%d) via %s; "
 	          "transports: %s at %s%s%s", s->job_id, c->rank, c->size, c->local_rank,
 	          c->local_size, c->cross_rank, c->cross_size, s->source, "tcp",

@@ -18,6 +18,7 @@ const struct config_var config_vars[] = {
 	{ "KHOR_LOCAL_SIZE", NULL, "Ranks on this host (else computed)" },
 	{ "KHOR_CROSS_RANK", NULL, "Rank among ranks with the same local rank (else computed)" },
 	{ "KHOR_CROSS_SIZE", NULL, "Number of ranks with this local rank (else computed)" },
+	{ "KHOR_LOCAL_CPUS", NULL, "CPUs this host's ranks share (set by khorrun; else this process's CPU set, or all online CPUs when it is one CPU)" },
 	{ "KHOR_STORE_ADDR", NULL, "host:port of the rendezvous store (set by khorrun; else MASTER_ADDR:MASTER_PORT, where rank 0 starts it)" },
 	{ "KHOR_SECRET", NULL, "Job secret proven by every store and link handshake (khorrun makes one); unset = unauthenticated" },
 	{ "KHOR_JOB_ID", "default", "Job id; keys and links of other jobs are refused" },
@@ -185,6 +186,7 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 
 	memset(s, 0, sizeof(*s));
 	s->local_rank = s->local_size = s->cross_rank = s->cross_size = -1;
+	s->local_cpus = -1;
 
 	/* Rank and size: khorrun / caller, then torchrun, then Slurm, else a one-rank job. */
 	kstrlcpy(s->source, "khor", sizeof(s->source));
@@ -228,6 +230,11 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 		if (found)
 			*(int *)((char *)s + topo[i].off) = (int)v;
 	}
+
+	if ((st = get_int(cfg, "KHOR_LOCAL_CPUS", NULL, 1, 1 << 20, &v, &found, err)))
+		return st;
+	if (found)
+		s->local_cpus = (int)v;
 
 	/* The store: given, or derived from torchrun/Slurm variables with rank 0 serving it. */
 	p = config_lookup(cfg, "KHOR_STORE_ADDR");

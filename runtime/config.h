@@ -33,6 +33,7 @@ struct khor_config {
 typedef struct settings {
 	int rank, size;
 	int local_rank, local_size, cross_rank, cross_size; /* -1: compute from host names */
+	int local_cpus;          /* CPUs this host's ranks share; -1: from the CPU set */
 	char store_host[256];
 	uint16_t store_port;
 	bool serve_store;       /* this process (rank 0) runs the store */

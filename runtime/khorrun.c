@@ -217,8 +217,8 @@ static void usage(FILE *f)
 	        "  --version            print the version\n"
 	        "\n"
 	        "Each rank gets KHOR_RANK, KHOR_SIZE, KHOR_LOCAL_RANK, KHOR_LOCAL_SIZE,\n"
-	        "KHOR_CROSS_RANK, KHOR_CROSS_SIZE, KHOR_STORE_ADDR, KHOR_SECRET, KHOR_JOB_ID and\n"
-	        "KHOR_LAUNCHER=khorrun on top of khorrun's own environment. Ranks read stdin from\n"
+	        "KHOR_CROSS_RANK, KHOR_CROSS_SIZE, KHOR_LOCAL_CPUS, KHOR_STORE_ADDR, KHOR_SECRET,\n"
+	        "KHOR_JOB_ID and KHOR_LAUNCHER=khorrun on top of khorrun's own environment. Ranks read stdin from\n"
 	        "/dev/null. Exit status: the first failed rank's (128+signal if killed), 130/143\n"
 	        "when interrupted by SIGINT/SIGTERM, 2 for a bad command line, 127 when the\n"
 	        "program is not found, 126 when it cannot be run.\n");
@@ -1300,7 +1300,7 @@ int main(int argc, char **argv)
 	uint8_t rnd[4];
 	const char *host;
 	cpubind_cpus cpus = { 0 };
-	bool bind = false;
+	bool bind = false, have_cpus = false;
 	int rc;
 
 	memset(j, 0, sizeof(*j));
@@ -1315,15 +1315,20 @@ int main(int argc, char **argv)
 	rc = resolve_program(j->o.prog_argv[0], &path);
 	if (rc != 0)
 		goto out_free_opts;
-	/* Before the store thread exists: its CPUs are the ones khorrun was given. */
-	if (j->o.bind == CPUBIND_CORES) {
+	/*
+	 * Before the store thread exists: its CPUs are the ones khorrun was given. The ranks
+	 * learn how many (KHOR_LOCAL_CPUS): pinned to one or a few, they cannot tell from
+	 * their own CPU set how crowded the machine is.
+	 */
+	{
 		int e = cpubind_load(&cpus);
 		char ebuf[128];
 
-		if (e != 0)
+		if (e != 0 && j->o.bind == CPUBIND_CORES)
 			say("cannot read khorrun's CPUs (%s); ranks run unbound",
 			    kerr_errno_str(e, ebuf, sizeof(ebuf)));
-		bind = e == 0 && cpus.n > 0;
+		have_cpus = e == 0 && cpus.n > 0;
+		bind = have_cpus && j->o.bind == CPUBIND_CORES;
 	}
 	rc = 1;
 	if (!ensure_fd_limit(j->o.np))
@@ -1431,6 +1436,7 @@ int main(int argc, char **argv)
 	    asprintf(&fixed[nfixed++], "KHOR_SECRET=%s", secret) < 0 ||
 	    asprintf(&fixed[nfixed++], "KHOR_JOB_ID=%s", job_id) < 0 ||
 	    asprintf(&fixed[nfixed++], "KHOR_LAUNCHER=khorrun") < 0 ||
+	    (have_cpus && asprintf(&fixed[nfixed++], "KHOR_LOCAL_CPUS=%d", cpus.n) < 0) ||
 	    (j->o.timeout != NULL &&
 	     asprintf(&fixed[nfixed++], "KHOR_TIMEOUT=%s", j->o.timeout) < 0)) {
 		/* asprintf leaves the pointer undefined on failure; do not free it. */

@@ -710,13 +710,15 @@ Test(khorrun, missing_or_unrunnable_program, .timeout = 30)
 
 /*
  * Runs np ranks that print the CPUs they may run on (the kernel's own list in
- * /proc/self/status) and returns rank r's list in lists[r].
+ * /proc/self/status) and returns rank r's list in lists[r]; each must be told that the job
+ * has m CPUs (KHOR_LOCAL_CPUS).
  */
-static void rank_cpu_lists(const char *mode, int np, char lists[][256])
+static void rank_cpu_lists(const char *mode, int np, int m, char lists[][256])
 {
 	char nps[16];
 	const char *args[] = { "--bind", mode, "-np", nps, "/bin/sh", "-c",
-		               "sed -n 's/^Cpus_allowed_list:[[:space:]]*/cpus=/p' /proc/self/status",
+		               "sed -n 's/^Cpus_allowed_list:[[:space:]]*/cpus=/p' /proc/self/status; "
+		               "echo \"shared=$KHOR_LOCAL_CPUS\"",
 		               NULL };
 	struct proc p;
 
@@ -734,6 +736,9 @@ static void rank_cpu_lists(const char *mode, int np, char lists[][256])
 		line = strstr(p.b[0].data, want);
 		cr_assert_not_null(line, "no '%s' in:\n%s", want, p.b[0].data);
 		cr_assert_eq(sscanf(line + strlen(want), "%255s", lists[r]), 1);
+		/* Every rank is told how many CPUs the job has, pinned or not. */
+		snprintf(want, sizeof(want), "[%d] shared=%d\n", r, m);
+		cr_assert_not_null(strstr(p.b[0].data, want), "no '%s' in:\n%s", want, p.b[0].data);
 	}
 	proc_free(&p);
 }
@@ -761,22 +766,22 @@ Test(khorrun, bind_cores_gives_ranks_their_share_of_khorruns_cpus, .timeout = 12
 	cpubind_format(own.cpu, m, own_list, sizeof(own_list));
 
 	/* cores, ranks outnumber CPUs: rank r on CPU r mod m alone. */
-	rank_cpu_lists("cores", 2 * m + 1, lists);
+	rank_cpu_lists("cores", 2 * m + 1, m, lists);
 	for (int r = 0; r < 2 * m + 1; r++) {
 		cpubind_format(&own.cpu[r % m], 1, want, sizeof(want));
 		cr_assert_str_eq(lists[r], want, "cores, rank %d of %d on %d CPUs", r, 2 * m + 1, m);
 	}
 	/* none (the default), however many ranks: khorrun's own CPUs. */
-	rank_cpu_lists("none", 2 * m + 1, lists);
+	rank_cpu_lists("none", 2 * m + 1, m, lists);
 	for (int r = 0; r < 2 * m + 1; r++)
 		cr_assert_str_eq(lists[r], own_list, "none, rank %d", r);
-	rank_cpu_lists(NULL, 2 * m + 1, lists);
+	rank_cpu_lists(NULL, 2 * m + 1, m, lists);
 	for (int r = 0; r < 2 * m + 1; r++)
 		cr_assert_str_eq(lists[r], own_list, "no --bind, rank %d", r);
 	/* cores: one rank gets them all; m ranks one each, in topology order. */
-	rank_cpu_lists("cores", 1, lists);
+	rank_cpu_lists("cores", 1, m, lists);
 	cr_assert_str_eq(lists[0], own_list, "cores, one rank");
-	rank_cpu_lists("cores", m, lists);
+	rank_cpu_lists("cores", m, m, lists);
 	for (int r = 0; r < m; r++) {
 		cpubind_format(&own.cpu[r], 1, want, sizeof(want));
 		cr_assert_str_eq(lists[r], want, "cores, rank %d of %d", r, m);
@@ -855,6 +860,9 @@ Test(khorrun, debug_log_shows_choices_with_predictions, .timeout = 90)
 
 	if (bench == NULL || *bench == '\0')
 		cr_skip_test("KHOR_BENCH is not set (ctest sets it to the built khor-bench)");
+	/* Settings that replace the model's choice would print no predictions. */
+	unsetenv("KHOR_ALGO");
+	unsetenv("KHOR_RD_MAX_BYTES");
 	for (size_t j = 0; j < sizeof(jobs) / sizeof(jobs[0]); j++) {
 		char script[1024];
 		const char *args[] = { "-np", "2", "/bin/sh", "-c", script, NULL };
@@ -899,5 +907,38 @@ Test(khorrun, ranks_run_two_programs_in_turn, .timeout = 60)
 	/* Rank 0 prints the table: one per program, every call checked. */
 	cr_assert_eq(count_str(p.b[0].data, "Out of bounds values : 0 OK"), 2, "stdout:\n%s",
 	             p.b[0].data);
+	proc_free(&p);
+}
+
+/*
+ * khorrun started on one CPU (a taskset, a one-CPU container): its ranks, each allowed that
+ * one CPU, must still know they share it. A one-CPU set alone reads as "pinned to my own
+ * core" (Slurm's --cpu-bind), which would make them spin against each other.
+ */
+Test(khorrun, ranks_on_one_cpu_know_they_share_it, .timeout = 60)
+{
+	const char *bench = getenv("KHOR_BENCH");
+	char script[1024];
+	const char *args[] = { "-np", "2", "/bin/sh", "-c", script, NULL };
+	const char *env[] = { "KHOR_LOG=info", NULL };
+	cpubind_cpus own;
+	cpu_set_t one;
+	struct proc p;
+
+	if (bench == NULL || *bench == '\0')
+		cr_skip_test("KHOR_BENCH is not set (ctest sets it to the built khor-bench)");
+	cr_assert_eq(cpubind_load(&own), 0);
+	CPU_ZERO(&one);
+	CPU_SET(own.cpu[0], &one);
+	cpubind_free(&own);
+	cr_assert_eq(sched_setaffinity(0, sizeof(one), &one), 0, "%s", strerror(errno));
+	snprintf(script, sizeof(script), "exec %s allreduce -b 8 -e 8 -n 2 -w 0", bench);
+	proc_start(&p, args, env);
+	proc_finish(&p, 40);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	for (int r = 0; r < 2; r++)
+		cr_assert_not_null(rank_line(p.b[1].data, r, "2 rank(s) on this machine's 1 CPU(s), "
+		                                             "yielding while spinning"),
+		                   "rank %d:\n%s", r, p.b[1].data);
 	proc_free(&p);
 }
