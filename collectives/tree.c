@@ -31,7 +31,7 @@
  * buffer is read or written in place with no rotation copy. Every other edge carries one.
  * Both ends know from (n, root, subtree) alone which edges wrap.
  *
- * Every edge carries its messages even when they are empty (count 0), so ranks that
+ * Every edge carries its first message even when it is empty (count 0), so ranks that
  * disagree on count see it in a frame header.
  */
 #include "algos.h"

@@ -42,6 +42,28 @@ static long topo_id(int cpu, const char *what, long fallback)
 	return v;
 }
 
+/*
+ * The first CPU of cpu's core (its thread_siblings_list), or cpu itself when unreadable.
+ * core_id would do on most x86 machines, but it is not unique within a package everywhere
+ * (some arm64 and multi-die parts), and the first sibling is.
+ */
+static long core_key(int cpu)
+{
+	char path[128];
+	long v = cpu;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list",
+	         cpu);
+	f = fopen(path, "re");
+	if (f == NULL)
+		return cpu;
+	if (fscanf(f, "%ld", &v) != 1 || v < 0)
+		v = cpu;
+	fclose(f);
+	return v;
+}
+
 struct cpu_key {
 	long pkg, core;
 	int cpu;
@@ -98,7 +120,7 @@ int cpubind_load(cpubind_cpus *c)
 			continue;
 		keys[n].cpu = i;
 		keys[n].pkg = topo_id(i, "physical_package_id", 0);
-		keys[n].core = topo_id(i, "core_id", i);
+		keys[n].core = core_key(i);
 		n++;
 	}
 	qsort(keys, (size_t)n, sizeof(*keys), cmp_key);

@@ -4,8 +4,8 @@
  * With --bind cores the launcher takes the CPUs it was itself given (a taskset, a cgroup
  * cpuset, Slurm's allocation), orders them by package, core and hardware thread, and hands
  * each rank a share: with np ranks on n CPUs, rank r gets the r-th of np equal contiguous
- * blocks when np <= n (so hardware threads of one core stay with one rank), else the
- * (r mod n)-th CPU, so ring neighbours run on different CPUs.
+ * blocks when np <= n (hardware threads of one core stay with one rank when the blocks are
+ * whole cores), else the (r mod n)-th CPU, so ring neighbours run on different CPUs.
  *
  * Not the default. With 4 ranks on 2 CPUs, pinned ranks ran the ring up to 30% faster (no
  * migrations: about 400 per 256 MiB allreduce unpinned) but halving-doubling up to 20% slower
