@@ -25,7 +25,7 @@ bool cpubind_parse(const char *s, cpubind_mode *mode_out)
 	return false;
 }
 
-/* A sysfs topology number of cpu, or fallback when the file is missing (containers). */
+/* The (first) number in a sysfs topology file of cpu, or fallback when it is missing. */
 static long topo_id(int cpu, const char *what, long fallback)
 {
 	char path[128];
@@ -38,28 +38,6 @@ static long topo_id(int cpu, const char *what, long fallback)
 		return fallback;
 	if (fscanf(f, "%ld", &v) != 1 || v < 0)
 		v = fallback;
-	fclose(f);
-	return v;
-}
-
-/*
- * The first CPU of cpu's core (its thread_siblings_list), or cpu itself when unreadable.
- * core_id would do on most x86 machines, but it is not unique within a package everywhere
- * (some arm64 and multi-die parts), and the first sibling is.
- */
-static long core_key(int cpu)
-{
-	char path[128];
-	long v = cpu;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list",
-	         cpu);
-	f = fopen(path, "re");
-	if (f == NULL)
-		return cpu;
-	if (fscanf(f, "%ld", &v) != 1 || v < 0)
-		v = cpu;
 	fclose(f);
 	return v;
 }
@@ -120,7 +98,12 @@ int cpubind_load(cpubind_cpus *c)
 			continue;
 		keys[n].cpu = i;
 		keys[n].pkg = topo_id(i, "physical_package_id", 0);
-		keys[n].core = core_key(i);
+		/*
+		 * A core is named by its first hardware thread (the first number of its
+		 * thread_siblings_list, e.g. "0-1" or "0,8"): core_id is not unique within a
+		 * package everywhere (some arm64 and multi-die parts).
+		 */
+		keys[n].core = topo_id(i, "thread_siblings_list", i);
 		n++;
 	}
 	qsort(keys, (size_t)n, sizeof(*keys), cmp_key);
