@@ -218,16 +218,17 @@ static void usage(FILE *f)
 	        "\n"
 	        "Each rank gets KHOR_RANK, KHOR_SIZE, KHOR_LOCAL_RANK, KHOR_LOCAL_SIZE,\n"
 	        "KHOR_CROSS_RANK, KHOR_CROSS_SIZE, KHOR_LOCAL_CPUS, KHOR_STORE_ADDR, KHOR_SECRET,\n"
-	        "KHOR_JOB_ID and KHOR_LAUNCHER=khorrun on top of khorrun's own environment. Ranks read stdin from\n"
-	        "/dev/null. Exit status: the first failed rank's (128+signal if killed), 130/143\n"
-	        "when interrupted by SIGINT/SIGTERM, 2 for a bad command line, 127 when the\n"
-	        "program is not found, 126 when it cannot be run.\n");
+	        "KHOR_JOB_ID and KHOR_LAUNCHER=khorrun on top of khorrun's own environment.\n"
+	        "Ranks read stdin from /dev/null. Exit status: the first failed rank's\n"
+	        "(128+signal if killed), 130/143 when interrupted by SIGINT/SIGTERM, 2 for a bad\n"
+	        "command line, 127 when the program is not found, 126 when it cannot be run.\n");
 }
 
 /* The variables every rank reads (runtime/config.c's table, as in the README). */
 static void print_env_help(void)
 {
-	printf("Variables khor reads in every rank (set them in khorrun's environment or with -x):\n\n");
+	printf("Variables khor reads in every rank (set them in khorrun's environment or with\n"
+	       "-x VAR=VALUE):\n\n");
 	for (int i = 0; i < config_nvars; i++)
 		printf("  %-20s %-8s %s\n", config_vars[i].name,
 		       config_vars[i].def != NULL ? config_vars[i].def : "-", config_vars[i].help);
