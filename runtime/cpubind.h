@@ -8,11 +8,10 @@
  * whole cores), else the (r mod n)-th CPU, so ring neighbours run on different CPUs.
  *
  * Not the default. With 4 ranks on 2 CPUs, pinned ranks ran the ring up to 30% faster (no
- * migrations: about 400 per 256 MiB allreduce unpinned) but halving-doubling up to 20% slower
- * (at 4 ranks its distance-2 partners share a CPU), and the cost model, which does not know
- * who shares a CPU, kept picking halving-doubling: auto's choice was 10-40% off at 10 of 52
- * sizes pinned, 3 unpinned (docs/PERFORMANCE.md, "Pinning ranks"). With a CPU per rank
- * nothing measurable changed, and a framework's own threads are better left the machine.
+ * migrations: about 400 per 256 MiB allreduce unpinned) but not halving-doubling, and the
+ * cost model kept picking halving-doubling: auto's choice was 10-40% off at 10 of 52 sizes
+ * pinned, 3 unpinned (docs/PERFORMANCE.md, "Pinning ranks"). With a CPU per rank nothing
+ * measurable changed, and a framework's own threads are better left the whole machine.
  */
 #ifndef KHOR_RUNTIME_CPUBIND_H
 #define KHOR_RUNTIME_CPUBIND_H
