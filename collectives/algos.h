@@ -40,6 +40,10 @@ static inline void coll_block(size_t count, int n, int r, size_t *off, size_t *l
 /* reducescatter.c: ring; rank r receives block r (coll_block) of the reduced sendbuf. */
 khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbuf, size_t count,
                                 khor_dtype dtype, khor_op op, uint32_t seq, kerr *err);
+/* The same result by recursive halving in log2(n) steps; n must be a power of two. */
+khor_status halving_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbuf,
+                                   size_t count, khor_dtype dtype, khor_op op, uint32_t seq,
+                                   kerr *err);
 
 /* allgather.c: rank r's sendbuf (counts[r] elements) lands at recvbuf + displs[r] everywhere. */
 khor_status ring_allgatherv(coll_comm *cc, const void *sendbuf, void *recvbuf,

@@ -68,7 +68,7 @@ typedef struct coll_comm {
 	bool spin_yield;      /* more ranks than cores here: yield the core while spinning */
 	cost_model model;     /* select.h */
 	uint64_t logged_buckets[2]; /* sizes (log2) whose choice was logged: [0] auto, [1] forced */
-	uint64_t logged_bcast, logged_allgather; /* the same for broadcast's and allgather's */
+	uint64_t logged_bcast, logged_allgather, logged_rs; /* the same for the others' picks */
 	unsigned poll_count;     /* coll_progress calls, to poll idle transports now and then */
 	size_t pick_cache_bytes; /* allreduce_pick's last size + 1 (0 = none) and its answer */
 	int pick_cache_algo;

@@ -40,6 +40,21 @@
  * that overwrites it element by element. Every lane sends its
  * message at every step, even when it is empty, so ranks that disagree on count see it in
  * a frame header.
+ *
+ * halving_reduce_scatter: recursive halving, for n a power of two, log2(n) steps instead of
+ * n-1. Each rank starts with all n blocks; in the step with mask m it keeps the half of its
+ * current blocks on its own side of bit m, sends the other half to r XOR m and folds the
+ * partner's copy of the kept half in. Halves are cut at block boundaries (coll_block), so
+ * uneven counts land as the ring lands them. n = 4, blocks [0 1 2 3]:
+ *
+ *   step 1 (m = 2): 0<->2, 1<->3   0,1 keep [0 1] (summed over the pair), 2,3 keep [2 3]
+ *   step 2 (m = 1): 0<->1, 2<->3   rank r keeps block r, summed over all four
+ *
+ * It moves (n-1)/n of the buffer, as the ring does, in fewer and larger messages: the
+ * small- and medium-size choice. Partial sums live in a temp of half the buffer (coll_big),
+ * the last step folds straight into recvbuf, and sendbuf is read only in the first step,
+ * so the two in-place forms above hold. The pair always combines (lower half of the
+ * group) op (upper half), so every run gives the same bits.
  */
 #include "algos.h"
 
@@ -184,5 +199,84 @@ khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbu
 			coll_drain(cc, lanes[li].x, 2);
 		coll_wait_fail(&w, err, " (ring, step %d of %d)", lanes[0].step, nsteps);
 	}
+	return st;
+}
+
+/* Element range of blocks [b_lo, b_hi) of a count split over n (coll_block). */
+static void block_range(size_t count, int n, int b_lo, int b_hi, size_t *lo, size_t *hi)
+{
+	size_t off, len;
+
+	coll_block(count, n, b_lo, &off, &len);
+	*lo = off;
+	coll_block(count, n, b_hi - 1, &off, &len);
+	*hi = off + len;
+}
+
+khor_status halving_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbuf,
+                                   size_t count, khor_dtype dtype, khor_op op, uint32_t seq,
+                                   kerr *err)
+{
+	const int n = cc->size, r = cc->rank;
+	const size_t esz = khor_dtype_size(dtype);
+	const uint32_t meta = tp_meta_sched(tp_meta_make(COLL_REDUCESCATTER, dtype, op), ALGO_HD);
+	reduce_fn fn = reduce_kernel(dtype, op);
+	const uint8_t *cur = sendbuf; /* the current blocks' partial sums, from element base */
+	size_t base = 0, half;
+	uint8_t *acc, *got;
+	int b_lo = 0, b_hi = n;
+	uint32_t step = 0;
+	coll_wait w;
+	khor_status st = KHOR_SUCCESS;
+
+	if (n == 1) {
+		if (recvbuf != sendbuf && count > 0)
+			memmove(recvbuf, sendbuf, count * esz);
+		return KHOR_SUCCESS;
+	}
+	/* The larger half of the first step bounds every kept and every received range. */
+	block_range(count, n, 0, n / 2, &base, &half);
+	half = half * esz + 1;
+	acc = coll_big(cc, 2 * half);
+	if (acc == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "reduce_scatter seq %u (recursive halving): "
+		                "no memory for a %zu-byte temp buffer", seq, 2 * half);
+	got = acc + half;
+	base = 0;
+	coll_wait_begin(cc, &w, "reduce_scatter seq %u (recursive halving)", seq, -1);
+	for (int m = n / 2; st == KHOR_SUCCESS && m >= 1; m /= 2, step++) {
+		const int mid = b_lo + (b_hi - b_lo) / 2, peer = r ^ m;
+		const bool low = (r & m) == 0;
+		const int k_lo = low ? b_lo : mid, k_hi = low ? mid : b_hi;
+		const int g_lo = low ? mid : b_lo, g_hi = low ? b_hi : mid;
+		size_t klo, khi, glo, ghi;
+		tp_tag tag = { cc->comm_id, seq, step, meta };
+
+		block_range(count, n, k_lo, k_hi, &klo, &khi);
+		block_range(count, n, g_lo, g_hi, &glo, &ghi);
+		st = coll_sendrecv(cc, &w, peer, cur + (glo - base) * esz, (ghi - glo) * esz, peer,
+		                   got, (khi - klo) * esz, tag, err);
+		if (st == KHOR_SUCCESS && khi > klo) {
+			/* The last step folds into recvbuf; earlier ones into the front of acc. */
+			uint8_t *o = m == 1 ? recvbuf : acc;
+			const uint8_t *c = cur + (klo - base) * esz;
+			if (low)
+				fn(o, c, got, khi - klo);
+			else
+				fn(o, got, c, khi - klo);
+		}
+		cur = acc;
+		base = klo;
+		b_lo = k_lo;
+		b_hi = k_hi;
+	}
+	if (st == KHOR_SUCCESS && op == KHOR_AVG) {
+		size_t off, len;
+		coll_block(count, n, r, &off, &len);
+		if (len > 0)
+			reduce_avg_finish(recvbuf, len, dtype, n);
+	}
+	if (st != KHOR_SUCCESS)
+		coll_wait_fail(&w, err, " step %u", step);
 	return st;
 }

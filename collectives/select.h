@@ -18,17 +18,23 @@
 
 enum bcast_algo { BCAST_BINOMIAL = 0, BCAST_CHAIN };
 enum allgather_algo { AG_RD = 0, AG_RING };
+/* Reduce-scatter: ring, recursive-doubling allreduce then a copy, recursive halving. */
+enum rs_algo { RS_RING = 0, RS_RD, RS_HALVING };
 
 /* Predicted seconds of an allreduce of `bytes` on n ranks with algorithm a (enum allreduce_algo). */
 double cost_allreduce(const cost_model *m, int a, int n, size_t bytes, size_t slice);
 double cost_broadcast(const cost_model *m, int a, int n, size_t bytes, size_t slice);
 /* bytes = the whole gathered buffer. */
 double cost_allgather(const cost_model *m, int a, int n, size_t bytes);
+/* bytes = the whole input; RS_HALVING only for n a power of two. */
+double cost_reduce_scatter(const cost_model *m, int a, int n, size_t bytes);
 
 /* The cheapest allreduce that fits (rd and hd need scratch or memory; all fit here). */
 int cost_pick_allreduce(const cost_model *m, int n, size_t bytes, size_t slice, double *t_out);
 int cost_pick_broadcast(const cost_model *m, int n, size_t bytes, size_t slice);
 int cost_pick_allgather(const cost_model *m, int n, size_t bytes);
+/* Recursive halving only when n is a power of two and its first half fits one slice. */
+int cost_pick_reduce_scatter(const cost_model *m, int n, size_t bytes, size_t slice);
 
 /*
  * Measures alpha, beta (with neighbour r^1 of the group, if any; else zeros) and gamma into

@@ -231,14 +231,47 @@ static void root_position(const khor_comm *c, int root, int *host_out, int *loca
  * doubling into a temp buffer and keep this rank's block (the extra bytes cost less than
  * the steps they save). Deterministic like any fixed schedule.
  */
-static bool rs_by_allreduce(const coll_comm *cc, size_t bytes)
+/*
+ * Reduce-scatter's schedule: with KHOR_RD_MAX_BYTES set, recursive halving (recursive
+ * doubling and a copy when n is not a power of two) up to it and the ring above; else the
+ * cost model's pick. At 2 ranks every schedule is the same one swap: the ring.
+ */
+static int rs_pick(const khor_comm *c, const coll_comm *cc, size_t bytes)
 {
 	const int n = cc->size;
-	if (cc->model.alpha <= 0 || n <= 2)
-		return false;
+	const bool pow2 = (n & (n - 1)) == 0;
+
+	if (n <= 2)
+		return RS_RING;
+	if (c->cfg.rd_max_set)
+		return bytes > cc->rd_max_bytes ? RS_RING : pow2 ? RS_HALVING : RS_RD;
+	if (cc->model.alpha <= 0)
+		return RS_RING;
+	return cost_pick_reduce_scatter(&cc->model, n, bytes, cc->slice_bytes);
+}
+
+/* KHOR_LOG=debug: reduce-scatter's choice, once per power-of-two size, as log_pick does. */
+static void log_rs_pick(const khor_comm *c, coll_comm *cc, size_t bytes, int rs)
+{
+	static const char *const names[] = { "ring", "rd + copy", "recursive halving" };
 	const cost_model *m = &cc->model;
-	double ring = (n - 1) * (m->alpha + (double)bytes / n * m->beta + (double)bytes / n * m->gamma);
-	return cost_allreduce(m, ALGO_RD, n, bytes, 0) < ring;
+	int bucket = 0;
+
+	while (bucket < 63 && (1ull << (bucket + 1)) <= bytes)
+		bucket++;
+	if (cc->logged_rs & (1ull << bucket))
+		return;
+	cc->logged_rs |= 1ull << bucket;
+	if (c->cfg.rd_max_set || cc->size <= 2 || m->alpha <= 0)
+		KLOG_DEBUG("reduce_scatter %zu B on %d ranks: %s (%s)", bytes, cc->size, names[rs],
+		           cc->size <= 2 ? "2 ranks" : c->cfg.rd_max_set ? "KHOR_RD_MAX_BYTES" : "no model");
+	else
+		KLOG_DEBUG("reduce_scatter %zu B on %d ranks: %s (predicted us: ring %.1f, rd + copy "
+		           "%.1f, recursive halving %.1f%s)", bytes, cc->size, names[rs],
+		           cost_reduce_scatter(m, RS_RING, cc->size, bytes) * 1e6,
+		           cost_reduce_scatter(m, RS_RD, cc->size, bytes) * 1e6,
+		           cost_reduce_scatter(m, RS_HALVING, cc->size, bytes) * 1e6,
+		           (cc->size & (cc->size - 1)) ? ", not a power of two" : "");
 }
 
 static khor_status rd_reduce_scatter(coll_comm *cc, struct khor_request *r, kerr *err)
@@ -266,6 +299,7 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 	coll_comm *cc = &c->cc;
 	size_t esz = khor_dtype_size(r->dtype), bytes = r->count * esz;
 	bool binomial, bruck;
+	int rs;
 
 	if (c->size == 1)
 		return run_single(r, err);
@@ -334,10 +368,19 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 		return ring_allgather_equal(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->seq,
 		                            err);
 	case COLL_REDUCESCATTER:
-		if (rs_by_allreduce(cc, bytes))
+		rs = rs_pick(c, cc, bytes);
+		if (klog_threshold >= KLOG_DEBUG)
+			log_rs_pick(c, cc, bytes, rs);
+		switch (rs) {
+		case RS_RD:
 			return rd_reduce_scatter(cc, r, err);
-		return ring_reduce_scatter(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op,
-		                           r->seq, err);
+		case RS_HALVING:
+			return halving_reduce_scatter(cc, r->sendbuf, r->recvbuf, r->count, r->dtype,
+			                              r->op, r->seq, err);
+		default:
+			return ring_reduce_scatter(cc, r->sendbuf, r->recvbuf, r->count, r->dtype,
+			                           r->op, r->seq, err);
+		}
 	case COLL_ALLTOALL:
 		return alltoall_run(cc, r, err);
 	case COLL_GATHER:

@@ -547,6 +547,25 @@ Test(cost_model, ring_slices_and_cache_spills_separate_ring_and_hd)
 }
 
 /* A batch of swaps half of which caught both ranks on one core: its median is not alpha. */
+Test(cost_model, reduce_scatter_halves_only_powers_of_two_within_a_slice)
+{
+	cost_model m = { .alpha = 10e-6, .beta = 1 / 2e9, .gamma = 1 / 10e9,
+	                 .ring_slice = 512 << 10, .cache = 0 };
+	const size_t KiB = 1 << 10, slice = 512 << 10;
+
+	/* log2(n) messages against n-1, the same bytes: halving at 4 and 8 ranks. */
+	cr_expect_float_eq(cost_reduce_scatter(&m, RS_RING, 8, 64 * KiB) -
+	                       cost_reduce_scatter(&m, RS_HALVING, 8, 64 * KiB),
+	                   4 * m.alpha, 1e-12);
+	cr_expect_eq(cost_pick_reduce_scatter(&m, 4, 64 * KiB, slice), RS_HALVING);
+	cr_expect_eq(cost_pick_reduce_scatter(&m, 8, 1024 * KiB, slice), RS_HALVING);
+	/* Not a power of two: never halving; small, recursive doubling and a copy wins. */
+	cr_expect_eq(cost_pick_reduce_scatter(&m, 6, 64, slice), RS_RD);
+	cr_expect_eq(cost_pick_reduce_scatter(&m, 6, 1024 * KiB, slice), RS_RING);
+	/* A first half larger than a ring slice goes to the ring's overlapping slices. */
+	cr_expect_eq(cost_pick_reduce_scatter(&m, 4, 2048 * KiB, slice), RS_RING);
+}
+
 Test(cost_model, batch_alpha_ignores_a_transient_shared_core)
 {
 	uint64_t t[30];
