@@ -844,16 +844,19 @@ static const char *rank_line(const char *out, int r, const char *text)
 Test(khorrun, debug_log_shows_choices_with_predictions, .timeout = 90)
 {
 	static const struct {
-		const char *args; /* khor-bench's */
+		const char *np, *args; /* khor-bench's */
 		const char *want[2];
 	} jobs[] = {
-		{ "allreduce -b 8 -e 4M -f 512",
+		{ "2", "allreduce -b 8 -e 4M -f 512",
 		  { "allreduce 8 B on 2 ranks: ", "allreduce 2097152 B on 2 ranks: " } },
-		{ "broadcast -b 8 -e 4M -f 512",
+		{ "2", "broadcast -b 8 -e 4M -f 512",
 		  { "broadcast 8 B on 2 ranks: ", "broadcast 2097152 B on 2 ranks: " } },
-		{ "allgather -b 64 -e 4M -f 65536",
+		{ "2", "allgather -b 64 -e 4M -f 65536",
 		  { "allgather 64 B on 2 ranks: ", "allgather 4194304 B on 2 ranks: " } },
-		{ "allreduce -b 8 -e 8 --algo ring", { "allreduce 8 B on 2 ranks: ring (forced", NULL } },
+		{ "4", "reducescatter -b 64 -e 4M -f 65536",
+		  { "reduce_scatter 64 B on 4 ranks: ", "reduce_scatter 4194304 B on 4 ranks: " } },
+		{ "2", "allreduce -b 8 -e 8 --algo ring",
+		  { "allreduce 8 B on 2 ranks: ring (forced", NULL } },
 	};
 	const char *bench = getenv("KHOR_BENCH");
 	const char *env[] = { "KHOR_LOG=debug", NULL };
@@ -865,7 +868,7 @@ Test(khorrun, debug_log_shows_choices_with_predictions, .timeout = 90)
 	unsetenv("KHOR_RD_MAX_BYTES");
 	for (size_t j = 0; j < sizeof(jobs) / sizeof(jobs[0]); j++) {
 		char script[1024];
-		const char *args[] = { "-np", "2", "/bin/sh", "-c", script, NULL };
+		const char *args[] = { "-np", jobs[j].np, "/bin/sh", "-c", script, NULL };
 		struct proc p;
 
 		snprintf(script, sizeof(script), "exec %s %s -n 1 -w 0 --transport tcp", bench,
