@@ -236,11 +236,12 @@ khor_status halving_reduce_scatter(coll_comm *cc, const void *sendbuf, void *rec
 	}
 	/* The larger half of the first step bounds every kept and every received range. */
 	block_range(count, n, 0, n / 2, &base, &half);
-	half = half * esz + 1;
-	acc = coll_big(cc, 2 * half);
+	/* got must start on an element boundary: the spare byte (for count 0) goes last. */
+	half *= esz;
+	acc = coll_big(cc, 2 * half + 1);
 	if (acc == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "reduce_scatter seq %u (recursive halving): "
-		                "no memory for a %zu-byte temp buffer", seq, 2 * half);
+		                "no memory for a %zu-byte temp buffer", seq, 2 * half + 1);
 	got = acc + half;
 	base = 0;
 	coll_wait_begin(cc, &w, "reduce_scatter seq %u (recursive halving)", seq, -1);

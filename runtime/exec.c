@@ -226,12 +226,6 @@ static void root_position(const khor_comm *c, int root, int *host_out, int *loca
 }
 
 /*
- * Small reduce-scatters are latency-bound: the ring takes n-1 steps, recursive doubling
- * log2(n). Below the crossover the cost model predicts, reduce everything with recursive
- * doubling into a temp buffer and keep this rank's block (the extra bytes cost less than
- * the steps they save). Deterministic like any fixed schedule.
- */
-/*
  * Reduce-scatter's schedule: with KHOR_RD_MAX_BYTES set, recursive halving (recursive
  * doubling and a copy when n is not a power of two) up to it and the ring above; else the
  * cost model's pick. At 2 ranks every schedule is the same one swap: the ring.
@@ -274,6 +268,11 @@ static void log_rs_pick(const khor_comm *c, coll_comm *cc, size_t bytes, int rs)
 		           (cc->size & (cc->size - 1)) ? ", not a power of two" : "");
 }
 
+/*
+ * Small reduce-scatters are latency-bound: reduce everything with recursive doubling into a
+ * temp buffer and keep this rank's block (the extra bytes cost less than the steps they
+ * save, at n not a power of two where recursive halving does not apply).
+ */
 static khor_status rd_reduce_scatter(coll_comm *cc, struct khor_request *r, kerr *err)
 {
 	size_t esz = khor_dtype_size(r->dtype), off, len;
