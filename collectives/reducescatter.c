@@ -229,11 +229,8 @@ khor_status halving_reduce_scatter(coll_comm *cc, const void *sendbuf, void *rec
 	coll_wait w;
 	khor_status st = KHOR_SUCCESS;
 
-	if (n == 1) {
-		if (recvbuf != sendbuf && count > 0)
-			memmove(recvbuf, sendbuf, count * esz);
-		return KHOR_SUCCESS;
-	}
+	if (n == 1) /* one rank is a copy, which the ring does */
+		return ring_reduce_scatter(cc, sendbuf, recvbuf, count, dtype, op, seq, err);
 	/* The larger half of the first step bounds every kept and every received range. */
 	block_range(count, n, 0, n / 2, &base, &half);
 	/* got must start on an element boundary: the spare byte (for count 0) goes last. */
