@@ -23,6 +23,9 @@ enum allreduce_algo { ALGO_AUTO = 0, ALGO_RING, ALGO_RD, ALGO_TREE, ALGO_HD };
 
 #define COLL_MAX_TP 2
 
+/* The choices KHOR_LOG=debug shows once per power-of-two size (allreduce: auto's and forced). */
+enum { LOGGED_AUTO, LOGGED_FORCED, LOGGED_BCAST, LOGGED_ALLGATHER, LOGGED_RS, COLL_LOGGED_KINDS };
+
 /*
  * The cost model (select.h) that picks schedules: alpha s per message, beta s per byte on a
  * link, gamma s per byte reduced; ring_slice is the ring's pipeline slice (each slice is a
@@ -67,8 +70,7 @@ typedef struct coll_comm {
 	uint64_t spin_ns;     /* busy-poll this long before sleeping in epoll */
 	bool spin_yield;      /* more ranks than cores here: yield the core while spinning */
 	cost_model model;     /* select.h */
-	uint64_t logged_buckets[2]; /* sizes (log2) whose choice was logged: [0] auto, [1] forced */
-	uint64_t logged_bcast, logged_allgather, logged_rs; /* the same for the others' picks */
+	uint64_t logged[COLL_LOGGED_KINDS]; /* sizes (log2) whose choice KHOR_LOG=debug showed */
 	unsigned poll_count;     /* coll_progress calls, to poll idle transports now and then */
 	size_t pick_cache_bytes; /* allreduce_pick's last size + 1 (0 = none) and its answer */
 	int pick_cache_algo;

@@ -244,8 +244,7 @@ static void make_group(const khor_comm *c, coll_comm *g, uint32_t id, const int 
 	g->map = map;
 	g->size = n;
 	g->rank = me;
-	g->logged_buckets[0] = g->logged_buckets[1] = 0;
-	g->logged_bcast = g->logged_allgather = g->logged_rs = 0;
+	memset(g->logged, 0, sizeof(g->logged));
 }
 
 /*

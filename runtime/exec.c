@@ -64,21 +64,29 @@ static void blame_timeout(khor_comm *c, kerr *err)
 	kerr_prefix(err, "rank %d is not taking part (waiting chain: %s)", cur, chain);
 }
 
+/* True the first time a choice of this kind is logged for bytes' power of two. */
+static bool first_at_size(coll_comm *cc, int kind, size_t bytes)
+{
+	int bucket = 0;
+
+	while (bucket < 63 && (1ull << (bucket + 1)) <= bytes)
+		bucket++;
+	if (cc->logged[kind] & (1ull << bucket))
+		return false;
+	cc->logged[kind] |= 1ull << bucket;
+	return true;
+}
+
 /* KHOR_LOG=debug: the allreduce choice with every prediction, once per power-of-two size. */
 static void log_choice(coll_comm *cc, size_t bytes)
 {
 	static const char *const names[] = { "auto", "ring", "rd", "tree", "hd" };
-	int bucket = 0;
 	const cost_model *m = &cc->model;
 
-	while (bucket < 63 && (1ull << (bucket + 1)) <= bytes)
-		bucket++;
 	/* Auto's choices and forced ones apart: khor-bench --algo ring,auto forces the ring
 	 * first at every size, and auto's pick would never be shown. */
-	uint64_t *logged = &cc->logged_buckets[cc->algo != ALGO_AUTO];
-	if (*logged & (1ull << bucket))
+	if (!first_at_size(cc, cc->algo != ALGO_AUTO ? LOGGED_FORCED : LOGGED_AUTO, bytes))
 		return;
-	*logged |= 1ull << bucket;
 	enum allreduce_algo a = allreduce_pick(cc, (enum allreduce_algo)cc->algo, bytes);
 	KLOG_DEBUG("allreduce %zu B on %d ranks: %s%s (predicted us: ring %.1f, tree %.1f, rd %.1f, "
 	           "hd %.1f)", bytes, cc->size, names[a], cc->algo ? " (forced: KHOR_ALGO or khor_comm_set)" : "",
@@ -93,17 +101,12 @@ static void log_choice(coll_comm *cc, size_t bytes)
  * Bruck) and its bandwidth one (chain, ring), once per power-of-two size, with both
  * predictions, or the KHOR_RD_MAX_BYTES threshold that decided it.
  */
-static void log_pick(const coll_comm *cc, uint64_t *logged, const char *what, size_t bytes,
-                     bool latency, const char *lat_name, double t_lat, const char *bw_name,
-                     double t_bw, bool by_threshold)
+static void log_pick(coll_comm *cc, int kind, const char *what, size_t bytes, bool latency,
+                     const char *lat_name, double t_lat, const char *bw_name, double t_bw,
+                     bool by_threshold)
 {
-	int bucket = 0;
-
-	while (bucket < 63 && (1ull << (bucket + 1)) <= bytes)
-		bucket++;
-	if (*logged & (1ull << bucket))
+	if (!first_at_size(cc, kind, bytes))
 		return;
-	*logged |= 1ull << bucket;
 	if (by_threshold)
 		KLOG_DEBUG("%s %zu B on %d ranks: %s (KHOR_RD_MAX_BYTES %zu)", what, bytes, cc->size,
 		           latency ? lat_name : bw_name, cc->rd_max_bytes);
@@ -249,13 +252,9 @@ static void log_rs_pick(const khor_comm *c, coll_comm *cc, size_t bytes, int rs)
 {
 	static const char *const names[] = { "ring", "rd + copy", "recursive halving" };
 	const cost_model *m = &cc->model;
-	int bucket = 0;
 
-	while (bucket < 63 && (1ull << (bucket + 1)) <= bytes)
-		bucket++;
-	if (cc->logged_rs & (1ull << bucket))
+	if (!first_at_size(cc, LOGGED_RS, bytes))
 		return;
-	cc->logged_rs |= 1ull << bucket;
 	if (c->cfg.rd_max_set || cc->size <= 2 || m->alpha <= 0)
 		KLOG_DEBUG("reduce_scatter %zu B on %d ranks: %s (%s)", bytes, cc->size, names[rs],
 		           cc->size <= 2 ? "2 ranks" : c->cfg.rd_max_set ? "KHOR_RD_MAX_BYTES" : "no model");
@@ -336,7 +335,7 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 		                             : cost_pick_broadcast(&cc->model, c->size, bytes,
 		                                                   cc->slice_bytes) == BCAST_BINOMIAL;
 		if (klog_threshold >= KLOG_DEBUG)
-			log_pick(cc, &cc->logged_bcast, "broadcast", bytes, binomial, "binomial",
+			log_pick(cc, LOGGED_BCAST, "broadcast", bytes, binomial, "binomial",
 			         cost_broadcast(&cc->model, BCAST_BINOMIAL, c->size, bytes, cc->slice_bytes),
 			         "chain",
 			         cost_broadcast(&cc->model, BCAST_CHAIN, c->size, bytes, cc->slice_bytes),
@@ -358,7 +357,7 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 		                          : cost_pick_allgather(&cc->model, c->size,
 		                                                bytes * (size_t)c->size) == AG_RD;
 		if (klog_threshold >= KLOG_DEBUG)
-			log_pick(cc, &cc->logged_allgather, "allgather", bytes * (size_t)c->size, bruck,
+			log_pick(cc, LOGGED_ALLGATHER, "allgather", bytes * (size_t)c->size, bruck,
 			         "Bruck", cost_allgather(&cc->model, AG_RD, c->size, bytes * (size_t)c->size),
 			         "ring", cost_allgather(&cc->model, AG_RING, c->size, bytes * (size_t)c->size),
 			         c->cfg.rd_max_set);
