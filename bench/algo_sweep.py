@@ -53,7 +53,9 @@ def auto_picks(stderr):
     forced choices are marked and skipped; a size is filed under its power of two)."""
     out = {}
     for line in stderr.splitlines():
-        m = re.search(r"^\[0\].*DEBUG allreduce (\d+) B on \d+ ranks: (\w+) \(predicted", line)
+        # the model's choice at a size's first call, then the choice after auto's trials
+        m = re.search(r"^\[0\].*DEBUG allreduce (\d+) B on \d+ ranks: (\w+) "
+                      r"(\(predicted|after trials)", line)
         if m and int(m.group(1)) > 0:
             out[1 << (int(m.group(1)).bit_length() - 1)] = m.group(2)
     return out

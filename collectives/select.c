@@ -179,6 +179,105 @@ int cost_pick_allreduce(const cost_model *m, int n, size_t bytes, size_t slice, 
 	return best;
 }
 
+void trial_begin(trial_slot *t, const cost_model *m, int n, size_t bytes, size_t slice,
+                 double spread, unsigned rounds)
+{
+	static const int algos[] = { ALGO_RING, ALGO_RD, ALGO_HD, ALGO_TREE };
+	double pred[4], cp[TRIAL_MAX_CAND], best;
+
+	*t = (trial_slot){ .state = TRIAL_MODEL };
+	best = INFINITY;
+	for (int i = 0; i < 4; i++) {
+		pred[i] = cost_allreduce(m, algos[i], n, bytes, slice);
+		best = pred[i] < best ? pred[i] : best;
+	}
+	/* Candidates best predicted first (insertion by prediction; ties keep algos' order). */
+	for (int i = 0; i < 4; i++) {
+		if (!(pred[i] <= spread * best))
+			continue;
+		int j = t->ncand++;
+		while (j > 0 && cp[j - 1] > pred[i]) {
+			t->cand[j] = t->cand[j - 1];
+			cp[j] = cp[j - 1];
+			j--;
+		}
+		t->cand[j] = algos[i];
+		cp[j] = pred[i];
+	}
+	for (int i = 0; i < t->ncand; i++)
+		t->factor[i] = INFINITY;
+	t->block = best > 0 && best * TRIAL_BLOCK_MAX > TRIAL_BLOCK_S
+	               ? (unsigned)ceil(TRIAL_BLOCK_S / best) : TRIAL_BLOCK_MAX;
+	if (t->ncand > 1 && rounds > 0 && t->block >= TRIAL_BLOCK_MIN)
+		t->state = TRIAL_RUNNING;
+}
+
+/*
+ * Round k runs every candidate once, starting k candidates later, and odd rounds backwards:
+ * a schedule that always ran right after the same other one would inherit its leftovers
+ * (socket buffers, cache, a rank still finishing).
+ */
+int trial_algo(const trial_slot *t)
+{
+	unsigned b = t->calls / t->block; /* the block's number */
+	unsigned k = b / (unsigned)t->ncand, i = b % (unsigned)t->ncand;
+	unsigned j = (i + k) % (unsigned)t->ncand;
+
+	if (k % 2)
+		j = (unsigned)t->ncand - 1 - j;
+	return t->cand[j];
+}
+
+bool trial_record(trial_slot *t, double measured, double predicted, unsigned rounds)
+{
+	int a = trial_algo(t);
+
+	/* A block's first call is not counted: it inherits the previous schedule's leftovers. */
+	if (t->calls % t->block != 0)
+		t->sum += predicted > 0 ? measured / predicted : INFINITY;
+	if (++t->calls % t->block == 0) {
+		unsigned k = (t->calls / t->block - 1) / (unsigned)t->ncand; /* the round */
+		for (int i = 0; i < t->ncand; i++)
+			if (t->cand[i] == a && k < TRIAL_MAX_ROUNDS)
+				t->blocks[i][k] = t->sum / (t->block - 1);
+		t->sum = 0;
+	}
+	if (t->calls < rounds * (unsigned)t->ncand * t->block)
+		return false;
+	/* the median of each candidate's blocks (the lower middle one of an even count) */
+	for (int i = 0; i < t->ncand; i++) {
+		double *v = t->blocks[i];
+		unsigned nb = rounds < TRIAL_MAX_ROUNDS ? rounds : TRIAL_MAX_ROUNDS;
+		for (unsigned x = 1; x < nb; x++)
+			for (unsigned y = x; y > 0 && v[y - 1] > v[y]; y--) {
+				double tmp = v[y];
+				v[y] = v[y - 1];
+				v[y - 1] = tmp;
+			}
+		t->factor[i] = v[(nb - 1) / 2];
+	}
+	return true;
+}
+
+int trial_pick(trial_slot *t, const cost_model *m, int n, size_t bytes, size_t slice)
+{
+	double bt = INFINITY;
+	int best = t->cand[0];
+
+	if (t->last_bytes == bytes + 1)
+		return t->last_pick;
+	for (int i = 0; i < t->ncand; i++) {
+		double x = t->factor[i] * cost_allreduce(m, t->cand[i], n, bytes, slice);
+		if (x < bt) {
+			bt = x;
+			best = t->cand[i];
+		}
+	}
+	t->last_bytes = bytes + 1;
+	t->last_pick = best;
+	return best;
+}
+
 int cost_pick_broadcast(const cost_model *m, int n, size_t bytes, size_t slice)
 {
 	return cost_broadcast(m, BCAST_BINOMIAL, n, bytes, slice) <=

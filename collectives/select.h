@@ -37,6 +37,62 @@ int cost_pick_allgather(const cost_model *m, int n, size_t bytes);
 int cost_pick_reduce_scatter(const cost_model *m, int n, size_t bytes, size_t slice);
 
 /*
+ * Auto's trials (KHOR_AUTO_TRIALS). The model ranks schedules by the messages and bytes they
+ * move, not by what it cannot see, such as four ranks taking turns on one core: there it
+ * over-predicted the tree 2.3x at 64 KiB on 8 ranks and picked halving-doubling, 1.2-1.3x
+ * slower. So for each power-of-two size, auto's first calls run every schedule predicted
+ * within `spread` of the best, `rounds` blocks of calls each (a block lasts about
+ * TRIAL_BLOCK_S as predicted, at most TRIAL_BLOCK_MAX calls: single calls of 100 us timed
+ * the scheduler's time slices more than the schedules; its first call is not counted), in
+ * an order that rotates and
+ * reverses from round to round; each rank keeps each schedule's median block mean of
+ * measured / predicted time (a preempted block is slow, a lucky one fast); the
+ * ranks agree on the largest of those (the slowest rank's); and from then on a call of that
+ * size runs the candidate whose prediction times its factor is lowest. Every rank runs the
+ * same schedule for every call: the trial order depends only on the count of calls, the
+ * pick only on agreed numbers.
+ */
+enum { TRIAL_NEW = 0, TRIAL_RUNNING, TRIAL_DONE, TRIAL_MODEL /* one candidate: the model */ };
+#define TRIAL_MAX_CAND 4
+#define TRIAL_COMM_ID 0x80000000u /* + the trial's number: comm ids of trial calls */
+#define TRIAL_BLOCK_S 0.004
+#define TRIAL_MAX_ROUNDS 16
+#define TRIAL_BLOCK_MAX 64
+#define TRIAL_BLOCK_MIN 4
+
+typedef struct trial_slot {
+	int state;
+	int ncand;
+	int cand[TRIAL_MAX_CAND];          /* enum allreduce_algo, best predicted first */
+	double factor[TRIAL_MAX_CAND];     /* median block of measured / predicted, per candidate */
+	double blocks[TRIAL_MAX_CAND][TRIAL_MAX_ROUNDS]; /* each block's mean, in order */
+	unsigned block;                    /* calls per block */
+	unsigned calls;                    /* trial calls made */
+	double sum;                        /* measured / predicted of the block so far */
+	size_t last_bytes;                 /* trial_pick's last size + 1 and its answer */
+	int last_pick;
+} trial_slot;
+
+/*
+ * Chooses the candidates for a size: TRIAL_RUNNING, or TRIAL_MODEL when only one is close or
+ * a block would hold fewer than TRIAL_BLOCK_MIN calls. Short blocks of long calls measured
+ * something else than a long run of one schedule: at 1 MiB on 4 ranks (blocks of 3 calls)
+ * halving-doubling took 1.3x and the tree 0.9x their time in khor-bench's runs of 12, and
+ * the trials chose the tree, 1.2x slower, in 2 jobs of 2; with 4 to 8 ranks on 2 cores the
+ * scheduler seems to need a while to settle each pattern of who wakes whom. Every trial
+ * then fits in about ncand x rounds x TRIAL_BLOCK_S (48 ms for 4 candidates and 3 rounds).
+ */
+void trial_begin(trial_slot *t, const cost_model *m, int n, size_t bytes, size_t slice,
+                 double spread, unsigned rounds);
+/* The candidate whose turn the next trial call is. */
+int trial_algo(const trial_slot *t);
+/* Records the trial call of trial_algo(t) that took measured s; true when it was the last
+ * of rounds blocks of every candidate. */
+bool trial_record(trial_slot *t, double measured, double predicted, unsigned rounds);
+/* After the agreement (TRIAL_DONE): the schedule for a call of this many bytes. */
+int trial_pick(trial_slot *t, const cost_model *m, int n, size_t bytes, size_t slice);
+
+/*
  * Measures alpha, beta (with neighbour r^1 of the group, if any; else zeros) and gamma into
  * v[0..2]. own_cores: every rank here has a core of its own, so a batch of swaps that ran
  * far slower than its fast tenth caught two ranks on one core for a while, not their

@@ -417,6 +417,7 @@ static khor_status agree_settings(khor_comm *c, const struct khor_config *cfg, k
 		{ "KHOR_SLICE_BYTES", (double)s->slice_bytes },
 		{ "KHOR_MIN_STRIPE", (double)s->min_stripe },
 		{ "KHOR_RD_MAX_BYTES", s->rd_max_set ? (double)s->rd_max_bytes : -1.0 },
+		{ "KHOR_AUTO_TRIALS", s->auto_trials },
 		{ "KHOR_COST_ALPHA_US", s->cost[0] },
 		{ "KHOR_COST_BETA_GBPS", s->cost[1] },
 		{ "KHOR_COST_GAMMA_GBPS", s->cost[2] },

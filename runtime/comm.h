@@ -55,6 +55,7 @@ struct khor_comm {
 	int *cross_map, cross_n, cross_me;
 	int *host_ranks;      /* [host * node_n + k]: k-th rank of each host (when hier_ok) */
 	coll_comm node_cc, cross_cc;
+	trial_slot trials[64]; /* auto's trials per power-of-two allreduce size (exec.c) */
 	cost_model inner, outer; /* intra-host and inter-host links */
 	void *big;            /* coll_big's buffer, shared by cc, node_cc and cross_cc */
 	size_t big_len;

@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include "../base/parse.h"
+#include "../collectives/select.h"
 #include "../base/sock.h"
 
 #include <stddef.h>
@@ -32,6 +33,7 @@ const struct config_var config_vars[] = {
 	{ "KHOR_SLICE_BYTES", "512K", "Pipeline slice of ring allreduce and chain broadcast" },
 	{ "KHOR_PIPELINE_DEPTH", "4", "Slices in flight per collective (1-64)" },
 	{ "KHOR_ALGO", "auto", "Allreduce algorithm: ring, tree (double binary), rd (recursive doubling), hd (halving-doubling) or auto (cost model)" },
+	{ "KHOR_AUTO_TRIALS", "3", "Auto: rounds of timed calls of each allreduce schedule the model predicts close, inside the first call of each power-of-two size (0 = the model alone; 0 when KHOR_COST_* are set)" },
 	{ "KHOR_HIER", "auto", "Node-aware allreduce/broadcast across hosts: on, off or auto (cost model)" },
 	{ "KHOR_RD_MAX_BYTES", NULL, "When set: broadcast uses the binomial tree, allgather Bruck and reduce-scatter recursive halving up to this size (total bytes), chain and ring above; unset = cost model" },
 	{ "KHOR_COST_ALPHA_US", NULL, "Cost model: per-message time in us (with BETA and GAMMA set, init skips its measurement)" },
@@ -344,6 +346,10 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	if (ncost != 0 && ncost != 3)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "set all of KHOR_COST_ALPHA_US, "
 		                "KHOR_COST_BETA_GBPS and KHOR_COST_GAMMA_GBPS, or none");
+	/* A model given by hand is a request for its choices, run after run: no trials. */
+	if ((st = get_size(cfg, "KHOR_AUTO_TRIALS", 0, TRIAL_MAX_ROUNDS, &u, err)))
+		return st;
+	s->auto_trials = ncost != 0 && config_lookup(cfg, "KHOR_AUTO_TRIALS") == NULL ? 0 : (int)u;
 	if ((st = config_parse_hier(config_lookup(cfg, "KHOR_HIER"), &s->hier, err)) ||
 	    (st = config_parse_algo(config_lookup(cfg, "KHOR_ALGO"), &s->algo, err)))
 		return st;

@@ -54,6 +54,7 @@ typedef struct settings {
 	uint64_t rd_max_bytes;
 	bool rd_max_set;        /* KHOR_RD_MAX_BYTES given: thresholds instead of the model */
 	uint64_t spin_us;
+	int auto_trials;        /* KHOR_AUTO_TRIALS: timed calls per close schedule and size */
 	int hier;               /* 0 off, 1 on, 2 auto */
 	double cost[3];         /* alpha s, beta s/B, gamma s/B from config; 0 = measure */
 } settings;

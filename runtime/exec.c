@@ -64,36 +64,187 @@ static void blame_timeout(khor_comm *c, kerr *err)
 	kerr_prefix(err, "rank %d is not taking part (waiting chain: %s)", cur, chain);
 }
 
-/* True the first time a choice of this kind is logged for bytes' power of two. */
-static bool first_at_size(coll_comm *cc, int kind, size_t bytes)
+/* bytes' power of two: 0 for 0 and 1 B, k for 2^k .. 2^(k+1) - 1. */
+static int size_bucket(size_t bytes)
 {
 	int bucket = 0;
 
 	while (bucket < 63 && (1ull << (bucket + 1)) <= bytes)
 		bucket++;
+	return bucket;
+}
+
+/* True the first time a choice of this kind is logged for bytes' power of two. */
+static bool first_at_size(coll_comm *cc, int kind, size_t bytes)
+{
+	int bucket = size_bucket(bytes);
+
 	if (cc->logged[kind] & (1ull << bucket))
 		return false;
 	cc->logged[kind] |= 1ull << bucket;
 	return true;
 }
 
-/* KHOR_LOG=debug: the allreduce choice with every prediction, once per power-of-two size. */
-static void log_choice(coll_comm *cc, size_t bytes)
+static const char *const algo_names[] = { "auto", "ring", "rd", "tree", "hd" };
+
+/*
+ * KHOR_LOG=debug: the allreduce choice with every prediction, once per power-of-two size;
+ * when auto's trials (t) are about to run, the schedules they try.
+ */
+static void log_choice(coll_comm *cc, size_t bytes, const trial_slot *t, int trials)
 {
-	static const char *const names[] = { "auto", "ring", "rd", "tree", "hd" };
+	const char *const *names = algo_names;
 	const cost_model *m = &cc->model;
+	char tried[128] = "";
 
 	/* Auto's choices and forced ones apart: khor-bench --algo ring,auto forces the ring
 	 * first at every size, and auto's pick would never be shown. */
 	if (!first_at_size(cc, cc->algo != ALGO_AUTO ? LOGGED_FORCED : LOGGED_AUTO, bytes))
 		return;
 	enum allreduce_algo a = allreduce_pick(cc, (enum allreduce_algo)cc->algo, bytes);
+	if (t != NULL && t->state == TRIAL_RUNNING && t->calls == 0) {
+		size_t off = (size_t)snprintf(tried, sizeof(tried), "; trying");
+		for (int i = 0; i < t->ncand; i++)
+			off += (size_t)snprintf(tried + off, sizeof(tried) - off, "%s %s",
+			                        i ? "," : "", names[t->cand[i]]);
+		snprintf(tried + off, sizeof(tried) - off, " (%d blocks of %u calls each)", trials,
+		         t->block);
+	}
 	KLOG_DEBUG("allreduce %zu B on %d ranks: %s%s (predicted us: ring %.1f, tree %.1f, rd %.1f, "
-	           "hd %.1f)", bytes, cc->size, names[a], cc->algo ? " (forced: KHOR_ALGO or khor_comm_set)" : "",
+	           "hd %.1f)%s", bytes, cc->size, names[a], cc->algo ? " (forced: KHOR_ALGO or khor_comm_set)" : "",
 	           cost_allreduce(m, ALGO_RING, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
 	           cost_allreduce(m, ALGO_TREE, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
 	           cost_allreduce(m, ALGO_RD, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
-	           cost_allreduce(m, ALGO_HD, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6);
+	           cost_allreduce(m, ALGO_HD, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6, tried);
+}
+
+/*
+ * The trial slot of an allreduce under auto (select.h: trial_slot), begun at its size's
+ * first call; NULL when trials are off or cannot help (no model, an empty call).
+ */
+static trial_slot *trial_of(khor_comm *c, size_t bytes)
+{
+	coll_comm *cc = &c->cc;
+
+	if (c->cfg.auto_trials == 0 || cc->algo != ALGO_AUTO || cc->model.alpha <= 0 ||
+	    bytes == 0)
+		return NULL;
+	trial_slot *t = &c->trials[size_bucket(bytes)];
+	/*
+	 * How far off the model can be: with more ranks than cores here it over-predicted the
+	 * tree 2.3x (8 ranks, 64 KiB); with a core per rank its picks measured within 1.26x of
+	 * the best schedule.
+	 */
+	if (t->state == TRIAL_NEW)
+		trial_begin(t, &cc->model, cc->size, bytes, dbtree_slice_bytes(cc),
+		            cc->spin_yield ? 3.0 : 1.5, (unsigned)c->cfg.auto_trials);
+	return t;
+}
+
+static khor_status run_allreduce(coll_comm *cc, struct khor_request *r, int algo, kerr *err)
+{
+	switch (algo) {
+	case ALGO_RD:
+		return rd_allreduce(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op, r->seq,
+		                    r->kind, err);
+	case ALGO_TREE:
+		return dbtree_allreduce(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op, r->seq,
+		                        err);
+	case ALGO_HD:
+		return hd_allreduce(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op, r->seq,
+		                    err);
+	default:
+		return ring_allreduce(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op, r->seq,
+		                      r->kind, err);
+	}
+}
+
+/*
+ * Auto's trials (select.h: trial_slot) for the size of call r, run before it: the
+ * candidates' calls on buffers of the same size, dtype, op and form (in place or not), then
+ * an allreduce(max) of the factors, so that every rank holds the same ones. Each trial call
+ * and the agreement run under r's seq with comm ids of their own, so their messages can
+ * never meet another call's, nor each other's. The first call of a size takes longer
+ * (about ncand x rounds x TRIAL_BLOCK_S, as predicted); that call and every later one of
+ * its size run one schedule, so no result depends on where in the trials it fell.
+ */
+static khor_status run_trials(khor_comm *c, const struct khor_request *r, trial_slot *t,
+                              size_t bytes, kerr *err)
+{
+	const size_t span = (bytes + 63) & ~(size_t)63;
+	const bool in_place = r->sendbuf == r->recvbuf;
+	coll_comm g = c->cc;
+	struct khor_request x = *r;
+	uint32_t i = 0;
+	khor_status st = KHOR_SUCCESS;
+	bool done = false;
+	int a = ALGO_RING;
+	uint8_t *buf = aligned_alloc(64, in_place ? span : 2 * span);
+
+	if (buf == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "auto's timed trials at %zu B: cannot "
+		                "allocate %zu bytes of trial buffers", bytes, 2 * span);
+	memset(buf, 0, in_place ? span : 2 * span);
+	x.sendbuf = buf;
+	x.recvbuf = in_place ? buf : buf + span;
+	while (!done) {
+		g.comm_id = TRIAL_COMM_ID + i++;
+		a = trial_algo(t);
+		uint64_t t0 = kclock_ns();
+		if ((st = run_allreduce(&g, &x, a, err)) != KHOR_SUCCESS)
+			break;
+		done = trial_record(t, (double)(kclock_ns() - t0) * 1e-9,
+		                    cost_allreduce(&g.model, a, c->size, bytes, dbtree_slice_bytes(&g)),
+		                    (unsigned)c->cfg.auto_trials);
+	}
+	free(buf);
+	if (st != KHOR_SUCCESS) {
+		kerr_prefix(err, "auto's timed trial %u at %zu B (%s)", i, bytes, algo_names[a]);
+		return st;
+	}
+	/* The slowest rank's factors: a collective is as fast as its slowest member. */
+	double v[TRIAL_MAX_CAND];
+	memcpy(v, t->factor, sizeof(v));
+	g.comm_id = TRIAL_COMM_ID + i;
+	st = rd_allreduce(&g, v, v, (size_t)t->ncand, KHOR_FLOAT64, KHOR_MAX, r->seq,
+	                  COLL_ALLREDUCE, err);
+	if (st != KHOR_SUCCESS) {
+		kerr_prefix(err, "agreeing on auto's timed trials at %zu B", bytes);
+		return st;
+	}
+	memcpy(t->factor, v, sizeof(v));
+	t->state = TRIAL_DONE;
+	if (klog_threshold >= KLOG_DEBUG) {
+		char f[128];
+		size_t off = 0;
+		for (int k = 0; k < t->ncand; k++)
+			off += (size_t)snprintf(f + off, sizeof(f) - off, "%s%s %.2f", k ? ", " : "",
+			                        algo_names[t->cand[k]], t->factor[k]);
+		KLOG_DEBUG("allreduce %zu B on %d ranks: %s after trials (%u calls; measured / "
+		           "predicted: %s; the model alone: %s)", bytes, c->size,
+		           algo_names[trial_pick(t, &g.model, c->size, bytes, dbtree_slice_bytes(&g))],
+		           i, f, algo_names[t->cand[0]]);
+	}
+	return KHOR_SUCCESS;
+}
+
+/* A flat allreduce (or barrier): the forced schedule, the model's, or the one auto's trials
+ * for this size chose. */
+static khor_status flat_allreduce(khor_comm *c, struct khor_request *r, size_t bytes, kerr *err)
+{
+	coll_comm *cc = &c->cc;
+	trial_slot *t = r->kind == COLL_ALLREDUCE ? trial_of(c, bytes) : NULL;
+	khor_status st;
+
+	if (klog_threshold >= KLOG_DEBUG)
+		log_choice(cc, bytes, t, c->cfg.auto_trials);
+	if (t != NULL && t->state == TRIAL_RUNNING &&
+	    (st = run_trials(c, r, t, bytes, err)) != KHOR_SUCCESS)
+		return st;
+	if (t != NULL && t->state == TRIAL_DONE)
+		return run_allreduce(cc, r, trial_pick(t, &cc->model, c->size, bytes,
+		                                       dbtree_slice_bytes(cc)), err);
+	return run_allreduce(cc, r, allreduce_pick(cc, (enum allreduce_algo)cc->algo, bytes), err);
 }
 
 /*
@@ -308,22 +459,7 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 			                      r->count, r->dtype, r->op, r->seq, err);
 		/* fall through */
 	case COLL_BARRIER:
-		if (klog_threshold >= KLOG_DEBUG)
-			log_choice(cc, bytes);
-		switch (allreduce_pick(cc, (enum allreduce_algo)cc->algo, bytes)) {
-		case ALGO_RD:
-			return rd_allreduce(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op, r->seq,
-			                    r->kind, err);
-		case ALGO_TREE:
-			return dbtree_allreduce(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op,
-			                        r->seq, err);
-		case ALGO_HD:
-			return hd_allreduce(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op, r->seq,
-			                    err);
-		default:
-			return ring_allreduce(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->op,
-			                      r->seq, r->kind, err);
-		}
+		return flat_allreduce(c, r, bytes, err);
 	case COLL_BROADCAST:
 		if (use_hier(c, bytes)) {
 			int host, local;

@@ -297,6 +297,60 @@ Test(allreduce, identical_bits_across_ranks_and_runs, .timeout = 180)
 	}
 }
 
+/*
+ * Auto's timed trials run inside the first call of a size on buffers of their own, so every
+ * call of that size, the first included, runs the one schedule they chose: the same input
+ * gives the same bits in every call, and on every rank. (Trials in the user's own calls
+ * would have run several schedules over the first calls, each with its own bits.) The
+ * model is given so that trials surely run: at 64 KiB on 4 and 7 ranks it predicts
+ * halving-doubling and the ring within 1.5x of each other.
+ */
+static int body_trial_bits(int rank, int n, khor_config *cfg, void *arg)
+{
+	uint64_t *hashes = arg; /* [call * 16 + rank] */
+	char err[1024];
+	khor_comm *comm;
+	enum { COUNT = 16384, CALLS = 4 };
+	float *buf = malloc(COUNT * sizeof(float)), *out = malloc(COUNT * sizeof(float));
+
+	(void)n;
+	khor_config_set(cfg, "KHOR_ALGO", "auto");
+	khor_config_set(cfg, "KHOR_COST_ALPHA_US", "10");
+	khor_config_set(cfg, "KHOR_COST_BETA_GBPS", "2");
+	khor_config_set(cfg, "KHOR_COST_GAMMA_GBPS", "10");
+	khor_config_set(cfg, "KHOR_AUTO_TRIALS", "2");
+	if (buf == NULL || out == NULL || khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS)
+		return 10;
+	srand(99u + (unsigned)rank);
+	for (size_t i = 0; i < COUNT; i++)
+		buf[i] = (float)rand() / (float)RAND_MAX * 2.0f - 1.0f;
+	for (int c = 0; c < CALLS; c++) {
+		memset(out, 0xff, COUNT * sizeof(float));
+		if (khor_allreduce(comm, buf, out, COUNT, KHOR_FLOAT32, KHOR_SUM) != KHOR_SUCCESS)
+			return 11;
+		hashes[c * 16 + rank] = harness_hash(out, COUNT * sizeof(float));
+	}
+	khor_finalize(comm);
+	free(buf);
+	free(out);
+	return 0;
+}
+
+Test(allreduce, auto_trials_never_change_a_result_within_a_run, .timeout = 120)
+{
+	for (int n = 4; n <= 7; n += 3) {
+		uint64_t *h = harness_shared(4096);
+		harness_opts o = { .n = n, .deadline_s = 60 };
+		harness_result res;
+		cr_assert(harness_run(&o, body_trial_bits, h, &res));
+		for (int c = 0; c < 4; c++)
+			for (int r = 0; r < n; r++)
+				cr_expect_eq(h[c * 16 + r], h[0], "n=%d: call %d on rank %d differs from call "
+				             "0 on rank 0", n, c, r);
+		harness_shared_free(h, 4096);
+	}
+}
+
 /* Non-blocking calls complete in order, mixed with blocking ones. */
 static int body_nonblocking(int rank, int n, khor_config *cfg, void *arg)
 {
@@ -564,6 +618,68 @@ Test(cost_model, reduce_scatter_halves_only_powers_of_two_within_a_slice)
 	cr_expect_eq(cost_pick_reduce_scatter(&m, 6, 1024 * KiB, slice), RS_RING);
 	/* A first half larger than a ring slice goes to the ring's overlapping slices. */
 	cr_expect_eq(cost_pick_reduce_scatter(&m, 4, 2048 * KiB, slice), RS_RING);
+}
+
+/*
+ * Auto's trials with made-up timings: every round runs each candidate once, neither the block
+ * that a preemption stretched 5x nor the first call of each block counts, and the tree, predicted 1.9x slower than
+ * halving-doubling but measured at a third of its prediction, is chosen.
+ */
+Test(cost_model, trials_time_close_schedules_and_pick_by_measurement)
+{
+	cost_model m = { .alpha = 16e-6, .beta = 1.8e-9, .gamma = 2.7e-10,
+	                 .ring_slice = 512 << 10, .cache = 0 };
+	const size_t bytes = 64 << 10, slice = 32 << 10;
+	const unsigned rounds = 3;
+	trial_slot t;
+
+	trial_begin(&t, &m, 8, bytes, slice, 3.0, rounds);
+	cr_assert_eq(t.state, TRIAL_RUNNING);
+	cr_assert_eq(t.cand[0], cost_pick_allreduce(&m, 8, bytes, slice, NULL), "model's pick first");
+	double best = cost_allreduce(&m, t.cand[0], 8, bytes, slice);
+	bool has_tree = false;
+	for (int i = 0; i < t.ncand; i++) {
+		double p = cost_allreduce(&m, t.cand[i], 8, bytes, slice);
+		cr_expect_leq(p, 3.0 * best, "%d is no candidate", t.cand[i]);
+		cr_expect(i == 0 || p >= cost_allreduce(&m, t.cand[i - 1], 8, bytes, slice));
+		has_tree = has_tree || t.cand[i] == ALGO_TREE;
+	}
+	cr_assert(has_tree && t.ncand >= 2);
+	cr_expect_geq(t.block * best, TRIAL_BLOCK_S * 0.999, "a block lasts TRIAL_BLOCK_S");
+
+	unsigned calls = 0, seen[5][TRIAL_MAX_ROUNDS] = { { 0 } };
+	for (;;) {
+		int a = trial_algo(&t);
+		unsigned round = calls / t.block / (unsigned)t.ncand;
+		double pred = cost_allreduce(&m, a, 8, bytes, slice);
+		double f = a == ALGO_TREE ? 0.35 : 1.0;
+		if (round == 1 && a == t.cand[0])
+			f *= 5; /* one preempted block */
+		if (calls % t.block == 0)
+			f *= 10; /* a block's first call, right after another schedule: not counted */
+		seen[a][round]++;
+		calls++;
+		if (trial_record(&t, pred * f, pred, rounds))
+			break;
+		cr_assert_lt(calls, 10000u);
+	}
+	cr_expect_eq(calls, rounds * t.block * (unsigned)t.ncand);
+	for (int i = 0; i < t.ncand; i++)
+		for (unsigned k = 0; k < rounds; k++)
+			cr_expect_eq(seen[t.cand[i]][k], t.block, "candidate %d, round %u", t.cand[i], k);
+	for (int i = 0; i < t.ncand; i++)
+		cr_expect_float_eq(t.factor[i], t.cand[i] == ALGO_TREE ? 0.35 : 1.0, 1e-9);
+	t.state = TRIAL_DONE;
+	cr_expect_eq(trial_pick(&t, &m, 8, bytes, slice), ALGO_TREE);
+	cr_expect_eq(trial_pick(&t, &m, 8, bytes + 1000, slice), ALGO_TREE, "same size bucket");
+
+	/* Nothing close to the model's pick, no rounds, or calls too long for a block: the model. */
+	trial_begin(&t, &m, 8, bytes, slice, 1.0, rounds);
+	cr_expect_eq(t.state, TRIAL_MODEL);
+	trial_begin(&t, &m, 8, bytes, slice, 3.0, 0);
+	cr_expect_eq(t.state, TRIAL_MODEL);
+	trial_begin(&t, &m, 8, (size_t)256 << 20, slice, 3.0, rounds);
+	cr_expect_eq(t.state, TRIAL_MODEL, "no block of 4 calls of 256 MiB fits TRIAL_BLOCK_S");
 }
 
 Test(cost_model, batch_alpha_ignores_a_transient_shared_core)

@@ -889,6 +889,74 @@ Test(khorrun, debug_log_shows_choices_with_predictions, .timeout = 90)
 	}
 }
 
+/* rank_line's first line that also holds `also`, after the text. */
+static const char *rank_line_with(const char *out, int r, const char *text, const char *also)
+{
+	for (const char *at = out; (at = rank_line(at, r, text)) != NULL;) {
+		const char *eol = strchr(at, '\n'), *hit = strstr(at, also);
+		if (hit != NULL && (eol == NULL || hit < eol))
+			return at;
+		if (eol == NULL)
+			return NULL;
+		at = eol + 1;
+	}
+	return NULL;
+}
+
+/*
+ * Auto's timed trials: with a model given (so the candidates are known: at 64 KiB on 4 ranks
+ * it predicts halving-doubling, the ring 1.2x and recursive doubling 1.4x slower) and trials
+ * asked for, every rank tries them inside the first call, and every rank reports the same
+ * outcome; khor-bench checks every call's result. KHOR_AUTO_TRIALS=0 leaves the model alone.
+ */
+Test(khorrun, auto_trials_agree_on_every_rank, .timeout = 90)
+{
+	const char *bench = getenv("KHOR_BENCH");
+	const char *trials[] = { "KHOR_AUTO_TRIALS=2", "KHOR_AUTO_TRIALS=0" };
+
+	if (bench == NULL || *bench == '\0')
+		cr_skip_test("KHOR_BENCH is not set (ctest sets it to the built khor-bench)");
+	unsetenv("KHOR_ALGO");
+	for (int j = 0; j < 2; j++) {
+		char script[1024];
+		const char *args[] = { "-np", "4", "/bin/sh", "-c", script, NULL };
+		const char *env[] = { "KHOR_LOG=debug", "KHOR_COST_ALPHA_US=10",
+		                      "KHOR_COST_BETA_GBPS=2", "KHOR_COST_GAMMA_GBPS=10", trials[j],
+		                      NULL };
+		char first[16] = "";
+		struct proc p;
+
+		snprintf(script, sizeof(script), "exec %s allreduce -b 64K -e 64K -n 4 -w 0 -c all "
+		         "--transport tcp", bench);
+		proc_start(&p, args, env);
+		proc_finish(&p, 60);
+		cr_assert_eq(exit_code(&p), 0, "%s; stderr:\n%s", trials[j], p.b[1].data);
+		for (int r = 0; r < 4; r++) {
+			const char *want = "allreduce 65536 B on 4 ranks: ";
+			const char *line = rank_line(p.b[1].data, r, want);
+			cr_assert_not_null(line, "rank %d: no '%s' line in:\n%s", r, want, p.b[1].data);
+			const char *done = rank_line_with(p.b[1].data, r, want, " after trials (");
+			if (j == 1) {
+				cr_expect_null(done, "rank %d tried with %s: %.200s", r, trials[j], done);
+				cr_expect_null(strstr(line, "; trying"), "rank %d: %.200s", r, line);
+				continue;
+			}
+			cr_assert_not_null(strstr(line, "; trying hd, ring, rd"),
+			                   "rank %d: %.200s", r, line);
+			cr_assert_not_null(done, "rank %d: no outcome of the trials in:\n%s", r,
+			                   p.b[1].data);
+			/* "... 4 ranks: <algo> after trials": the same algo on every rank */
+			char algo[16];
+			done += strlen(want);
+			snprintf(algo, sizeof(algo), "%.*s", (int)strcspn(done, " "), done);
+			if (r == 0)
+				snprintf(first, sizeof(first), "%s", algo);
+			cr_expect_str_eq(algo, first, "rank %d chose %s, rank 0 %s", r, algo, first);
+		}
+		proc_free(&p);
+	}
+}
+
 /* A rank script that runs two khor programs in turn: the second meets in a fresh generation. */
 Test(khorrun, ranks_run_two_programs_in_turn, .timeout = 60)
 {
