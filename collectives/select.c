@@ -185,7 +185,8 @@ void trial_begin(trial_slot *t, const cost_model *m, int n, size_t bytes, size_t
 	static const int algos[] = { ALGO_RING, ALGO_RD, ALGO_HD, ALGO_TREE };
 	double pred[4], cp[TRIAL_MAX_CAND], best;
 
-	*t = (trial_slot){ .state = TRIAL_MODEL };
+	*t = (trial_slot){ .state = TRIAL_MODEL,
+	                   .rounds = rounds < TRIAL_MAX_ROUNDS ? rounds : TRIAL_MAX_ROUNDS };
 	best = INFINITY;
 	for (int i = 0; i < 4; i++) {
 		pred[i] = cost_allreduce(m, algos[i], n, bytes, slice);
@@ -204,11 +205,9 @@ void trial_begin(trial_slot *t, const cost_model *m, int n, size_t bytes, size_t
 		t->cand[j] = algos[i];
 		cp[j] = pred[i];
 	}
-	for (int i = 0; i < t->ncand; i++)
-		t->factor[i] = INFINITY;
 	t->block = best > 0 && best * TRIAL_BLOCK_MAX > TRIAL_BLOCK_S
 	               ? (unsigned)ceil(TRIAL_BLOCK_S / best) : TRIAL_BLOCK_MAX;
-	if (t->ncand > 1 && rounds > 0 && t->block >= TRIAL_BLOCK_MIN)
+	if (t->ncand > 1 && t->rounds > 0 && t->block >= TRIAL_BLOCK_MIN)
 		t->state = TRIAL_RUNNING;
 }
 
@@ -228,7 +227,7 @@ int trial_algo(const trial_slot *t)
 	return t->cand[j];
 }
 
-bool trial_record(trial_slot *t, double measured, double predicted, unsigned rounds)
+bool trial_record(trial_slot *t, double measured, double predicted)
 {
 	int a = trial_algo(t);
 
@@ -238,16 +237,16 @@ bool trial_record(trial_slot *t, double measured, double predicted, unsigned rou
 	if (++t->calls % t->block == 0) {
 		unsigned k = (t->calls / t->block - 1) / (unsigned)t->ncand; /* the round */
 		for (int i = 0; i < t->ncand; i++)
-			if (t->cand[i] == a && k < TRIAL_MAX_ROUNDS)
+			if (t->cand[i] == a)
 				t->blocks[i][k] = t->sum / (t->block - 1);
 		t->sum = 0;
 	}
-	if (t->calls < rounds * (unsigned)t->ncand * t->block)
+	if (t->calls < t->rounds * (unsigned)t->ncand * t->block)
 		return false;
 	/* the median of each candidate's blocks (the lower middle one of an even count) */
 	for (int i = 0; i < t->ncand; i++) {
 		double *v = t->blocks[i];
-		unsigned nb = rounds < TRIAL_MAX_ROUNDS ? rounds : TRIAL_MAX_ROUNDS;
+		unsigned nb = t->rounds;
 		for (unsigned x = 1; x < nb; x++)
 			for (unsigned y = x; y > 0 && v[y - 1] > v[y]; y--) {
 				double tmp = v[y];

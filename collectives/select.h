@@ -39,18 +39,17 @@ int cost_pick_reduce_scatter(const cost_model *m, int n, size_t bytes, size_t sl
 /*
  * Auto's trials (KHOR_AUTO_TRIALS). The model ranks schedules by the messages and bytes they
  * move, not by what it cannot see, such as four ranks taking turns on one core: there it
- * over-predicted the tree 2.3x at 64 KiB on 8 ranks and picked halving-doubling, 1.2-1.3x
- * slower. So for each power-of-two size, auto's first calls run every schedule predicted
- * within `spread` of the best, `rounds` blocks of calls each (a block lasts about
- * TRIAL_BLOCK_S as predicted, at most TRIAL_BLOCK_MAX calls: single calls of 100 us timed
- * the scheduler's time slices more than the schedules; its first call is not counted), in
- * an order that rotates and
- * reverses from round to round; each rank keeps each schedule's median block mean of
- * measured / predicted time (a preempted block is slow, a lucky one fast); the
- * ranks agree on the largest of those (the slowest rank's); and from then on a call of that
- * size runs the candidate whose prediction times its factor is lowest. Every rank runs the
- * same schedule for every call: the trial order depends only on the count of calls, the
- * pick only on agreed numbers.
+ * over-predicted the tree 2.3x at 64 KiB on 8 ranks and picked halving-doubling, 1.13-1.17x
+ * slower. So the first call of each power-of-two size first runs, on trial buffers of its
+ * own, every schedule predicted within `spread` of the best: `rounds` blocks of calls each
+ * (a block lasts about TRIAL_BLOCK_S as predicted, at most TRIAL_BLOCK_MAX calls: single
+ * calls of 100 us timed the scheduler's time slices more than the schedules; its first call
+ * is not counted), in an order that rotates and reverses from round to round. Each rank
+ * keeps each schedule's median block mean of measured / predicted time (a preempted block is
+ * slow, a lucky one fast), the ranks agree on the largest of those (the slowest rank's), and
+ * every call of that size runs the candidate whose prediction times its factor is lowest.
+ * Every rank runs the same schedule for every call: the trial order depends only on the
+ * count of calls, the pick only on agreed numbers.
  */
 enum { TRIAL_NEW = 0, TRIAL_RUNNING, TRIAL_DONE, TRIAL_MODEL /* one candidate: the model */ };
 #define TRIAL_MAX_CAND 4
@@ -67,6 +66,7 @@ typedef struct trial_slot {
 	double factor[TRIAL_MAX_CAND];     /* median block of measured / predicted, per candidate */
 	double blocks[TRIAL_MAX_CAND][TRIAL_MAX_ROUNDS]; /* each block's mean, in order */
 	unsigned block;                    /* calls per block */
+	unsigned rounds;                   /* blocks per candidate */
 	unsigned calls;                    /* trial calls made */
 	double sum;                        /* measured / predicted of the block so far */
 	size_t last_bytes;                 /* trial_pick's last size + 1 and its answer */
@@ -87,8 +87,8 @@ void trial_begin(trial_slot *t, const cost_model *m, int n, size_t bytes, size_t
 /* The candidate whose turn the next trial call is. */
 int trial_algo(const trial_slot *t);
 /* Records the trial call of trial_algo(t) that took measured s; true when it was the last
- * of rounds blocks of every candidate. */
-bool trial_record(trial_slot *t, double measured, double predicted, unsigned rounds);
+ * of the last round. */
+bool trial_record(trial_slot *t, double measured, double predicted);
 /* After the agreement (TRIAL_DONE): the schedule for a call of this many bytes. */
 int trial_pick(trial_slot *t, const cost_model *m, int n, size_t bytes, size_t slice);
 

@@ -91,7 +91,7 @@ static const char *const algo_names[] = { "auto", "ring", "rd", "tree", "hd" };
  * KHOR_LOG=debug: the allreduce choice with every prediction, once per power-of-two size;
  * when auto's trials (t) are about to run, the schedules they try.
  */
-static void log_choice(coll_comm *cc, size_t bytes, const trial_slot *t, int trials)
+static void log_choice(coll_comm *cc, size_t bytes, const trial_slot *t)
 {
 	const char *const *names = algo_names;
 	const cost_model *m = &cc->model;
@@ -107,7 +107,7 @@ static void log_choice(coll_comm *cc, size_t bytes, const trial_slot *t, int tri
 		for (int i = 0; i < t->ncand; i++)
 			off += (size_t)snprintf(tried + off, sizeof(tried) - off, "%s %s",
 			                        i ? "," : "", names[t->cand[i]]);
-		snprintf(tried + off, sizeof(tried) - off, " (%d blocks of %u calls each)", trials,
+		snprintf(tried + off, sizeof(tried) - off, " (%u blocks of %u calls each)", t->rounds,
 		         t->block);
 	}
 	KLOG_DEBUG("allreduce %zu B on %d ranks: %s%s (predicted us: ring %.1f, tree %.1f, rd %.1f, "
@@ -194,8 +194,7 @@ static khor_status run_trials(khor_comm *c, const struct khor_request *r, trial_
 		if ((st = run_allreduce(&g, &x, a, err)) != KHOR_SUCCESS)
 			break;
 		done = trial_record(t, (double)(kclock_ns() - t0) * 1e-9,
-		                    cost_allreduce(&g.model, a, c->size, bytes, dbtree_slice_bytes(&g)),
-		                    (unsigned)c->cfg.auto_trials);
+		                    cost_allreduce(&g.model, a, c->size, bytes, dbtree_slice_bytes(&g)));
 	}
 	free(buf);
 	if (st != KHOR_SUCCESS) {
@@ -237,7 +236,7 @@ static khor_status flat_allreduce(khor_comm *c, struct khor_request *r, size_t b
 	khor_status st;
 
 	if (klog_threshold >= KLOG_DEBUG)
-		log_choice(cc, bytes, t, c->cfg.auto_trials);
+		log_choice(cc, bytes, t);
 	if (t != NULL && t->state == TRIAL_RUNNING &&
 	    (st = run_trials(c, r, t, bytes, err)) != KHOR_SUCCESS)
 		return st;

@@ -659,7 +659,7 @@ Test(cost_model, trials_time_close_schedules_and_pick_by_measurement)
 			f *= 10; /* a block's first call, right after another schedule: not counted */
 		seen[a][round]++;
 		calls++;
-		if (trial_record(&t, pred * f, pred, rounds))
+		if (trial_record(&t, pred * f, pred))
 			break;
 		cr_assert_lt(calls, 10000u);
 	}
