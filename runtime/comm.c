@@ -402,6 +402,9 @@ static khor_status calibrate(khor_comm *c, kerr *err)
  * the ranks run different schedules whose messages never meet and the first collective
  * waits out KHOR_TIMEOUT. A KHOR_ALGO exported on one host only is an easy mistake: compare
  * them once at init (an allreduce of each value and its negation, MAX) and name the setting.
+ * The same allreduce tells every rank whether any host has more ranks than cores, which sets
+ * how far auto's trials reach (exec.c): a host-local answer would give two hosts different
+ * candidates, and so different trial calls, for one call.
  */
 static khor_status agree_settings(khor_comm *c, const struct khor_config *cfg, kerr *err)
 {
@@ -415,6 +418,7 @@ static khor_status agree_settings(khor_comm *c, const struct khor_config *cfg, k
 		{ "KHOR_ALGO", s->algo },
 		{ "KHOR_HIER", s->hier },
 		{ "KHOR_SLICE_BYTES", (double)s->slice_bytes },
+		{ "KHOR_PIPELINE_DEPTH", s->pipeline_depth }, /* sets the tree's slice */
 		{ "KHOR_MIN_STRIPE", (double)s->min_stripe },
 		{ "KHOR_RD_MAX_BYTES", s->rd_max_set ? (double)s->rd_max_bytes : -1.0 },
 		{ "KHOR_AUTO_TRIALS", s->auto_trials },
@@ -423,17 +427,19 @@ static khor_status agree_settings(khor_comm *c, const struct khor_config *cfg, k
 		{ "KHOR_COST_GAMMA_GBPS", s->cost[2] },
 	};
 	enum { K = sizeof(mine) / sizeof(mine[0]) };
-	double v[2 * K];
+	double v[2 * K + 1];
 	khor_status st;
 
 	for (int i = 0; i < K; i++) {
 		v[i] = mine[i].v;
 		v[K + i] = -mine[i].v;
 	}
-	st = rd_allreduce(&c->cc, v, v, 2 * K, KHOR_FLOAT64, KHOR_MAX, c->next_seq++,
+	v[2 * K] = c->cc.spin_yield ? 1 : 0;
+	st = rd_allreduce(&c->cc, v, v, 2 * K + 1, KHOR_FLOAT64, KHOR_MAX, c->next_seq++,
 	                  COLL_ALLREDUCE, err);
 	if (st != KHOR_SUCCESS)
 		return st;
+	c->crowded_any = v[2 * K] > 0;
 	for (int i = 0; i < K; i++) {
 		if (v[i] == -v[K + i])
 			continue;

@@ -56,6 +56,7 @@ struct khor_comm {
 	int *host_ranks;      /* [host * node_n + k]: k-th rank of each host (when hier_ok) */
 	coll_comm node_cc, cross_cc;
 	trial_slot trials[64]; /* auto's trials per power-of-two allreduce size (exec.c) */
+	bool crowded_any;      /* some host has more ranks than cores (agreed at init) */
 	cost_model inner, outer; /* intra-host and inter-host links */
 	void *big;            /* coll_big's buffer, shared by cc, node_cc and cross_cc */
 	size_t big_len;

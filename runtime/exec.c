@@ -131,13 +131,13 @@ static trial_slot *trial_of(khor_comm *c, size_t bytes)
 		return NULL;
 	trial_slot *t = &c->trials[size_bucket(bytes)];
 	/*
-	 * How far off the model can be: with more ranks than cores here it over-predicted the
-	 * tree 2.3x (8 ranks, 64 KiB); with a core per rank its picks measured within 1.26x of
-	 * the best schedule.
+	 * How far off the model can be: with more ranks than cores on a host it over-predicted
+	 * the tree 2.3x (8 ranks, 64 KiB); with a core per rank its picks measured within 1.26x
+	 * of the best schedule. Agreed at init, like everything else that picks candidates.
 	 */
 	if (t->state == TRIAL_NEW)
 		trial_begin(t, &cc->model, cc->size, bytes, dbtree_slice_bytes(cc),
-		            cc->spin_yield ? 3.0 : 1.5, (unsigned)c->cfg.auto_trials);
+		            c->crowded_any ? 3.0 : 1.5, (unsigned)c->cfg.auto_trials);
 	return t;
 }
 
