@@ -53,7 +53,10 @@ int cost_pick_reduce_scatter(const cost_model *m, int n, size_t bytes, size_t sl
  */
 enum { TRIAL_NEW = 0, TRIAL_RUNNING, TRIAL_DONE, TRIAL_MODEL /* one candidate: the model */ };
 #define TRIAL_MAX_CAND 4
-#define TRIAL_COMM_ID 0x80000000u /* + the trial's number: comm ids of trial calls */
+/* Comm ids of trial calls: TRIAL_COMM_ID | the comm's own id << TRIAL_ID_BITS | the
+ * trial's number (at most TRIAL_MAX_ROUNDS x TRIAL_MAX_CAND x TRIAL_BLOCK_MAX, + 1). */
+#define TRIAL_COMM_ID 0x80000000u
+#define TRIAL_ID_BITS 13
 #define TRIAL_BLOCK_S 0.004
 #define TRIAL_MAX_ROUNDS 16
 #define TRIAL_BLOCK_MAX 64
@@ -79,8 +82,10 @@ typedef struct trial_slot {
  * something else than a long run of one schedule: at 1 MiB on 4 ranks (blocks of 3 calls)
  * halving-doubling took 1.3x and the tree 0.9x their time in khor-bench's runs of 12, and
  * the trials chose the tree, 1.2x slower, in 2 jobs of 2; with 4 to 8 ranks on 2 cores the
- * scheduler seems to need a while to settle each pattern of who wakes whom. Every trial
- * then fits in about ncand x rounds x TRIAL_BLOCK_S (48 ms for 4 candidates and 3 rounds).
+ * scheduler seems to need a while to settle each pattern of who wakes whom. Blocks hold a
+ * count of calls sized by the best prediction, so the trials take about rounds x
+ * TRIAL_BLOCK_S x (the candidates' predictions summed / the best): 50-85 ms measured at 4
+ * and 8 ranks here with 3 rounds, up to about 3 x 4 ms x (1 + 3 x 3) = 120 ms predicted.
  */
 void trial_begin(trial_slot *t, const cost_model *m, int n, size_t bytes, size_t slice,
                  double spread, unsigned rounds);

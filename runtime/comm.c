@@ -449,6 +449,9 @@ static khor_status agree_settings(khor_comm *c, const struct khor_config *cfg, k
 			snprintf(here, sizeof(here), "%s", algos[s->algo]);
 		else if (i == 1)
 			snprintf(here, sizeof(here), "%s", hiers[s->hier]);
+		else if (given == NULL && strcmp(mine[i].name, "KHOR_AUTO_TRIALS") == 0)
+			snprintf(here, sizeof(here), "unset (%g in effect%s)", mine[i].v,
+			         s->cost[0] > 0 ? ", as KHOR_COST_* are set" : "");
 		else
 			snprintf(here, sizeof(here), "%s", given != NULL ? given : "unset");
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s is %s here but not the same on every "

@@ -347,9 +347,12 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "set all of KHOR_COST_ALPHA_US, "
 		                "KHOR_COST_BETA_GBPS and KHOR_COST_GAMMA_GBPS, or none");
 	/* A model given by hand is a request for its choices, run after run: no trials. */
-	if ((st = get_size(cfg, "KHOR_AUTO_TRIALS", 0, TRIAL_MAX_ROUNDS, &u, err)))
+	int64_t rounds;
+	bool given;
+	if ((st = get_int(cfg, "KHOR_AUTO_TRIALS", NULL, 0, TRIAL_MAX_ROUNDS, &rounds, &given,
+	                  err)))
 		return st;
-	s->auto_trials = ncost != 0 && config_lookup(cfg, "KHOR_AUTO_TRIALS") == NULL ? 0 : (int)u;
+	s->auto_trials = given ? (int)rounds : ncost != 0 ? 0 : atoi(config_default("KHOR_AUTO_TRIALS"));
 	if ((st = config_parse_hier(config_lookup(cfg, "KHOR_HIER"), &s->hier, err)) ||
 	    (st = config_parse_algo(config_lookup(cfg, "KHOR_ALGO"), &s->algo, err)))
 		return st;

@@ -163,10 +163,10 @@ static khor_status run_allreduce(coll_comm *cc, struct khor_request *r, int algo
  * Auto's trials (select.h: trial_slot) for the size of call r, run before it: the
  * candidates' calls on buffers of the same size, dtype, op and form (in place or not), then
  * an allreduce(max) of the factors, so that every rank holds the same ones. Each trial call
- * and the agreement run under r's seq with comm ids of their own, so their messages can
- * never meet another call's, nor each other's. The first call of a size takes longer
- * (about ncand x rounds x TRIAL_BLOCK_S, as predicted); that call and every later one of
- * its size run one schedule, so no result depends on where in the trials it fell.
+ * and the agreement run under r's seq with comm ids of their own (TRIAL_COMM_ID), so their
+ * messages can never meet another call's, nor each other's. The first call of a size takes
+ * longer (select.h says how much); that call and every later one of its size run one
+ * schedule, so no result depends on where in the trials it fell.
  */
 static khor_status run_trials(khor_comm *c, const struct khor_request *r, trial_slot *t,
                               size_t bytes, kerr *err)
@@ -181,14 +181,17 @@ static khor_status run_trials(khor_comm *c, const struct khor_request *r, trial_
 	int a = ALGO_RING;
 	uint8_t *buf = aligned_alloc(64, in_place ? span : 2 * span);
 
+	_Static_assert(TRIAL_MAX_ROUNDS * TRIAL_MAX_CAND * TRIAL_BLOCK_MAX + 1 <
+	               1u << TRIAL_ID_BITS, "trial numbers overflow into the comm id");
 	if (buf == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "auto's timed trials at %zu B: cannot "
-		                "allocate %zu bytes of trial buffers", bytes, 2 * span);
+		                "allocate %zu bytes of trial buffers", bytes, in_place ? span : 2 * span);
 	memset(buf, 0, in_place ? span : 2 * span);
 	x.sendbuf = buf;
 	x.recvbuf = in_place ? buf : buf + span;
+	const uint32_t base = TRIAL_COMM_ID | c->cc.comm_id << TRIAL_ID_BITS;
 	while (!done) {
-		g.comm_id = TRIAL_COMM_ID + i++;
+		g.comm_id = base | i++;
 		a = trial_algo(t);
 		uint64_t t0 = kclock_ns();
 		if ((st = run_allreduce(&g, &x, a, err)) != KHOR_SUCCESS)
@@ -199,16 +202,18 @@ static khor_status run_trials(khor_comm *c, const struct khor_request *r, trial_
 	free(buf);
 	if (st != KHOR_SUCCESS) {
 		kerr_prefix(err, "auto's timed trial %u at %zu B (%s)", i, bytes, algo_names[a]);
+		*t = (trial_slot){ 0 }; /* the comm has failed; were it ever reused, start over */
 		return st;
 	}
 	/* The slowest rank's factors: a collective is as fast as its slowest member. */
 	double v[TRIAL_MAX_CAND];
 	memcpy(v, t->factor, sizeof(v));
-	g.comm_id = TRIAL_COMM_ID + i;
+	g.comm_id = base | i;
 	st = rd_allreduce(&g, v, v, (size_t)t->ncand, KHOR_FLOAT64, KHOR_MAX, r->seq,
 	                  COLL_ALLREDUCE, err);
 	if (st != KHOR_SUCCESS) {
 		kerr_prefix(err, "agreeing on auto's timed trials at %zu B", bytes);
+		*t = (trial_slot){ 0 };
 		return st;
 	}
 	memcpy(t->factor, v, sizeof(v));
