@@ -352,7 +352,9 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	if ((st = get_int(cfg, "KHOR_AUTO_TRIALS", NULL, 0, TRIAL_MAX_ROUNDS, &rounds, &given,
 	                  err)))
 		return st;
-	s->auto_trials = given ? (int)rounds : ncost != 0 ? 0 : atoi(config_default("KHOR_AUTO_TRIALS"));
+	s->auto_trials = given      ? (int)rounds
+	                 : ncost != 0 ? 0
+	                              : atoi(config_default("KHOR_AUTO_TRIALS"));
 	if ((st = config_parse_hier(config_lookup(cfg, "KHOR_HIER"), &s->hier, err)) ||
 	    (st = config_parse_algo(config_lookup(cfg, "KHOR_ALGO"), &s->algo, err)))
 		return st;

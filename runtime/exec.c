@@ -111,7 +111,8 @@ static void log_choice(coll_comm *cc, size_t bytes, const trial_slot *t)
 		         t->block);
 	}
 	KLOG_DEBUG("allreduce %zu B on %d ranks: %s%s (predicted us: ring %.1f, tree %.1f, rd %.1f, "
-	           "hd %.1f)%s", bytes, cc->size, names[a], cc->algo ? " (forced: KHOR_ALGO or khor_comm_set)" : "",
+	           "hd %.1f)%s", bytes, cc->size, names[a],
+	           cc->algo ? " (forced: KHOR_ALGO or khor_comm_set)" : "",
 	           cost_allreduce(m, ALGO_RING, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
 	           cost_allreduce(m, ALGO_TREE, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
 	           cost_allreduce(m, ALGO_RD, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
@@ -179,14 +180,15 @@ static khor_status run_trials(khor_comm *c, const struct khor_request *r, trial_
 	khor_status st = KHOR_SUCCESS;
 	bool done = false;
 	int a = ALGO_RING;
-	uint8_t *buf = aligned_alloc(64, in_place ? span : 2 * span);
+	const size_t len = in_place ? span : 2 * span;
+	uint8_t *buf = aligned_alloc(64, len);
 
 	_Static_assert(TRIAL_MAX_ROUNDS * TRIAL_MAX_CAND * TRIAL_BLOCK_MAX + 1 <
 	               1u << TRIAL_ID_BITS, "trial numbers overflow into the comm id");
 	if (buf == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "auto's timed trials at %zu B: cannot "
-		                "allocate %zu bytes of trial buffers", bytes, in_place ? span : 2 * span);
-	memset(buf, 0, in_place ? span : 2 * span);
+		                "allocate %zu bytes of trial buffers", bytes, len);
+	memset(buf, 0, len);
 	x.sendbuf = buf;
 	x.recvbuf = in_place ? buf : buf + span;
 	const uint32_t base = TRIAL_COMM_ID | c->cc.comm_id << TRIAL_ID_BITS;
@@ -222,7 +224,7 @@ static khor_status run_trials(khor_comm *c, const struct khor_request *r, trial_
 		char f[128];
 		size_t off = 0;
 		for (int k = 0; k < t->ncand; k++)
-			off += (size_t)snprintf(f + off, sizeof(f) - off, "%s%s %.2f", k ? ", " : "",
+			off += (size_t)snprintf(f + off, sizeof(f) - off, "%s%s %.3g", k ? ", " : "",
 			                        algo_names[t->cand[k]], t->factor[k]);
 		KLOG_DEBUG("allreduce %zu B on %d ranks: %s after trials (%u calls; measured / "
 		           "predicted: %s; the model alone: %s)", bytes, c->size,
