@@ -81,10 +81,10 @@ typedef struct trial_slot {
  * a block would hold fewer than TRIAL_BLOCK_MIN calls. Short blocks of long calls measured
  * something else than a long run of one schedule: at 1 MiB on 4 ranks (blocks of 3 calls)
  * halving-doubling took 1.3-1.4x and the tree 0.9-1.3x their time in khor-bench's runs of
- * 12, and the trials chose the tree, 1.04-1.32x slower, in 2 jobs of 2; with 4 to 8 ranks on 2 cores the
- * scheduler seems to need a while to settle each pattern of who wakes whom. Blocks hold a
- * count of calls sized by the best prediction, so the trials take about rounds x
- * TRIAL_BLOCK_S x (the candidates' predictions summed / the best): 50-85 ms measured at 4
+ * 12, and the trials chose the tree, 1.04-1.32x slower, in 2 jobs of 2; with 4 to 8 ranks
+ * on 2 cores the scheduler seems to need a while to settle each pattern of who wakes whom.
+ * Blocks hold a count of calls sized by the best prediction, so the trials take about
+ * rounds x TRIAL_BLOCK_S x (the candidates' predictions summed / the best): 50-85 ms at 4
  * and 8 ranks here with 3 rounds, up to about 3 x 4 ms x (1 + 3 x 3) = 120 ms predicted.
  */
 void trial_begin(trial_slot *t, const cost_model *m, int n, size_t bytes, size_t slice,

@@ -93,7 +93,6 @@ static const char *const algo_names[] = { "auto", "ring", "rd", "tree", "hd" };
  */
 static void log_choice(coll_comm *cc, size_t bytes, const trial_slot *t)
 {
-	const char *const *names = algo_names;
 	const cost_model *m = &cc->model;
 	char tried[128] = "";
 
@@ -106,12 +105,12 @@ static void log_choice(coll_comm *cc, size_t bytes, const trial_slot *t)
 		size_t off = (size_t)snprintf(tried, sizeof(tried), "; trying");
 		for (int i = 0; i < t->ncand; i++)
 			off += (size_t)snprintf(tried + off, sizeof(tried) - off, "%s %s",
-			                        i ? "," : "", names[t->cand[i]]);
+			                        i ? "," : "", algo_names[t->cand[i]]);
 		snprintf(tried + off, sizeof(tried) - off, " (%u blocks of %u calls each)", t->rounds,
 		         t->block);
 	}
 	KLOG_DEBUG("allreduce %zu B on %d ranks: %s%s (predicted us: ring %.1f, tree %.1f, rd %.1f, "
-	           "hd %.1f)%s", bytes, cc->size, names[a],
+	           "hd %.1f)%s", bytes, cc->size, algo_names[a],
 	           cc->algo ? " (forced: KHOR_ALGO or khor_comm_set)" : "",
 	           cost_allreduce(m, ALGO_RING, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
 	           cost_allreduce(m, ALGO_TREE, cc->size, bytes, dbtree_slice_bytes(cc)) * 1e6,
