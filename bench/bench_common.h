@@ -117,6 +117,7 @@ struct bench_args {
 	int root;
 	int quiet;          /* no table on stdout (CSV or JSON only) */
 	double progress_s;  /* a progress line once a size has run this long; 0: never */
+	size_t offset;      /* buffers start this many bytes past a page boundary */
 	const char *csv;
 	const char *json;
 };
@@ -792,6 +793,9 @@ static inline void bench_usage(FILE *f, const char *prog, const char *extra)
 	           "      --json FILE       also write the run as JSON to FILE (rank 0)\n"
 	           "      --progress SEC    a line on stderr while a size runs past SEC (default 2;\n"
 	           "                        0: never)\n"
+	           "      --offset BYTES    start the buffers BYTES past a page boundary (default 0;\n"
+	           "                        0-4095), as a framework's tensors often do: PyTorch\n"
+	           "                        aligns CPU tensors to 64 bytes, NumPy arrays to 16\n"
 	           "  -q, --quiet           no table on stdout (with --csv or --json)\n"
 	           "%s"
 	           "  -h, --help            this text\n"
@@ -872,7 +876,7 @@ static inline int bench_bad_flag(const char *prog, const char *extra, const char
 static inline int bench_parse_args(int argc, char **argv, const char *prog, const char *extra,
                                    struct bench_args *a)
 {
-	enum { OPT_CSV = 256, OPT_JSON, OPT_CHECK_ALL, OPT_PROGRESS };
+	enum { OPT_CSV = 256, OPT_JSON, OPT_CHECK_ALL, OPT_PROGRESS, OPT_OFFSET };
 	static const struct option longopts[] = {
 		{"minbytes", required_argument, NULL, 'b'},
 		{"maxbytes", required_argument, NULL, 'e'},
@@ -888,6 +892,7 @@ static inline int bench_parse_args(int argc, char **argv, const char *prog, cons
 		{"csv", required_argument, NULL, OPT_CSV},
 		{"json", required_argument, NULL, OPT_JSON},
 		{"progress", required_argument, NULL, OPT_PROGRESS},
+		{"offset", required_argument, NULL, OPT_OFFSET},
 		{"quiet", no_argument, NULL, 'q'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
@@ -966,6 +971,13 @@ static inline int bench_parse_args(int argc, char **argv, const char *prog, cons
 			if (bench_parse_int(optarg, 0, 86400, &sec))
 				need = "whole seconds, 0 for never";
 			a->progress_s = sec;
+			break;
+		}
+		case OPT_OFFSET: {
+			int off;
+			if (bench_parse_int(optarg, 0, 4095, &off))
+				need = "a byte count from 0 to 4095";
+			a->offset = (size_t)off;
 			break;
 		}
 		case 'q':
@@ -1077,7 +1089,10 @@ static inline void bench_print_header(const struct bench_backend *b, const struc
 		printf("op %s, ", bench_op_name(a->op));
 	if (a->coll->flags & BENCH_USES_ROOT)
 		printf("root %d, ", a->root);
-	printf("iters %d, warmup %d, check %s\n", a->iters, a->warmup, bench_check_name(a->check));
+	printf("iters %d, warmup %d, check %s", a->iters, a->warmup, bench_check_name(a->check));
+	if (a->offset)
+		printf(", buffers at page + %zu B", a->offset);
+	printf("\n");
 	printf("# library: %s (transport %s, algo %s)\n", b->library, b->transport, b->algo);
 	if (bench_comparing(b)) {
 		printf("# algorithms interleaved: %d rounds, each runs every algorithm's share of the "
@@ -1375,15 +1390,18 @@ static inline int bench_verify(struct bench_backend *b, const struct bench_args 
 	return 0;
 }
 
-static inline void *bench_alloc(size_t bytes)
+/*
+ * A buffer of bytes starting offset bytes past a page boundary (--offset); *base gets what
+ * to free. At least one page, so that a zero-size run still has valid pointers.
+ */
+static inline void *bench_alloc(size_t bytes, size_t offset, void **base)
 {
 	void *p = NULL;
-	/* Page-aligned, like the buffers a framework hands over; at least one page so that a
-	 * zero-size run still has valid pointers. */
-	if (posix_memalign(&p, 4096, bytes ? bytes : 4096))
-		return NULL;
-	memset(p, 0, bytes); /* fault every page in now, not inside the first timed loop */
-	return p;
+	if (posix_memalign(&p, 4096, bytes + offset ? bytes + offset : 4096))
+		return *base = NULL;
+	*base = p;
+	memset(p, 0, bytes + offset); /* fault every page in now, not in the first timed loop */
+	return (char *)p + offset;
 }
 
 /* Opens --csv or --json on rank 0; says why not and counts the failure in *bad. */
@@ -1422,10 +1440,11 @@ static inline void bench_json_head(FILE *j, const struct bench_backend *b,
 	fprintf(j, ", \"algo\": ");
 	bench_json_string(j, b->algo);
 	fprintf(j, ",\n \"collective\": \"%s\", \"nranks\": %d, \"type\": \"%s\", \"redop\": \"%s\", "
-	           "\"root\": %d, \"iters\": %d, \"warmup\": %d, \"check\": \"%s\",\n \"rows\": [",
+	           "\"root\": %d, \"iters\": %d, \"warmup\": %d, \"check\": \"%s\", "
+	           "\"offset\": %zu,\n \"rows\": [",
 	        a->coll->name, b->size, bench_row_type(a), bench_row_redop(a),
 	        a->coll->flags & BENCH_USES_ROOT ? a->root : -1, a->iters, a->warmup,
-	        bench_check_name(a->check));
+	        bench_check_name(a->check), a->offset);
 }
 
 /*
@@ -1457,7 +1476,9 @@ static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 	size_t esize = bench_dtype_size(a->dtype);
 	struct bench_shape max;
 	c->shape(c->flags & BENCH_NO_DATA ? 0 : a->maxbytes / esize, b->size, &max);
-	void *sendbuf = bench_alloc(max.send * esize), *recvbuf = bench_alloc(max.recv * esize);
+	void *send_base, *recv_base;
+	void *sendbuf = bench_alloc(max.send * esize, a->offset, &send_base);
+	void *recvbuf = bench_alloc(max.recv * esize, a->offset, &recv_base);
 	if (!sendbuf || !recvbuf) {
 		fprintf(stderr, "%s: rank %d: cannot allocate %zu + %zu bytes; lower -e\n", b->prog,
 		        b->rank, max.send * esize, max.recv * esize);
@@ -1582,8 +1603,8 @@ out_free:
 		status = 1;
 	if (bench_close_out(b, "--json", a->json, json) && status == 0)
 		status = 1;
-	free(sendbuf);
-	free(recvbuf);
+	free(send_base);
+	free(recv_base);
 	return status;
 }
 
