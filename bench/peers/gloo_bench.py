@@ -111,6 +111,9 @@ def parse_args(argv):
     p.add_argument("--csv")
     p.add_argument("--json")
     p.add_argument("--progress", type=at_least(0), default=2)
+    p.add_argument("--offset", type=at_least(0), default=0,
+                   help="start the buffers OFFSET bytes past a page boundary (0-4095, a "
+                   "multiple of the element size)")
     p.add_argument("-q", "--quiet", action="store_true")
     p.add_argument("--np", type=at_least(1), help="launch this many ranks on this host")
     a = p.parse_args(argv)
@@ -123,13 +126,31 @@ def parse_args(argv):
         p.error(f"-r does not apply to {a.collective}")
     if a.datatype is not None and a.collective == "barrier":
         p.error("-d does not apply to barrier")
+    if a.offset > 4095:
+        p.error(f"--offset {a.offset} is not in 0-4095")
     if a.quiet and not (a.csv or a.json):
         p.error("-q without --csv or --json would print nothing")
     a.check = {"0": 0, "1": 1, "all": 2, "2": 2}[a.check]
     a.datatype = a.datatype or "float"
+    if a.offset % DTYPES[a.datatype][1]:
+        # A tensor starts on an element: torch has no byte-granular view.
+        p.error(f"--offset {a.offset} is not a multiple of {a.datatype}'s "
+                f"{DTYPES[a.datatype][1]} bytes")
     a.op = a.op or "sum"
     a.root = a.root or 0
     return a
+
+
+def placed(torch, numel, tdtype, offset):
+    """A zeroed tensor of numel elements whose data starts offset bytes past a page boundary
+    (khor-bench's --offset): a view into a larger one. torch's CPU allocator aligns only to
+    64 bytes, so where a tensor falls in its page is otherwise up to the allocator."""
+    esz = torch.empty(0, dtype=tdtype).element_size()
+    base = torch.zeros(numel + (4096 + offset) // esz + 1, dtype=tdtype)
+    skip = (offset - base.data_ptr()) % 4096 // esz
+    t = base[skip:skip + numel]
+    assert t.data_ptr() % 4096 == offset, (t.data_ptr(), offset)
+    return t
 
 
 def launch(argv, n):
@@ -412,11 +433,11 @@ def main(argv):
     doc = {"program": PROG, "library": library, "transport": transport, "algo": algo,
            "collective": coll, "nranks": n, "type": rtype, "redop": rop,
            "root": a.root if coll in USES_ROOT else -1, "iters": a.iters,
-           "warmup": a.warmup_iters, "check": check_name, "rows": []}
+           "warmup": a.warmup_iters, "check": check_name, "offset": a.offset, "rows": []}
 
     maxsh = shape(0 if coll == "barrier" else a.maxbytes // esize)
-    send = torch.zeros(max(maxsh[2], 1), dtype=tdtype)
-    recv = torch.zeros(max(maxsh[3], 1), dtype=tdtype)
+    send = placed(torch, max(maxsh[2], 1), tdtype, a.offset)
+    recv = placed(torch, max(maxsh[3], 1), tdtype, a.offset)
     if coll != "barrier":
         fill(maxsh, send, recv)
 
@@ -428,7 +449,8 @@ def main(argv):
             head += f"op {a.op}, "
         if coll in USES_ROOT:
             head += f"root {a.root}, "
-        print(head + f"iters {a.iters}, warmup {a.warmup_iters}, check {check_name}")
+        print(head + f"iters {a.iters}, warmup {a.warmup_iters}, check {check_name}"
+              + (f", buffers at page + {a.offset} B" if a.offset else ""))
         print(f"# library: {library} (transport {transport}, algo {algo})")
         print("#")
         print(f"#{'size':>11}  {'count':>12}  {'type':>8}  {'redop':>6}  {'time':>7}  "
