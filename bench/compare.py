@@ -64,7 +64,8 @@ def parse_args():
                    "mpi-bench (default build)")
     p.add_argument("-o", "--out", default="compare-out", help="output dir (default compare-out)")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per run (default 1800)")
-    p.add_argument("extra", nargs="*", help="after --: flags for every benchmark (-d, -o)")
+    p.add_argument("extra", nargs="*",
+                   help="after --: flags for every benchmark (-d, -o, --offset)")
     a = p.parse_args()
     a.khor_failed = False  # a khor series that failed its probe for a reason but absence
     if "all" in a.collectives:
