@@ -424,6 +424,7 @@ EFF=$(awk -v m="$MTU" 'BEGIN { printf "%.4f", (m - 52) / (m + 14) }')
 
 REPORT=$OUT/report.md
 NOTE="Latency-phase times: median of $LAT_REPEAT run(s); $SPIN_NOTE."
+[ "$LAT_ARGS" = none ] && NOTE="No latency phase (--lat-args none); $SPIN_NOTE."
 awk -F, -v algos="$ALGOS" -v k="$K" -v p="$PPN" -v rate="$RATE" -v eff="$EFF" -v mtu="$MTU" -v note="$NOTE" '
 	NR == 1 { next }
 	{ key = $6 SUBSEP $5; t[key] = $7; bw[key] = $9; pct[key] = $11; bound = $10
