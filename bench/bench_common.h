@@ -1396,11 +1396,14 @@ static inline int bench_verify(struct bench_backend *b, const struct bench_args 
  */
 static inline void *bench_alloc(size_t bytes, size_t offset, void **base)
 {
+	size_t len = bytes + offset > 4096 ? bytes + offset : 4096;
 	void *p = NULL;
-	if (posix_memalign(&p, 4096, bytes + offset ? bytes + offset : 4096))
-		return *base = NULL;
+
+	*base = NULL;
+	if (posix_memalign(&p, 4096, len))
+		return NULL;
 	*base = p;
-	memset(p, 0, bytes + offset); /* fault every page in now, not in the first timed loop */
+	memset(p, 0, len); /* fault every page in now, not in the first timed loop */
 	return (char *)p + offset;
 }
 
