@@ -23,6 +23,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* A link's error, copied out (link_error gives it by copy, since another thread may be
+ * setting it). */
+static const kerr *lerr(const struct transport_ops *tp, tp_link *l)
+{
+	static kerr e;
+
+	kerr_clear(&e);
+	tp->link_error(l, &e);
+	return &e;
+}
+
 static const struct transport_ops *tp = &shm_transport_ops;
 
 static const size_t sizes[] = { 8, 64, 512, 4096, 32768, 65536, 262144, 1u << 20, 4u << 20,
@@ -92,8 +103,8 @@ static void rank_main(int rank, struct shared *sh, size_t max)
 		if (tp->connect(c, 1, sh->addr, &l, &e) != KHOR_SUCCESS)
 			die("connect", &e);
 		while (!tp->link_ready(l)) {
-			if (tp->link_error(l)->status != KHOR_SUCCESS)
-				die("connect", tp->link_error(l));
+			if (lerr(tp, l)->status != KHOR_SUCCESS)
+				die("connect", lerr(tp, l));
 			tp->progress(c, 10, NULL, &e);
 		}
 	}

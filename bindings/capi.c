@@ -7,6 +7,7 @@
  */
 #include "khor.h"
 
+#include "../base/dtype.h"
 #include "../base/err.h"
 #include "../collectives/algos.h"
 #include "../collectives/coll.h"
@@ -44,13 +45,7 @@ KHOR_API const char *khor_strerror(khor_status status)
 
 KHOR_API size_t khor_dtype_size(khor_dtype dtype)
 {
-	switch (dtype) {
-	case KHOR_FLOAT32: case KHOR_INT32: return 4;
-	case KHOR_FLOAT64: case KHOR_INT64: return 8;
-	case KHOR_FLOAT16: case KHOR_BFLOAT16: return 2;
-	case KHOR_INT8: case KHOR_UINT8: case KHOR_BOOL: return 1;
-	}
-	return 0;
+	return kdtype_size(dtype);
 }
 
 KHOR_API khor_status khor_config_create(khor_config **config_out)
@@ -126,7 +121,8 @@ KHOR_API khor_status khor_finalize(khor_comm *comm)
 {
 	if (comm == NULL)
 		return KHOR_ERR_INVALID_ARG;
-	comm_finalize(comm);
+	/* A comm of the context stands for it: finalize the whole context either way. */
+	comm_finalize(comm->ctx->world);
 	return KHOR_SUCCESS;
 }
 
@@ -142,27 +138,145 @@ GETTER(local_size, local_size)
 GETTER(cross_rank, cross_rank)
 GETTER(cross_size, cross_size)
 
+/*
+ * Error texts are copied out under the comm's lock into a buffer of the calling thread,
+ * since another thread may be writing them; the pointer stays valid until this thread's
+ * next call of the same function.
+ */
 KHOR_API const char *khor_comm_error(const khor_comm *comm)
 {
+	static _Thread_local char text[KERR_TEXT_MAX];
+	khor_comm *c = (khor_comm *)comm;
+
 	if (comm == NULL)
 		return "comm is NULL";
-	if (comm->err.status != KHOR_SUCCESS)
-		return comm->err.text;
-	return comm->last.text;
+	pthread_mutex_lock(&c->mu);
+	kstrlcpy(text, c->err.status != KHOR_SUCCESS ? c->err.text : c->last.text, sizeof(text));
+	pthread_mutex_unlock(&c->mu);
+	return text;
+}
+
+KHOR_API const char *khor_request_error(const khor_request *request)
+{
+	static _Thread_local char text[KERR_TEXT_MAX];
+	khor_comm *c;
+
+	if (request == NULL)
+		return "request is NULL";
+	c = request->comm;
+	pthread_mutex_lock(&c->mu);
+	kstrlcpy(text, request->done && request->status != KHOR_SUCCESS ? request->err.text : "",
+	         sizeof(text));
+	pthread_mutex_unlock(&c->mu);
+	return text;
+}
+
+KHOR_API int64_t khor_comm_id(const khor_comm *comm)
+{
+	return comm == NULL ? -1 : (int64_t)comm->id;
+}
+
+KHOR_API int khor_comm_world_rank(const khor_comm *comm, int rank)
+{
+	if (comm == NULL || rank < 0 || rank >= comm->size)
+		return -1;
+	return comm_world_rank(comm, rank);
+}
+
+static khor_status call_failed(khor_comm *c, const kerr *e)
+{
+	comm_set_last(c, e);
+	return e->status;
+}
+
+KHOR_API khor_status khor_comm_split(khor_comm *comm, int color, int key,
+                                     khor_comm **newcomm_out)
+{
+	struct khor_request r;
+	khor_status st;
+
+	if (comm == NULL)
+		return KHOR_ERR_INVALID_ARG;
+	if (newcomm_out == NULL) {
+		kerr e;
+		kerr_set(&e, KHOR_ERR_INVALID_ARG, "rank %d: khor_comm_split: newcomm_out is NULL",
+		         comm->rank);
+		return call_failed(comm, &e);
+	}
+	memset(&r, 0, sizeof(r));
+	r.kind = COLL_SPLIT;
+	r.color = color < 0 ? -1 : color;
+	r.key = key;
+	st = comm_run(comm, &r);
+	if (st == KHOR_SUCCESS)
+		*newcomm_out = r.newcomm;
+	return st;
+}
+
+KHOR_API khor_status khor_comm_create_group(khor_comm *comm, const int *ranks, int nranks,
+                                            khor_comm **newcomm_out)
+{
+	kerr e;
+	khor_comm *nc = NULL;
+	khor_status st;
+
+	if (comm == NULL)
+		return KHOR_ERR_INVALID_ARG;
+	kerr_clear(&e);
+	if (newcomm_out == NULL) {
+		kerr_set(&e, KHOR_ERR_INVALID_ARG, "khor_comm_create_group: newcomm_out is NULL");
+		st = KHOR_ERR_INVALID_ARG;
+	} else {
+		st = comm_create_group(comm, ranks, nranks, &nc, &e);
+	}
+	if (st != KHOR_SUCCESS) {
+		kerr_prefix(&e, "rank %d on %s, %s", comm->ctx->rank, comm->ctx->cfg.hostname,
+		            comm->name);
+		return call_failed(comm, &e);
+	}
+	*newcomm_out = nc;
+	return KHOR_SUCCESS;
+}
+
+KHOR_API khor_status khor_comm_free(khor_comm *comm)
+{
+	kctx *x;
+
+	if (comm == NULL)
+		return KHOR_ERR_INVALID_ARG;
+	x = comm->ctx;
+	if (comm == x->world) {
+		kerr e;
+		kerr_set(&e, KHOR_ERR_INVALID_ARG, "rank %d: khor_comm_free: the world comm is freed "
+		         "by khor_finalize", comm->rank);
+		return call_failed(comm, &e);
+	}
+	pthread_mutex_lock(&x->comms_mu);
+	for (khor_comm **pp = &x->comms; *pp != NULL; pp = &(*pp)->next) {
+		if (*pp == comm) {
+			*pp = comm->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&x->comms_mu);
+	comm_destroy(comm);
+	return KHOR_SUCCESS;
 }
 
 KHOR_API khor_status khor_comm_set(khor_comm *comm, const char *key, const char *value)
 {
 	if (comm == NULL)
 		return KHOR_ERR_INVALID_ARG;
-	if (key == NULL || value == NULL)
-		return kerr_set(&comm->last, KHOR_ERR_INVALID_ARG, "rank %d: khor_comm_set: NULL %s",
-		                comm->rank, key == NULL ? "key" : "value");
 	kerr err;
 	kerr_clear(&err);
+	if (key == NULL || value == NULL) {
+		kerr_set(&err, KHOR_ERR_INVALID_ARG, "rank %d: khor_comm_set: NULL %s", comm->rank,
+		         key == NULL ? "key" : "value");
+		return call_failed(comm, &err);
+	}
 	khor_status st = comm_set(comm, key, value, &err);
 	if (st != KHOR_SUCCESS)
-		comm->last = err;
+		comm_set_last(comm, &err);
 	return st;
 }
 
@@ -173,10 +287,13 @@ static khor_status bad_arg(khor_comm *c, const char *fmt, ...)
 	va_list ap;
 	char msg[KERR_TEXT_MAX - 64];
 
+	kerr e;
+
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	return kerr_set(&c->last, KHOR_ERR_INVALID_ARG, "rank %d: %s", c->rank, msg);
+	kerr_set(&e, KHOR_ERR_INVALID_ARG, "rank %d, %s: %s", c->ctx->rank, c->name, msg);
+	return call_failed(c, &e);
 }
 
 /* Checks what every collective shares; fills the request. */
@@ -184,7 +301,7 @@ static khor_status prepare(khor_comm *c, const char *fn, unsigned kind, const vo
                            void *recvbuf, size_t count, khor_dtype dtype, khor_op op, int root,
                            struct khor_request *r)
 {
-	size_t esz = khor_dtype_size(dtype);
+	size_t esz = kdtype_size(dtype);
 
 	if (c == NULL)
 		return KHOR_ERR_INVALID_ARG;
@@ -251,7 +368,7 @@ static khor_status take_arrays(khor_comm *c, const char *fn, struct khor_request
                                const size_t *scounts, const size_t *sdispls,
                                const size_t *rcounts, const size_t *rdispls)
 {
-	size_t n = (size_t)c->size, esz = khor_dtype_size(r->dtype);
+	size_t n = (size_t)c->size, esz = kdtype_size(r->dtype);
 	size_t *block;
 	bool two = scounts != NULL;
 

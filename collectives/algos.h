@@ -1,15 +1,16 @@
 /*
  * algos.h -- the collective schedules beyond allreduce, one file each. All follow the same
  * contract as ring.c: every rank calls with the same arguments (except buffers), tags are
- * (cc->comm_id, seq, step, tp_meta_make(kind, dtype, op)), every send has a matching
+ * (cc->comm_id, seq, step, coll_meta_make(kind, dtype, op)), every send has a matching
  * receive of the same length (even when empty, so that ranks which disagree on counts get
  * an error from the frame header instead of a hang), waits go through coll_wait_step
  * (deadline, abort check), errors are prefixed with "<collective> seq N" and pending
  * transfers are cancelled with coll_drain before returning an error.
  *
- * Receive order: the TCP transport parks a frame that has no posted receive at the head of
- * its socket, so a schedule must post its receives on a link in the order the peer sends
- * on it (per socket), or a single-socket link can deadlock.
+ * Receive order: the TCP transport leaves a frame that has no posted receive in the kernel
+ * until a receive is posted on its socket (then it is read aside into a bounded queue), so
+ * a schedule should post its receives on a link in the order the peer sends on it (per
+ * socket): out of order, each such frame costs a copy, and past the bound the link waits.
  *
  * Counts are in elements of dtype. "v" forms take per-rank counts and displacements in
  * elements; displs == NULL means blocks packed in rank order.
@@ -18,15 +19,6 @@
 #define KHOR_ALGOS_H
 
 #include "coll.h"
-
-enum coll_kind_more {
-	COLL_REDUCE = 3,
-	COLL_ALLGATHER = 4,
-	COLL_REDUCESCATTER = 5,
-	COLL_ALLTOALL = 6,
-	COLL_GATHER = 7,
-	COLL_SCATTER = 8,
-};
 
 /* Block r of a count split over n ranks: the first count % n blocks get one more element. */
 static inline void coll_block(size_t count, int n, int r, size_t *off, size_t *len)

@@ -36,6 +36,7 @@
  * Both: sendbuf is copied into its place first (memmove, skipped when it already is
  * there), so sendbuf may lie anywhere inside recvbuf.
  */
+#include "../base/dtype.h"
 #include "algos.h"
 
 #include <stdio.h>
@@ -76,7 +77,7 @@ khor_status ring_allgatherv(coll_comm *cc, const void *sendbuf, void *recvbuf,
 	const int n = cc->size, r = cc->rank;
 	const int right = (r + 1) % n, left = (r - 1 + n) % n;
 	const int nsteps = n - 1;
-	const size_t esz = khor_dtype_size(dtype);
+	const size_t esz = kdtype_size(dtype);
 	uint8_t *out = recvbuf;
 	size_t slice_el, max_count = 0, nlanes, next_lane = 0, lanes_done = 0;
 	int nactive;
@@ -106,7 +107,7 @@ khor_status ring_allgatherv(coll_comm *cc, const void *sendbuf, void *recvbuf,
 		nactive = (int)nlanes;
 	memset(lanes, 0, sizeof(lanes));
 
-	const uint32_t meta = tp_meta_make(COLL_ALLGATHER, dtype, 0);
+	const uint32_t meta = coll_meta_make(COLL_ALLGATHER, dtype, 0);
 	while (st == KHOR_SUCCESS && lanes_done < nlanes) {
 		bool moved = false;
 
@@ -178,8 +179,8 @@ khor_status rd_allgather(coll_comm *cc, const void *sendbuf, void *recvbuf, size
                          khor_dtype dtype, uint32_t seq, kerr *err)
 {
 	const int n = cc->size, r = cc->rank;
-	const size_t bsz = count * khor_dtype_size(dtype);
-	const uint32_t meta = tp_meta_make(COLL_ALLGATHER, dtype, 0);
+	const size_t bsz = count * kdtype_size(dtype);
+	const uint32_t meta = coll_meta_make(COLL_ALLGATHER, dtype, 0);
 	uint8_t *out = recvbuf;
 	coll_xfer x[4];
 	coll_wait w;

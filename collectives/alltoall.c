@@ -26,6 +26,7 @@
  *
  * The temporary block is scratch when it fits, else malloc'd for the call.
  */
+#include "../base/dtype.h"
 #include "algos.h"
 
 #include <stdio.h>
@@ -49,8 +50,8 @@ static khor_status inplace_alltoallv(coll_comm *cc, uint8_t *buf, const size_t *
                                      coll_wait *w, kerr *err)
 {
 	const int n = cc->size, r = cc->rank;
-	const size_t esz = khor_dtype_size(dtype);
-	const uint32_t meta = tp_meta_make(COLL_ALLTOALL, dtype, 0);
+	const size_t esz = kdtype_size(dtype);
+	const uint32_t meta = coll_meta_make(COLL_ALLTOALL, dtype, 0);
 	size_t max_bytes = 0;
 	uint8_t *tmp;
 	khor_status st = KHOR_SUCCESS;
@@ -81,7 +82,7 @@ khor_status pairwise_alltoallv(coll_comm *cc, const void *sendbuf, const size_t 
                                const size_t *rdispls, khor_dtype dtype, uint32_t seq, kerr *err)
 {
 	const int n = cc->size, r = cc->rank;
-	const size_t esz = khor_dtype_size(dtype);
+	const size_t esz = kdtype_size(dtype);
 	const uint8_t *in = sendbuf;
 	uint8_t *out = recvbuf;
 	struct slot slots[A2A_MAX_WINDOW];
@@ -111,7 +112,7 @@ khor_status pairwise_alltoallv(coll_comm *cc, const void *sendbuf, const size_t 
 		window = n - 1;
 	memset(slots, 0, sizeof(slots));
 
-	const uint32_t meta = tp_meta_make(COLL_ALLTOALL, dtype, 0);
+	const uint32_t meta = coll_meta_make(COLL_ALLTOALL, dtype, 0);
 	while (st == KHOR_SUCCESS && steps_done < n - 1) {
 		bool moved = false;
 

@@ -14,6 +14,7 @@
  * there (see the algorithm selection issue). At least one (possibly empty) slice is always
  * sent so that a disagreement on count or dtype shows up in the frame header.
  */
+#include "../base/dtype.h"
 #include "ring.h"
 
 #include <stdio.h>
@@ -26,7 +27,7 @@ khor_status chain_broadcast(coll_comm *cc, void *buf, size_t count, khor_dtype d
 	const int pos = (cc->rank - root + n) % n;
 	const int prev = (cc->rank - 1 + n) % n, next = (cc->rank + 1) % n;
 	const bool has_prev = pos > 0, has_next = pos < n - 1;
-	const size_t bytes = count * khor_dtype_size(dtype);
+	const size_t bytes = count * kdtype_size(dtype);
 	size_t slice = cc->slice_bytes, nslices;
 	size_t recv_posted = 0, recv_done = 0, send_posted = 0, send_done = 0;
 	int window = cc->max_lanes < 1 ? 1 : (cc->max_lanes > 32 ? 32 : cc->max_lanes);
@@ -47,7 +48,7 @@ khor_status chain_broadcast(coll_comm *cc, void *buf, size_t count, khor_dtype d
 	memset(rx, 0, sizeof(rx));
 	memset(tx, 0, sizeof(tx));
 	coll_wait_begin(cc, &w, "broadcast seq %u (root %d)", seq, root);
-	const uint32_t meta = tp_meta_make(COLL_BROADCAST, dtype, 0);
+	const uint32_t meta = coll_meta_make(COLL_BROADCAST, dtype, 0);
 	if (!has_prev)
 		recv_posted = recv_done = nslices; /* the root has everything already */
 

@@ -1,6 +1,8 @@
 /* coll.c -- posting, testing and the deadline-bounded wait shared by all algorithms. */
 #include "coll.h"
 
+#include "../base/dtype.h"
+
 #include <sched.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -265,3 +267,25 @@ void coll_lane_range(size_t count, int n, int b, size_t index, size_t slice_el, 
 	*off = boff + lo;
 	*len = hi - lo;
 }
+
+static bool meta_conflict(uint32_t a, uint32_t b)
+{
+	return (a >> 24) != 0 && (b >> 24) != 0 && a != b;
+}
+
+static const char *meta_describe(uint32_t meta, char *buf, size_t len)
+{
+	static const char *const colls[COLL_KINDS] = {
+		"allreduce", "broadcast", "barrier", "reduce", "allgather", "reducescatter",
+		"alltoall", "gather", "scatter", "probe", "comm split",
+	};
+	static const char *const scheds[] = { "", ", ring", ", recursive doubling",
+	                                      ", double binary tree", ", halving-doubling" };
+	unsigned c = meta >> 16 & 0xff, d = meta >> 8 & 0xff, o = meta & 0xff, s = meta >> 24;
+
+	snprintf(buf, len, "%s %s %s%s", c < COLL_KINDS ? colls[c] : "?", kdtype_name(d),
+	         kop_name(o), s < 5 ? scheds[s] : ", ?");
+	return buf;
+}
+
+const tp_meta_rules coll_meta_rules = { .conflict = meta_conflict, .describe = meta_describe };

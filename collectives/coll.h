@@ -12,14 +12,46 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* Every kind of call a comm runs; the number is also the kind byte of a frame's meta. */
 enum coll_kind {
 	COLL_ALLREDUCE = 0,
 	COLL_BROADCAST = 1,
 	COLL_BARRIER = 2,
+	COLL_REDUCE = 3,
+	COLL_ALLGATHER = 4,
+	COLL_REDUCESCATTER = 5,
+	COLL_ALLTOALL = 6,
+	COLL_GATHER = 7,
+	COLL_SCATTER = 8,
+	COLL_PROBE = 9,  /* the cost model's swaps at init */
+	COLL_SPLIT = 10, /* khor_comm_split's exchange on the parent */
+	COLL_KINDS
 };
 
-/* The allreduce schedules; the numbers are also KHOR_ALGO's and tp_meta_sched's. */
+/* The allreduce schedules; the numbers are also KHOR_ALGO's and coll_meta_sched's. */
 enum allreduce_algo { ALGO_AUTO = 0, ALGO_RING, ALGO_RD, ALGO_TREE, ALGO_HD };
+
+/* A frame's meta: what both sides must agree on, so a mismatch is an error and not a hang. */
+static inline uint32_t coll_meta_make(unsigned coll, unsigned dtype, unsigned op)
+{
+	return (coll & 0xff) << 16 | (dtype & 0xff) << 8 | (op & 0xff);
+}
+/*
+ * The schedule (enum allreduce_algo) in the top byte: ranks that chose different
+ * algorithms for one call fail on the first frame instead of mixing unrelated steps.
+ */
+static inline uint32_t coll_meta_sched(uint32_t meta, unsigned sched)
+{
+	return (meta & 0xffffffu) | (sched & 0xff) << 24;
+}
+/*
+ * The rules the transports apply to metas (transport.h): two frames of one call conflict
+ * when both name a schedule and the schedules differ. Other metas may legitimately differ
+ * within one call (a node-aware allreduce runs a reduce-scatter and then an allgather
+ * under the same seq), so only the schedule byte is compared. Described as "allreduce
+ * float32 sum, ring".
+ */
+extern const tp_meta_rules coll_meta_rules;
 
 #define COLL_MAX_TP 2
 

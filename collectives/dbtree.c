@@ -27,6 +27,7 @@
  * Determinism: an inner node folds (left child op self) op right child, always in that
  * order, and every rank receives the root's finished bits, so all ranks agree bit for bit.
  */
+#include "../base/dtype.h"
 #include "algos.h"
 
 #include "reduce.h"
@@ -116,8 +117,8 @@ khor_status dbtree_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, 
                              khor_dtype dtype, khor_op op, uint32_t seq, kerr *err)
 {
 	const int n = cc->size, r = cc->rank;
-	const size_t esz = khor_dtype_size(dtype);
-	const uint32_t meta = tp_meta_sched(tp_meta_make(COLL_ALLREDUCE, dtype, op), ALGO_TREE);
+	const size_t esz = kdtype_size(dtype);
+	const uint32_t meta = coll_meta_sched(coll_meta_make(COLL_ALLREDUCE, dtype, op), ALGO_TREE);
 	reduce_fn fn = reduce_kernel(dtype, op);
 	const uint8_t *in = sendbuf;
 	uint8_t *out = recvbuf;

@@ -20,6 +20,7 @@
  * Broadcast: the root's shard of hosts: first across hosts among the ranks with the
  * root's local rank, then inside every host from that rank.
  */
+#include "../base/dtype.h"
 #include "hier.h"
 
 #include "algos.h"
@@ -33,7 +34,7 @@
 static khor_status group_allreduce(coll_comm *g, void *buf, size_t count, khor_dtype dtype,
                                    khor_op op, uint32_t seq, kerr *err)
 {
-	size_t bytes = count * khor_dtype_size(dtype);
+	size_t bytes = count * kdtype_size(dtype);
 
 	switch (allreduce_pick(g, (enum allreduce_algo)g->algo, bytes)) {
 	case ALGO_RD:
@@ -51,7 +52,7 @@ khor_status hier_allreduce(coll_comm *node, coll_comm *cross, int world_size,
                            const void *sendbuf, void *recvbuf, size_t count, khor_dtype dtype,
                            khor_op op, uint32_t seq, kerr *err)
 {
-	const size_t esz = khor_dtype_size(dtype);
+	const size_t esz = kdtype_size(dtype);
 	const int L = node->size;
 	khor_op inner = op == KHOR_AVG ? KHOR_SUM : op;
 	size_t off, len, *counts = NULL, *displs = NULL;
@@ -122,7 +123,7 @@ khor_status hier_allgather(coll_comm *node, coll_comm *cross, const void *sendbu
                            kerr *err)
 {
 	const int L = node->size, H = cross->size, me_host = cross->rank;
-	const size_t esz = khor_dtype_size(dtype);
+	const size_t esz = kdtype_size(dtype);
 	size_t *a = malloc(2 * (size_t)(L > H ? L : H) * sizeof(size_t));
 	uint8_t *out = recvbuf;
 	khor_status st = KHOR_SUCCESS;

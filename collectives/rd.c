@@ -20,6 +20,7 @@
  * Latency: log2(p) (+2) steps; bandwidth: every step moves the whole buffer, which is
  * why the ring takes over for large messages.
  */
+#include "../base/dtype.h"
 #include "rd.h"
 #include "algos.h"
 
@@ -94,9 +95,9 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
                          khor_dtype dtype, khor_op op, uint32_t seq, unsigned kind, kerr *err)
 {
 	const int n = cc->size, r = cc->rank;
-	const size_t esz = khor_dtype_size(dtype), bytes = count * esz;
+	const size_t esz = kdtype_size(dtype), bytes = count * esz;
 	reduce_fn fn = reduce_kernel(dtype, op);
-	const uint32_t meta = tp_meta_sched(tp_meta_make(kind, dtype, op), ALGO_RD);
+	const uint32_t meta = coll_meta_sched(coll_meta_make(kind, dtype, op), ALGO_RD);
 	uint8_t *out = recvbuf, *tmp;
 	/* This rank's values so far: the input until the first fold writes out. Reading the
 	 * input in place of a first copy into out saves a pass over the buffer. */
@@ -212,8 +213,8 @@ khor_status hd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
                          khor_dtype dtype, khor_op op, uint32_t seq, kerr *err)
 {
 	const int n = cc->size, r = cc->rank;
-	const size_t esz = khor_dtype_size(dtype), bytes = count * esz;
-	const uint32_t meta = tp_meta_sched(tp_meta_make(COLL_ALLREDUCE, dtype, op), ALGO_HD);
+	const size_t esz = kdtype_size(dtype), bytes = count * esz;
+	const uint32_t meta = coll_meta_sched(coll_meta_make(COLL_ALLREDUCE, dtype, op), ALGO_HD);
 	reduce_fn fn = reduce_kernel(dtype, op);
 	uint8_t *out = recvbuf, *tmp;
 	const uint8_t *cur = sendbuf; /* as in rd_allreduce: the input until a fold writes out */

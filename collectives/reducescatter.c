@@ -56,6 +56,7 @@
  * so the two in-place forms above hold. The pair always combines (lower half of the
  * group) op (upper half), so every run gives the same bits.
  */
+#include "../base/dtype.h"
 #include "algos.h"
 
 #include "reduce.h"
@@ -85,7 +86,7 @@ khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbu
 	const int n = cc->size, r = cc->rank;
 	const int right = (r + 1) % n, left = (r - 1 + n) % n;
 	const int nsteps = n - 1;
-	const size_t esz = khor_dtype_size(dtype);
+	const size_t esz = kdtype_size(dtype);
 	const uint8_t *in = sendbuf;
 	uint8_t *out = recvbuf;
 	reduce_fn fn = reduce_kernel(dtype, op);
@@ -127,7 +128,7 @@ khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbu
 		lanes[i].slot[1] = lanes[i].slot[0] + slice_el * esz;
 	}
 
-	const uint32_t meta = tp_meta_make(COLL_REDUCESCATTER, dtype, op);
+	const uint32_t meta = coll_meta_make(COLL_REDUCESCATTER, dtype, op);
 	while (st == KHOR_SUCCESS && lanes_done < nlanes) {
 		bool moved = false;
 
@@ -218,8 +219,8 @@ khor_status halving_reduce_scatter(coll_comm *cc, const void *sendbuf, void *rec
                                    kerr *err)
 {
 	const int n = cc->size, r = cc->rank;
-	const size_t esz = khor_dtype_size(dtype);
-	const uint32_t meta = tp_meta_sched(tp_meta_make(COLL_REDUCESCATTER, dtype, op), ALGO_HD);
+	const size_t esz = kdtype_size(dtype);
+	const uint32_t meta = coll_meta_sched(coll_meta_make(COLL_REDUCESCATTER, dtype, op), ALGO_HD);
 	reduce_fn fn = reduce_kernel(dtype, op);
 	const uint8_t *cur = sendbuf; /* the current blocks' partial sums, from element base */
 	size_t base = 0, half;

@@ -27,6 +27,7 @@
  * Every lane sends its message at every step, even when it is empty (count < n, or a short
  * last lane), so ranks that disagree on count or dtype see it in a frame header.
  */
+#include "../base/dtype.h"
 #include "ring.h"
 
 #include "reduce.h"
@@ -54,7 +55,7 @@ khor_status ring_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, si
 {
 	const int n = cc->size, r = cc->rank;
 	const int right = (r + 1) % n, left = (r - 1 + n) % n;
-	const size_t esz = khor_dtype_size(dtype);
+	const size_t esz = kdtype_size(dtype);
 	const int nsteps = 2 * (n - 1);
 	const uint8_t *in = sendbuf;
 	uint8_t *out = recvbuf;
@@ -96,7 +97,7 @@ khor_status ring_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, si
 	for (int i = 0; i < nactive; i++)
 		lanes[i].scratch = (uint8_t *)cc->scratch + (size_t)i * slice_el * esz;
 
-	const uint32_t meta = tp_meta_sched(tp_meta_make(kind, dtype, op), ALGO_RING);
+	const uint32_t meta = coll_meta_sched(coll_meta_make(kind, dtype, op), ALGO_RING);
 	while (lanes_done < nlanes && st == KHOR_SUCCESS) {
 		bool moved = false;
 

@@ -341,7 +341,7 @@ khor_status cost_measure(coll_comm *cc, uint32_t seq, bool own_cores, double v[3
 	memset(b, 2, BIG);
 	coll_wait_init(cc, &w, "cost model calibration");
 	if (peer < cc->size) {
-		const uint32_t meta = tp_meta_make(9, KHOR_UINT8, 0);
+		const uint32_t meta = coll_meta_make(COLL_PROBE, KHOR_UINT8, 0);
 		uint64_t small[2][SMALL_ITERS], big = UINT64_MAX, t0;
 		/*
 		 * Per-swap times: alpha is the lower of two batches' alphas (cost_batch_alpha: the

@@ -34,6 +34,7 @@
  * Every edge carries its first message even when it is empty (count 0), so ranks that
  * disagree on count see it in a frame header.
  */
+#include "../base/dtype.h"
 #include "algos.h"
 
 #include "reduce.h"
@@ -128,8 +129,8 @@ khor_status binomial_broadcast(coll_comm *cc, void *buf, size_t count, khor_dtyp
                                int root, uint32_t seq, kerr *err)
 {
 	const int n = cc->size;
-	const size_t bytes = count * khor_dtype_size(dtype);
-	const uint32_t meta = tp_meta_make(COLL_BROADCAST, dtype, 0);
+	const size_t bytes = count * kdtype_size(dtype);
+	const uint32_t meta = coll_meta_make(COLL_BROADCAST, dtype, 0);
 	struct node t;
 	size_t slice = cc->slice_bytes ? cc->slice_bytes : 1 << 20, nslices;
 	size_t recv_posted, recv_done, fwd, retired;
@@ -220,8 +221,8 @@ khor_status binomial_reduce(coll_comm *cc, const void *sendbuf, void *recvbuf, s
                             khor_dtype dtype, khor_op op, int root, uint32_t seq, kerr *err)
 {
 	const int n = cc->size;
-	const size_t esz = khor_dtype_size(dtype);
-	const uint32_t meta = tp_meta_make(COLL_REDUCE, dtype, op);
+	const size_t esz = kdtype_size(dtype);
+	const uint32_t meta = coll_meta_make(COLL_REDUCE, dtype, op);
 	const uint8_t *in = sendbuf;
 	uint8_t *out = recvbuf;
 	reduce_fn fn = reduce_kernel(dtype, op);
@@ -331,8 +332,8 @@ khor_status binomial_gather(coll_comm *cc, const void *sendbuf, void *recvbuf, s
                             khor_dtype dtype, int root, uint32_t seq, kerr *err)
 {
 	const int n = cc->size;
-	const size_t bsz = count * khor_dtype_size(dtype);
-	const uint32_t meta = tp_meta_make(COLL_GATHER, dtype, 0);
+	const size_t bsz = count * kdtype_size(dtype);
+	const uint32_t meta = coll_meta_make(COLL_GATHER, dtype, 0);
 	uint8_t *out = recvbuf, *tmp = NULL;
 	coll_xfer x[2 * TREE_MAX_CHILDREN + 2];
 	struct node t;
@@ -404,8 +405,8 @@ khor_status binomial_scatter(coll_comm *cc, const void *sendbuf, void *recvbuf, 
                              khor_dtype dtype, int root, uint32_t seq, kerr *err)
 {
 	const int n = cc->size;
-	const size_t bsz = count * khor_dtype_size(dtype);
-	const uint32_t meta = tp_meta_make(COLL_SCATTER, dtype, 0);
+	const size_t bsz = count * kdtype_size(dtype);
+	const uint32_t meta = coll_meta_make(COLL_SCATTER, dtype, 0);
 	const uint8_t *in = sendbuf;
 	uint8_t *out = recvbuf, *tmp = NULL;
 	coll_xfer x[2 * TREE_MAX_CHILDREN + 2];

@@ -3,6 +3,30 @@
  * distributed deep learning (TCP, shared-memory and verbs transports; ring, tree and
  * recursive-doubling collectives; no MPI).
  *
+ * Threads. One khor_init makes a context (transports, links, the store connection, the
+ * topology) and its world comm; khor_comm_split and khor_comm_create_group make more comms
+ * over the same links. The rules:
+ *   - Different comms may be used from different threads at the same time, in any order,
+ *     and their collectives run concurrently over the shared links: one comm's frames never
+ *     wait behind another comm's (a bounded per-link queue takes frames nobody has asked
+ *     for yet; a sender that overruns it is slowed down, never dropped).
+ *   - One comm is meant for one thread at a time. Calls that several threads make on the
+ *     same comm at once are serialised by the library in the order they enter it (each takes
+ *     its sequence number on entry), and every rank must end up with the same order, which
+ *     in practice only holds if the application orders them itself.
+ *   - khor_comm_split and khor_comm_create_group are collectives on the parent comm and
+ *     follow its rule: ordered with the parent's other calls, on every member.
+ *   - Getters (khor_rank, khor_size, local and cross rank and size, khor_comm_id,
+ *     khor_comm_world_rank), khor_comm_error, khor_request_error and khor_test may be
+ *     called from any thread at any time while the comm or request exists.
+ *   - khor_wait and khor_request_free on one request from one thread at a time.
+ *   - khor_comm_free on a comm that no other thread is calling into; it waits for the
+ *     comm's queued non-blocking calls first. khor_finalize after every other thread has
+ *     stopped calling into any comm of the context; it frees the comms not freed yet.
+ *   - khor_init itself from one thread at a time.
+ * Progress: whoever waits drives. A blocking call moves its own bytes and those of any
+ * other comm on the links it touches; the i* calls run on the comm's collective thread.
+ *
  * ABI rules: every type a caller sees is either an opaque handle or a fixed-value enum;
  * there are no public structs, so fields can change without breaking binaries built
  * against an older libkhor.so.0. Every function returns khor_status; on failure the
@@ -106,6 +130,36 @@ KHOR_API int khor_cross_rank(const khor_comm *comm);  /* rank among ranks of equ
 KHOR_API int khor_cross_size(const khor_comm *comm);
 
 /*
+ * Comms that share the parent's links (no socket is opened; a few store round trips at
+ * most). Both are collectives on their parent: ranks call them in the same order with the
+ * parent's other collectives.
+ *
+ * khor_comm_split (MPI_Comm_split): every rank of comm calls it; ranks with the same
+ * color >= 0 form a new comm, ranked by key and then by their rank in comm. A negative
+ * color means "in no new comm": *newcomm_out is set to NULL and KHOR_SUCCESS returned.
+ *
+ * khor_comm_create_group: the nranks ranks listed (ranks of comm, no repeats) form a new
+ * comm, ranked in list order. Every listed rank calls it with the same list; the others
+ * need not call it (one that does gets NULL). A list that differs between its members is
+ * an error on them (at the latest after KHOR_TIMEOUT), never a hang.
+ *
+ * The new comm has its own id, sequence numbers, scratch, tuning (a copy of the parent's
+ * KHOR_ALGO and KHOR_HIER) and sticky error; its local and cross ranks count its own
+ * members. Free it with khor_comm_free (or let khor_finalize do it).
+ */
+KHOR_API khor_status khor_comm_split(khor_comm *comm, int color, int key,
+                                     khor_comm **newcomm_out);
+KHOR_API khor_status khor_comm_create_group(khor_comm *comm, const int *ranks, int nranks,
+                                            khor_comm **newcomm_out);
+/* Frees a comm made by split or create_group (waits for its queued calls first). Not the
+ * world comm: that one goes with khor_finalize (KHOR_ERR_INVALID_ARG). */
+KHOR_API khor_status khor_comm_free(khor_comm *comm);
+/* The comm's id, the same on all its members (0 for the world); -1 for NULL. */
+KHOR_API int64_t khor_comm_id(const khor_comm *comm);
+/* The world rank of this comm's rank r, or -1 when r is out of range. */
+KHOR_API int khor_comm_world_rank(const khor_comm *comm, int rank);
+
+/*
  * The comm's first error, which is sticky: after it every call on the comm fails fast with
  * the same status. "" when there was none.
  */
@@ -207,6 +261,9 @@ KHOR_API khor_status khor_iscatter(khor_comm *comm, const void *sendbuf, void *r
 KHOR_API khor_status khor_wait(khor_request *request);
 /* KHOR_SUCCESS or an error when complete, KHOR_IN_PROGRESS when not. Never blocks. */
 KHOR_API khor_status khor_test(khor_request *request);
+/* The request's own error text once it has failed ("" while running or after success).
+ * It names this rank, the comm, the peer, the operation and the cause. */
+KHOR_API const char *khor_request_error(const khor_request *request);
 /* Frees a request; waits for it first if it is still running. */
 KHOR_API void khor_request_free(khor_request *request);
 

@@ -1,5 +1,5 @@
 /*
- * comm.c -- joining a job (bootstrap) and the links between ranks.
+ * comm.c -- joining a job (bootstrap), the context's links, and making and freeing comms.
  *
  * Bootstrap, through the store, under "<job>/<generation>/" (generation k for a rank's k-th
  * init in the job, counted in "<job>/0/inits/<rank>"):
@@ -11,12 +11,19 @@
  * only that one peer's address from the store), the higher rank accepts. So a rank reads
  * the addresses of the peers its algorithms talk to, not all n.
  *
+ * Comms: the world and every comm made from it (split.c) share the context's links; a comm
+ * only maps its ranks to world ranks, so making one opens no socket. A link is made by
+ * whichever comm first needs it, under the context's link_mu, and is then found without
+ * the lock (ctx->ready).
+ *
  * Failure: the first error of a collective becomes the comm's sticky error; the rank also
  * writes it under "abort" (first writer wins, via the "abort_count" counter) so that ranks
  * not directly connected to the failed one stop with the root cause within about a second
  * instead of at their own deadline.
  */
 #include "comm.h"
+
+#include "../base/dtype.h"
 
 #include "../base/log.h"
 #include "../base/sock.h"
@@ -25,6 +32,7 @@
 #include "../collectives/select.h"
 
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,7 +43,7 @@ static khor_status comm_get_link(void *owner, int peer, kdeadline dl, tp_link **
                                  int *tp_out, kerr *err);
 static khor_status comm_check_abort(void *owner, kerr *err);
 
-static khor_status start_store(khor_comm *c, kerr *err)
+static khor_status start_store(kctx *c, kerr *err)
 {
 	settings *s = &c->cfg;
 	khor_status st;
@@ -83,7 +91,7 @@ static khor_status start_store(khor_comm *c, kerr *err)
 }
 
 /* Lists the ranks that never published their address (for the init timeout message). */
-static void name_missing(khor_comm *c, char *out, size_t len)
+static void name_missing(kctx *c, char *out, size_t len)
 {
 	size_t off = 0;
 	int missing = 0;
@@ -107,12 +115,6 @@ static void name_missing(khor_comm *c, char *out, size_t len)
 		snprintf(out + off, len - off, " and %d more", missing - 32);
 }
 
-/*
- * Host names of every rank give the topology: local rank and size, cross rank and size
- * (Horovod's meaning: the index among ranks with the same local rank), and the two groups
- * the node-aware collectives run on. Launcher-given values win for the getters. The node
- * and cross groups exist only when every host runs the same number of ranks.
- */
 /* This machine's boot id: the same for every process on it, whatever its network namespace. */
 static const char *machine_id(void)
 {
@@ -130,123 +132,6 @@ static const char *machine_id(void)
 	return id;
 }
 
-static khor_status compute_topology(khor_comm *c, kdeadline dl, kerr *err)
-{
-	char (*hosts)[256] = NULL;
-	int *first = NULL;
-	khor_status st = KHOR_SUCCESS;
-	settings *s = &c->cfg;
-
-	hosts = calloc((size_t)c->size, sizeof(*hosts));
-	first = calloc((size_t)c->size, sizeof(int));
-	c->node_map = calloc((size_t)c->size, sizeof(int));
-	c->cross_map = calloc((size_t)c->size, sizeof(int));
-	if (hosts == NULL || first == NULL || c->node_map == NULL || c->cross_map == NULL) {
-		st = kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory for %d host names",
-		              c->size);
-		goto out;
-	}
-	for (int r = 0; r < c->size && st == KHOR_SUCCESS; r++) {
-		char key[32];
-		void *v;
-		size_t vl;
-		snprintf(key, sizeof(key), "host/%d", r);
-		st = store_get(c->store, key, dl, &v, &vl, err);
-		if (st == KHOR_SUCCESS) {
-			char *tab = strchr(v, '\t');
-			if (tab != NULL) {
-				*tab = '\0';
-				if (strcmp(tab + 1, machine_id()) == 0)
-					c->on_machine++;
-			}
-			kstrlcpy(hosts[r], v, sizeof(hosts[r]));
-			free(v);
-		}
-	}
-	if (st != KHOR_SUCCESS)
-		goto out;
-	/* first[r]: the index of r's host, hosts numbered by their lowest rank. */
-	int nhosts = 0, lr = 0, ls = 0, my_host = 0;
-	int *per_host = calloc((size_t)c->size, sizeof(int));
-	if (per_host == NULL) {
-		st = kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory");
-		goto out;
-	}
-	for (int r = 0; r < c->size; r++) {
-		int h = -1;
-		for (int q = 0; q < r && h < 0; q++)
-			if (strcmp(hosts[q], hosts[r]) == 0)
-				h = first[q];
-		first[r] = h >= 0 ? h : nhosts++;
-		per_host[first[r]]++;
-		if (strcmp(hosts[r], s->hostname) == 0) {
-			if (r < c->rank)
-				lr++;
-			c->node_map[ls++] = r;
-		}
-	}
-	my_host = first[c->rank];
-	bool uniform = true;
-	for (int h = 0; h < nhosts; h++)
-		uniform = uniform && per_host[h] == ls;
-	free(per_host);
-	c->nhosts = nhosts;
-	c->node_n = ls;
-	c->local_rank = s->local_rank >= 0 ? s->local_rank : lr;
-	c->local_size = s->local_size > 0 ? s->local_size : ls;
-	c->cross_rank = s->cross_rank >= 0 ? s->cross_rank : my_host;
-	c->cross_size = s->cross_size > 0 ? s->cross_size : nhosts;
-	c->hier_ok = uniform && nhosts > 1 && ls > 1;
-	/* The cross group: on every host, the rank with my local index. */
-	c->cross_n = 0;
-	for (int h = 0; h < nhosts && uniform; h++) {
-		int k = 0;
-		for (int r = 0; r < c->size; r++) {
-			if (first[r] != h)
-				continue;
-			if (k++ == lr) {
-				if (r == c->rank)
-					c->cross_me = c->cross_n;
-				c->cross_map[c->cross_n++] = r;
-			}
-		}
-	}
-	c->node_me = lr;
-	if (uniform) {
-		c->host_ranks = calloc((size_t)c->size, sizeof(int));
-		int *fill = calloc((size_t)nhosts, sizeof(int));
-		if (c->host_ranks == NULL || fill == NULL) {
-			free(fill);
-			st = kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory");
-			goto out;
-		}
-		for (int r = 0; r < c->size; r++)
-			c->host_ranks[first[r] * ls + fill[first[r]]++] = r;
-		free(fill);
-		c->hier_blocked = c->hier_ok;
-		for (int r = 0; r < c->size; r++)
-			c->hier_blocked = c->hier_blocked && c->host_ranks[r] == r;
-	} else {
-		c->hier_ok = false;
-	}
-out:
-	free(hosts);
-	free(first);
-	return st;
-}
-
-/* A sub-group comm that shares the world's links, scratch and model. */
-static void make_group(const khor_comm *c, coll_comm *g, uint32_t id, const int *map, int n,
-                       int me)
-{
-	*g = c->cc;
-	g->comm_id = id;
-	g->map = map;
-	g->size = n;
-	g->rank = me;
-	memset(g->logged, 0, sizeof(g->logged));
-}
-
 /*
  * The cores this machine's ranks share: what the launcher says (KHOR_LOCAL_CPUS: khorrun
  * counts the CPUs it was given, before it pins any rank), else the online CPUs, or fewer
@@ -254,7 +139,7 @@ static void make_group(const khor_comm *c, coll_comm *g, uint32_t id, const int 
  * word a set of one core is taken as a rank pinned to its own core (Slurm's --cpu-bind),
  * which says nothing about the others.
  */
-static int shared_cores(const khor_comm *c)
+static int shared_cores(const kctx *c)
 {
 	long online = sysconf(_SC_NPROCESSORS_ONLN);
 	int n = online > 0 ? (int)online : 1;
@@ -355,8 +240,9 @@ static khor_status calibrate(khor_comm *c, kerr *err)
 	double v[7] = { 0, 0, 0, 0, 0, 0, 0 };
 	khor_status st;
 	uint32_t seq = c->next_seq++;
-	const int ncpu = shared_cores(c);
-	const bool own = c->on_machine <= ncpu;
+	kctx *x = c->ctx;
+	const int ncpu = shared_cores(x);
+	const bool own = x->on_machine <= ncpu;
 
 	if (c->hier_ok) {
 		st = cost_measure(&c->node_cc, seq, own, v, err);
@@ -375,9 +261,9 @@ static khor_status calibrate(khor_comm *c, kerr *err)
 	 * while every rank is busy) already carries the contention. Scaled before the max, so
 	 * machines with different crowding still agree on one model.
 	 */
-	v[6] = -cache_share(c->on_machine, ncpu); /* the max of -x is the smallest cache */
-	if (c->on_machine > ncpu) {
-		double k = (double)c->on_machine / (double)ncpu;
+	v[6] = -cache_share(x->on_machine, ncpu); /* the max of -x is the smallest cache */
+	if (x->on_machine > ncpu) {
+		double k = (double)x->on_machine / (double)ncpu;
 		v[1] *= k;
 		v[2] *= k;
 		v[4] *= k;
@@ -392,8 +278,8 @@ static khor_status calibrate(khor_comm *c, kerr *err)
 		                  COLL_ALLREDUCE, err);
 	if (st != KHOR_SUCCESS)
 		return st;
-	c->inner = (cost_model){ .alpha = v[0], .beta = v[1], .gamma = v[2], .cache = -v[6] };
-	c->outer = (cost_model){ .alpha = v[3], .beta = v[4], .gamma = v[5], .cache = -v[6] };
+	x->inner = (cost_model){ .alpha = v[0], .beta = v[1], .gamma = v[2], .cache = -v[6] };
+	x->outer = (cost_model){ .alpha = v[3], .beta = v[4], .gamma = v[5], .cache = -v[6] };
 	return KHOR_SUCCESS;
 }
 
@@ -408,7 +294,7 @@ static khor_status calibrate(khor_comm *c, kerr *err)
  */
 static khor_status agree_settings(khor_comm *c, const struct khor_config *cfg, kerr *err)
 {
-	const settings *s = &c->cfg;
+	const settings *s = &c->ctx->cfg;
 	static const char *const algos[] = { "auto", "ring", "rd", "tree", "hd" };
 	static const char *const hiers[] = { "off", "on", "auto" };
 	const struct {
@@ -439,7 +325,7 @@ static khor_status agree_settings(khor_comm *c, const struct khor_config *cfg, k
 	                  COLL_ALLREDUCE, err);
 	if (st != KHOR_SUCCESS)
 		return st;
-	c->crowded_any = v[2 * K] > 0;
+	c->ctx->crowded_any = v[2 * K] > 0;
 	for (int i = 0; i < K; i++) {
 		if (v[i] == -v[K + i])
 			continue;
@@ -461,138 +347,243 @@ static khor_status agree_settings(khor_comm *c, const struct khor_config *cfg, k
 	return KHOR_SUCCESS;
 }
 
-khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr *err)
-{
-	khor_comm *c;
-	khor_status st;
-	char key[32];
 
-	klog_init_from_env();
-	c = calloc(1, sizeof(*c));
-	if (c == NULL)
-		return kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory");
-	st = config_parse(cfg, &c->cfg, err);
-	if (st != KHOR_SUCCESS) {
-		free(c);
-		return st;
+/*
+ * Host names of every rank give the topology. "host/<rank>" is "<name>\t<boot id>": the
+ * name (KHOR_HOSTNAME may pretend) groups ranks into hosts, numbered by their lowest rank;
+ * the boot id tells which ranks really share this machine's cores. Read once, at init.
+ */
+static khor_status read_hosts(kctx *x, kdeadline dl, kerr *err)
+{
+	char (*hosts)[256] = calloc((size_t)x->size, sizeof(*hosts));
+	khor_status st = KHOR_SUCCESS;
+
+	x->host_of = calloc((size_t)x->size, sizeof(int));
+	if (hosts == NULL || x->host_of == NULL) {
+		free(hosts);
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory for %d host names",
+		                x->size);
 	}
-	settings *s = &c->cfg;
-	c->rank = s->rank;
-	c->size = s->size;
-	c->local_rank = c->cross_rank = 0;
-	c->local_size = c->cross_size = 1;
-	klog_set_identity(c->rank, s->hostname);
+	for (int r = 0; r < x->size && st == KHOR_SUCCESS; r++) {
+		char key[32];
+		void *v;
+		size_t vl;
+		snprintf(key, sizeof(key), "host/%d", r);
+		st = store_get(x->store, key, dl, &v, &vl, err);
+		if (st != KHOR_SUCCESS)
+			break;
+		char *tab = strchr(v, '\t');
+		if (tab != NULL) {
+			*tab = '\0';
+			if (strcmp(tab + 1, machine_id()) == 0)
+				x->on_machine++;
+		}
+		kstrlcpy(hosts[r], v, sizeof(hosts[r]));
+		free(v);
+		int h = -1;
+		for (int q = 0; q < r && h < 0; q++)
+			if (strcmp(hosts[q], hosts[r]) == 0)
+				h = x->host_of[q];
+		x->host_of[r] = h >= 0 ? h : x->nhosts++;
+	}
+	free(hosts);
+	return st;
+}
+
+/*
+ * A comm's topology from its members' hosts: local rank and size, cross rank and size
+ * (Horovod's meaning: the index among ranks with the same local rank), and the two groups
+ * the node-aware collectives run on, which exist only when every host of the comm has the
+ * same number of its ranks. node_map and cross_map hold world ranks (links are the
+ * world's); host_ranks holds comm ranks.
+ */
+static khor_status comm_topology(khor_comm *c, kerr *err)
+{
+	kctx *x = c->ctx;
+	const int n = c->size;
+	int *hidx = calloc((size_t)n, sizeof(int)), *seen = calloc((size_t)x->nhosts + 1,
+	                                                          sizeof(int));
+	int *per_host = calloc((size_t)n, sizeof(int)), *fill = calloc((size_t)n, sizeof(int));
+	khor_status st = KHOR_SUCCESS;
+	int nh = 0, lr = 0, ls = 0;
+
+	c->node_map = calloc((size_t)n, sizeof(int));
+	c->cross_map = calloc((size_t)n, sizeof(int));
+	c->host_ranks = calloc((size_t)n, sizeof(int));
+	if (hidx == NULL || seen == NULL || per_host == NULL || fill == NULL ||
+	    c->node_map == NULL || c->cross_map == NULL || c->host_ranks == NULL) {
+		st = kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: out of memory for its topology", c->name);
+		goto out;
+	}
+	/* hidx[r]: the comm's own numbering of r's host, hosts by their lowest comm rank. */
+	for (int h = 0; h <= x->nhosts; h++)
+		seen[h] = -1;
+	for (int r = 0; r < n; r++) {
+		int wh = x->size > 1 ? x->host_of[comm_world_rank(c, r)] : 0;
+		if (seen[wh] < 0)
+			seen[wh] = nh++;
+		hidx[r] = seen[wh];
+		per_host[hidx[r]]++;
+	}
+	const int me_h = hidx[c->rank];
+	for (int r = 0; r < n; r++) {
+		if (hidx[r] != me_h)
+			continue;
+		if (r < c->rank)
+			lr++;
+		c->node_map[ls++] = comm_world_rank(c, r);
+	}
+	bool uniform = true;
+	for (int h = 0; h < nh; h++)
+		uniform = uniform && per_host[h] == ls;
+	c->nhosts = nh;
+	c->node_n = ls;
+	c->node_me = lr;
+	c->local_rank = lr;
+	c->local_size = ls;
+	c->cross_rank = me_h;
+	c->cross_size = nh;
+	c->hier_ok = uniform && nh > 1 && ls > 1;
+	c->cross_n = 0;
+	if (uniform) {
+		/* The cross group: on every host, the rank with my local index. */
+		for (int r = 0; r < n; r++) {
+			int k = fill[hidx[r]]++;
+			c->host_ranks[hidx[r] * ls + k] = r;
+		}
+		for (int h = 0; h < nh; h++) {
+			int r = c->host_ranks[h * ls + lr];
+			if (r == c->rank)
+				c->cross_me = c->cross_n;
+			c->cross_map[c->cross_n++] = comm_world_rank(c, r);
+		}
+		c->hier_blocked = c->hier_ok;
+		for (int r = 0; r < n; r++)
+			c->hier_blocked = c->hier_blocked && c->host_ranks[r] == r;
+	} else {
+		c->hier_ok = false;
+	}
+	if (c->world_ranks == NULL) {
+		/* Launcher-given values win for the world's getters. */
+		const settings *s = &x->cfg;
+		if (s->local_rank >= 0)
+			c->local_rank = s->local_rank;
+		if (s->local_size > 0)
+			c->local_size = s->local_size;
+		if (s->cross_rank >= 0)
+			c->cross_rank = s->cross_rank;
+		if (s->cross_size > 0)
+			c->cross_size = s->cross_size;
+	}
+out:
+	free(hidx);
+	free(seen);
+	free(per_host);
+	free(fill);
+	return st;
+}
+
+/* A sub-group comm that shares the comm's links, scratch and model. */
+static void make_group(const khor_comm *c, coll_comm *g, uint32_t id, const int *map, int n,
+                       int me)
+{
+	*g = c->cc;
+	g->comm_id = id;
+	g->map = map;
+	g->size = n;
+	g->rank = me;
+	memset(g->logged, 0, sizeof(g->logged));
+}
+
+int comm_world_rank(const khor_comm *c, int r)
+{
+	return c->world_ranks != NULL ? c->world_ranks[r] : r;
+}
+
+/* "comm 8 (world ranks 0, 2, 4, 6)", runs of ranks shortened ("0-7"), for error texts. */
+static void comm_name(khor_comm *c)
+{
+	size_t off;
+
+	if (c->world_ranks == NULL) {
+		snprintf(c->name, sizeof(c->name), "comm 0 (the world, %d ranks)", c->size);
+		return;
+	}
+	off = (size_t)snprintf(c->name, sizeof(c->name), "comm %u (world ranks ", c->id);
+	for (int i = 0; i < c->size && off + 16 < sizeof(c->name); i++) {
+		int j = i;
+		while (j + 1 < c->size && c->world_ranks[j + 1] == c->world_ranks[j] + 1)
+			j++;
+		if (j > i + 1)
+			off += (size_t)snprintf(c->name + off, sizeof(c->name) - off, "%s%d-%d",
+			                        i ? ", " : "", c->world_ranks[i], c->world_ranks[j]);
+		else
+			off += (size_t)snprintf(c->name + off, sizeof(c->name) - off, "%s%d",
+			                        i ? ", " : "", c->world_ranks[(j = i)]);
+		i = j;
+		if (i + 1 < c->size && off + 16 >= sizeof(c->name))
+			off += (size_t)snprintf(c->name + off, sizeof(c->name) - off, ", ...");
+	}
+	snprintf(c->name + off, sizeof(c->name) - off, ")");
+}
+
+/* The cost model every comm takes from the context: flat schedules are only as fast as the
+ * slowest links they cross. */
+static void comm_apply_model(khor_comm *c)
+{
+	kctx *x = c->ctx;
+
+	c->cc.model = c->nhosts > 1 ? x->outer : x->inner;
+	c->node_cc.model = x->inner;
+	c->cross_cc.model = x->outer;
+}
+
+khor_status comm_create(kctx *x, const khor_comm *parent, const int *members, int n, int me,
+                        uint32_t id, khor_comm **comm_out, kerr *err)
+{
+	const settings *s = &x->cfg;
+	khor_comm *c = calloc(1, sizeof(*c));
+	khor_status st;
+
+	if (c == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "rank %d: out of memory for a comm", x->rank);
+	c->ctx = x;
+	c->rank = me;
+	c->size = n;
+	c->id = id;
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
 	kerr_clear(&c->err);
 	kerr_clear(&c->last);
-	if (c->size == 1) {
-		*comm_out = c;
-		return KHOR_SUCCESS;
-	}
-
-	kdeadline dl = kdeadline_in_ms(s->init_timeout_ms);
-	bool want_shm = strcmp(s->transport, "tcp") != 0;
-	if (strcmp(s->transport, "tcp") != 0 && strcmp(s->transport, "shm") != 0 &&
-	    strcmp(s->transport, "auto") != 0) {
-		st = kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_TRANSPORT='%s': expected tcp, shm or "
-		              "auto", s->transport);
-		goto fail;
-	}
-	if (want_shm && transport_find("shm") == NULL) {
-		if (strcmp(s->transport, "shm") == 0) {
-			st = kerr_set(err, KHOR_ERR_NOT_SUPPORTED, "KHOR_TRANSPORT=shm, but this library "
-			              "was built without the shared-memory transport");
-			goto fail;
+	c->tune_algo = parent != NULL ? parent->tune_algo : s->algo;
+	c->tune_hier = parent != NULL ? parent->tune_hier : s->hier;
+	c->run_hier = c->tune_hier;
+	if (members != NULL) {
+		c->world_ranks = malloc((size_t)n * sizeof(int));
+		if (c->world_ranks == NULL) {
+			free(c);
+			return kerr_set(err, KHOR_ERR_NO_MEMORY, "rank %d: out of memory for a comm",
+			                x->rank);
 		}
-		want_shm = false;
+		memcpy(c->world_ranks, members, (size_t)n * sizeof(int));
 	}
-	st = start_store(c, err);
-	if (st != KHOR_SUCCESS)
-		goto fail;
-	if (s->secret[0] == '\0' && c->rank == 0)
-		KLOG_WARN("job '%s' runs unauthenticated: no KHOR_SECRET is set (khorrun sets one)",
-		          s->job_id);
-
-	ksockaddr hint;
-	kerr ignore;
-	bool have_hint = ksock_resolve(s->store_host, s->store_port, &hint, &ignore) == KHOR_SUCCESS;
-	tp_options o = {
-		.rank = c->rank, .size = c->size, .job_id = s->job_id, .secret = s->secret,
-		.ifname_spec = s->ifname[0] ? s->ifname : NULL, .hint_addr = have_hint ? &hint : NULL,
-		.nsocks = s->nsocks, .min_stripe_bytes = s->min_stripe,
-		.sock_bufsize = s->sock_bufsize, .handshake_timeout_ms = 30000,
-	};
-	const char *names[2] = { "tcp", want_shm ? "shm" : NULL };
-	c->tcp_i = c->shm_i = -1;
-	for (int i = 0; i < 2 && names[i] != NULL; i++) {
-		coll_tp *t = &c->cc.tps[c->cc.ntps];
-		t->ops = transport_find(names[i]);
-		st = t->ops->create(&o, &t->ctx, err);
-		if (st != KHOR_SUCCESS) {
-			t->ops = NULL;
-			goto fail;
-		}
-		if (i == 0)
-			c->tcp_i = c->cc.ntps;
-		else
-			c->shm_i = c->cc.ntps;
-		c->cc.ntps++;
-		const char *addr = t->ops->address(t->ctx);
-		snprintf(key, sizeof(key), "addr/%s/%d", names[i], c->rank);
-		if ((st = store_set(c->store, key, addr, strlen(addr), err)))
-			goto fail;
-	}
-	c->links = calloc((size_t)c->size, sizeof(tp_link *));
-	c->link_tp = malloc((size_t)c->size);
+	comm_name(c);
 	c->cc.scratch_len = (size_t)s->pipeline_depth * s->slice_bytes;
 	c->cc.scratch = aligned_alloc(64, (c->cc.scratch_len + 63) & ~(size_t)63);
-	if (c->links == NULL || c->link_tp == NULL || c->cc.scratch == NULL) {
-		st = kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory");
+	if (c->cc.scratch == NULL) {
+		st = kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: out of memory", c->name);
 		goto fail;
 	}
-	memset(c->link_tp, -1, (size_t)c->size);
-	/*
-	 * "host/<rank>" = "<host name>\t<boot id>": the name (KHOR_HOSTNAME may pretend) groups
-	 * ranks into nodes; the boot id tells which ranks really share this machine's cores.
-	 */
-	char hostval[320];
-	snprintf(hostval, sizeof(hostval), "%s\t%s", s->hostname, machine_id());
-	snprintf(key, sizeof(key), "host/%d", c->rank);
-	if ((st = store_set(c->store, key, hostval, strlen(hostval), err)))
+	if ((st = comm_topology(c, err)) != KHOR_SUCCESS)
 		goto fail;
-	int64_t joined;
-	if ((st = store_add(c->store, "joined", 1, &joined, err)))
-		goto fail;
-	if (joined == c->size && (st = store_set(c->store, "ready", "1", 1, err)))
-		goto fail;
-	void *v;
-	size_t vl;
-	st = store_get(c->store, "ready", dl, &v, &vl, err);
-	if (st == KHOR_ERR_TIMEOUT) {
-		char missing[256], again[128] = "";
-		name_missing(c, missing, sizeof(missing));
-		if (c->generation > 1)
-			snprintf(again, sizeof(again), " (this was rank %d's init number %d in this job: "
-			         "the others must init as often)", c->rank, c->generation);
-		st = kerr_set(err, KHOR_ERR_TIMEOUT, "init: timed out after %lld ms "
-		              "(KHOR_INIT_TIMEOUT) waiting for all %d ranks to join the store at %s; "
-		              "ranks that never came: %s%s", (long long)s->init_timeout_ms, c->size,
-		              c->store_addr, missing[0] ? missing : "(none missing now; retry?)",
-		              again);
-		goto fail;
-	}
-	if (st != KHOR_SUCCESS)
-		goto fail;
-	free(v);
-	if ((st = compute_topology(c, dl, err)))
-		goto fail;
-
-	c->cc.rank = c->rank;
-	c->cc.size = c->size;
+	memcpy(c->cc.tps, x->tps, sizeof(x->tps));
+	c->cc.ntps = x->ntps;
+	c->cc.rank = me;
+	c->cc.size = n;
+	c->cc.map = c->world_ranks;
 	c->cc.big = &c->big;
 	c->cc.big_len = &c->big_len;
-	c->cc.comm_id = 0;
+	c->cc.comm_id = id;
 	c->cc.owner = c;
 	c->cc.get_link = comm_get_link;
 	c->cc.check_abort = comm_check_abort;
@@ -600,10 +591,7 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	c->cc.max_lanes = s->pipeline_depth;
 	c->cc.timeout_ms = s->timeout_ms;
 	c->cc.rd_max_bytes = s->rd_max_bytes;
-	c->cc.algo = s->algo;
-	c->tune_algo = s->algo;
-	c->tune_hier = s->hier;
-	c->run_hier = s->hier;
+	c->cc.algo = c->tune_algo;
 	c->cc.spin_ns = s->spin_us * 1000;
 	/*
 	 * When this machine has more ranks than cores (counted by boot id, so ranks in network
@@ -611,52 +599,246 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	 * peer needs: yield while spinning. With exactly one rank per core, yielding measured
 	 * slower (a syscall and a pass through the scheduler per spin).
 	 */
-	c->cc.spin_yield = c->on_machine > shared_cores(c);
-	make_group(c, &c->node_cc, 1, c->node_map, c->node_n, c->node_me);
-	make_group(c, &c->cross_cc, 2, c->cross_map, c->cross_n, c->cross_me);
-	if (c->size > 1 && (st = agree_settings(c, cfg, err)) != KHOR_SUCCESS)
+	c->cc.spin_yield = x->on_machine > shared_cores(x);
+	make_group(c, &c->node_cc, id + 1, c->node_map, c->node_n, c->node_me);
+	make_group(c, &c->cross_cc, id + 2, c->cross_map, c->cross_n, c->cross_me);
+	comm_apply_model(c);
+	*comm_out = c;
+	return KHOR_SUCCESS;
+fail:
+	comm_destroy(c);
+	return st;
+}
+
+/* Frees what comm_create made; the caller has stopped the thread. */
+static void comm_free_fields(khor_comm *c)
+{
+	free(c->world_ranks);
+	free(c->big);
+	free(c->node_map);
+	free(c->cross_map);
+	free(c->host_ranks);
+	free(c->cc.scratch);
+	pthread_cond_destroy(&c->cv);
+	pthread_mutex_destroy(&c->mu);
+	free(c);
+}
+
+static void comm_stop_worker(khor_comm *c)
+{
+	pthread_mutex_lock(&c->mu);
+	c->worker_stop = true;
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+	if (c->worker_started)
+		pthread_join(c->worker, NULL);
+	c->worker_started = false;
+}
+
+void comm_destroy(khor_comm *c)
+{
+	if (c == NULL)
+		return;
+	comm_stop_worker(c);
+	comm_free_fields(c);
+}
+
+/* Tears down a context whose comms are gone (or were never made). */
+static void ctx_destroy(kctx *x)
+{
+	if (x->store != NULL)
+		store_close(x->store);
+	for (int i = 0; i < x->ntps; i++)
+		x->tps[i].ops->destroy(x->tps[i].ctx);
+	if (x->server != NULL)
+		store_server_stop(x->server);
+	free(x->links);
+	free(x->link_tp);
+	free((void *)x->ready);
+	free(x->host_of);
+	free(x->cg);
+	pthread_mutex_destroy(&x->link_mu);
+	pthread_mutex_destroy(&x->comms_mu);
+	free(x);
+}
+
+/* The transports, their addresses in the store, and the link tables. */
+static khor_status start_transports(kctx *x, kerr *err)
+{
+	const settings *s = &x->cfg;
+	khor_status st;
+	char key[32];
+	bool want_shm = strcmp(s->transport, "tcp") != 0;
+
+	if (strcmp(s->transport, "tcp") != 0 && strcmp(s->transport, "shm") != 0 &&
+	    strcmp(s->transport, "auto") != 0)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_TRANSPORT='%s': expected tcp, shm or "
+		                "auto", s->transport);
+	if (want_shm && transport_find("shm") == NULL) {
+		if (strcmp(s->transport, "shm") == 0)
+			return kerr_set(err, KHOR_ERR_NOT_SUPPORTED, "KHOR_TRANSPORT=shm, but this library "
+			                "was built without the shared-memory transport");
+		want_shm = false;
+	}
+	ksockaddr hint;
+	kerr ignore;
+	bool have_hint = ksock_resolve(s->store_host, s->store_port, &hint, &ignore) == KHOR_SUCCESS;
+	tp_options o = {
+		.rank = x->rank, .size = x->size, .job_id = s->job_id, .secret = s->secret,
+		.ifname_spec = s->ifname[0] ? s->ifname : NULL, .hint_addr = have_hint ? &hint : NULL,
+		.nsocks = s->nsocks, .min_stripe_bytes = s->min_stripe,
+		.sock_bufsize = s->sock_bufsize, .handshake_timeout_ms = 30000,
+		.meta = &coll_meta_rules,
+	};
+	const char *names[2] = { "tcp", want_shm ? "shm" : NULL };
+	for (int i = 0; i < 2 && names[i] != NULL; i++) {
+		coll_tp *t = &x->tps[x->ntps];
+		t->ops = transport_find(names[i]);
+		st = t->ops->create(&o, &t->ctx, err);
+		if (st != KHOR_SUCCESS) {
+			t->ops = NULL;
+			return st;
+		}
+		if (i == 0)
+			x->tcp_i = x->ntps;
+		else
+			x->shm_i = x->ntps;
+		x->ntps++;
+		const char *addr = t->ops->address(t->ctx);
+		snprintf(key, sizeof(key), "addr/%s/%d", names[i], x->rank);
+		if ((st = store_set(x->store, key, addr, strlen(addr), err)))
+			return st;
+	}
+	x->links = calloc((size_t)x->size, sizeof(tp_link *));
+	x->link_tp = malloc((size_t)x->size);
+	x->ready = calloc((size_t)x->size, sizeof(*x->ready));
+	if (x->links == NULL || x->link_tp == NULL || x->ready == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory");
+	memset(x->link_tp, -1, (size_t)x->size);
+	return KHOR_SUCCESS;
+}
+
+khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr *err)
+{
+	kctx *x;
+	khor_comm *c = NULL;
+	khor_status st;
+	char key[32];
+
+	klog_init_from_env();
+	x = calloc(1, sizeof(*x));
+	if (x == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory");
+	pthread_mutex_init(&x->link_mu, NULL);
+	pthread_mutex_init(&x->comms_mu, NULL);
+	x->tcp_i = x->shm_i = -1;
+	st = config_parse(cfg, &x->cfg, err);
+	if (st != KHOR_SUCCESS) {
+		ctx_destroy(x);
+		return st;
+	}
+	settings *s = &x->cfg;
+	x->rank = s->rank;
+	x->size = s->size;
+	klog_set_identity(x->rank, s->hostname);
+	if (x->size == 1) {
+		x->nhosts = x->on_machine = 1;
+		if ((st = comm_create(x, NULL, NULL, 1, 0, 0, &c, err)) != KHOR_SUCCESS)
+			goto fail;
+		x->world = c;
+		*comm_out = c;
+		return KHOR_SUCCESS;
+	}
+
+	kdeadline dl = kdeadline_in_ms(s->init_timeout_ms);
+	if ((st = start_store(x, err)) != KHOR_SUCCESS)
+		goto fail;
+	if (s->secret[0] == '\0' && x->rank == 0)
+		KLOG_WARN("job '%s' runs unauthenticated: no KHOR_SECRET is set (khorrun sets one)",
+		          s->job_id);
+	if ((st = start_transports(x, err)) != KHOR_SUCCESS)
+		goto fail;
+	/*
+	 * "host/<rank>" = "<host name>\t<boot id>": the name (KHOR_HOSTNAME may pretend) groups
+	 * ranks into nodes; the boot id tells which ranks really share this machine's cores.
+	 */
+	char hostval[320];
+	snprintf(hostval, sizeof(hostval), "%s\t%s", s->hostname, machine_id());
+	snprintf(key, sizeof(key), "host/%d", x->rank);
+	if ((st = store_set(x->store, key, hostval, strlen(hostval), err)))
+		goto fail;
+	int64_t joined;
+	if ((st = store_add(x->store, "joined", 1, &joined, err)))
+		goto fail;
+	if (joined == x->size && (st = store_set(x->store, "ready", "1", 1, err)))
+		goto fail;
+	void *v;
+	size_t vl;
+	st = store_get(x->store, "ready", dl, &v, &vl, err);
+	if (st == KHOR_ERR_TIMEOUT) {
+		char missing[256], again[128] = "";
+		name_missing(x, missing, sizeof(missing));
+		if (x->generation > 1)
+			snprintf(again, sizeof(again), " (this was rank %d's init number %d in this job: "
+			         "the others must init as often)", x->rank, x->generation);
+		st = kerr_set(err, KHOR_ERR_TIMEOUT, "init: timed out after %lld ms "
+		              "(KHOR_INIT_TIMEOUT) waiting for all %d ranks to join the store at %s; "
+		              "ranks that never came: %s%s", (long long)s->init_timeout_ms, x->size,
+		              x->store_addr, missing[0] ? missing : "(none missing now; retry?)",
+		              again);
+		goto fail;
+	}
+	if (st != KHOR_SUCCESS)
+		goto fail;
+	free(v);
+	if ((st = read_hosts(x, dl, err)))
+		goto fail;
+	if ((st = comm_create(x, NULL, NULL, x->size, x->rank, 0, &c, err)) != KHOR_SUCCESS)
+		goto fail;
+	x->world = c;
+	if ((st = agree_settings(c, cfg, err)) != KHOR_SUCCESS)
 		goto fail;
 	if (s->cost[0] > 0) {
-		c->inner = (cost_model){ .alpha = s->cost[0], .beta = s->cost[1], .gamma = s->cost[2] };
-		c->outer = c->inner;
+		x->inner = (cost_model){ .alpha = s->cost[0], .beta = s->cost[1], .gamma = s->cost[2] };
+		x->outer = x->inner;
 	} else if ((st = calibrate(c, err)) != KHOR_SUCCESS) {
 		goto fail;
 	}
-	/* Flat schedules are only as fast as the slowest links they cross. */
-	const cost_model *flat = c->nhosts > 1 ? &c->outer : &c->inner;
-	c->inner.ring_slice = c->outer.ring_slice = (double)s->slice_bytes;
-	c->cc.model = *flat;
-	c->node_cc.model = c->inner;
-	c->cross_cc.model = c->outer;
+	x->inner.ring_slice = x->outer.ring_slice = (double)s->slice_bytes;
+	comm_apply_model(c);
 	KLOG_INFO("cost model (%s): intra-host alpha %.1f us, link %.2f GB/s; inter-host alpha "
 	          "%.1f us, link %.2f GB/s; reduce %.2f GB/s; cache %.1f MiB per rank; %d host(s), "
 	          "node-aware %s; %d rank(s) on this machine's %d CPU(s)%s",
-	          s->cost[0] > 0 ? "from KHOR_COST_*" : "measured at init", c->inner.alpha * 1e6,
-	          1e-9 / c->inner.beta, c->outer.alpha * 1e6, 1e-9 / c->outer.beta,
-	          1e-9 / c->inner.gamma, c->inner.cache / (1 << 20), c->nhosts,
-	          c->hier_ok ? "possible" : "off", c->on_machine, shared_cores(c),
+	          s->cost[0] > 0 ? "from KHOR_COST_*" : "measured at init", x->inner.alpha * 1e6,
+	          1e-9 / x->inner.beta, x->outer.alpha * 1e6, 1e-9 / x->outer.beta,
+	          1e-9 / x->inner.gamma, x->inner.cache / (1 << 20), x->nhosts,
+	          c->hier_ok ? "possible" : "off", x->on_machine, shared_cores(x),
 	          c->cc.spin_yield ? ", yielding while spinning" : "");
 	KLOG_INFO("joined job '%s' as rank %d of %d (local %d/%d, cross %d/%d) via %s; "
-	          "transports: %s at %s%s%s", s->job_id, c->rank, c->size, c->local_rank,
+	          "transports: %s at %s%s%s", s->job_id, x->rank, x->size, c->local_rank,
 	          c->local_size, c->cross_rank, c->cross_size, s->source, "tcp",
-	          c->cc.tps[c->tcp_i].ops->address(c->cc.tps[c->tcp_i].ctx),
-	          c->shm_i >= 0 ? ", shm at " : "",
-	          c->shm_i >= 0 ? c->cc.tps[c->shm_i].ops->address(c->cc.tps[c->shm_i].ctx) : "");
+	          x->tps[x->tcp_i].ops->address(x->tps[x->tcp_i].ctx),
+	          x->shm_i >= 0 ? ", shm at " : "",
+	          x->shm_i >= 0 ? x->tps[x->shm_i].ops->address(x->tps[x->shm_i].ctx) : "");
 	*comm_out = c;
 	return KHOR_SUCCESS;
 
 fail:
-	kerr_prefix(err, "rank %d on %s", c->rank, s->hostname);
-	comm_finalize(c);
+	kerr_prefix(err, "rank %d on %s", x->rank, s->hostname);
+	if (c != NULL) {
+		x->world = NULL;
+		comm_destroy(c);
+	}
+	ctx_destroy(x);
 	return st;
 }
 
 /*
  * Which transport carries the link to peer: shm when both share a host (and the job allows
  * it), tcp otherwise. The peer's host name is read from the store once, on first use.
+ * Under link_mu.
  */
-static khor_status choose_transport(khor_comm *c, int peer, kdeadline dl, int *tpi_out,
-                                    kerr *err)
+static khor_status choose_transport(kctx *c, int peer, kdeadline dl, int *tpi_out, kerr *err)
 {
 	char key[32];
 	void *host;
@@ -692,24 +874,24 @@ static khor_status choose_transport(khor_comm *c, int peer, kdeadline dl, int *t
 	return KHOR_SUCCESS;
 }
 
-static khor_status comm_get_link(void *owner, int peer, kdeadline dl, tp_link **link_out,
-                                 int *tp_out, kerr *err)
+/*
+ * Makes (or waits for) the link to world rank peer, under link_mu. Another thread of this
+ * rank may need a link too meanwhile and waits for the lock; the handshakes themselves
+ * move in any thread's progress, so no rank's link waits on another rank's lock.
+ */
+static khor_status make_link(khor_comm *owner, int peer, kdeadline dl, tp_link **link_out,
+                             int *tp_out, kerr *err)
 {
-	khor_comm *c = owner;
+	kctx *c = owner->ctx;
 	tp_link *l = c->links[peer];
 	khor_status st;
 	int tpi = 0;
 
-	if (l != NULL && c->cc.tps[c->link_tp[peer]].ops->link_ready(l)) {
-		*link_out = l;
-		*tp_out = c->link_tp[peer];
-		return KHOR_SUCCESS;
-	}
 	st = choose_transport(c, peer, dl, &tpi, err);
 	if (st != KHOR_SUCCESS)
 		return st;
-	const struct transport_ops *ops = c->cc.tps[tpi].ops;
-	tp_ctx *ctx = c->cc.tps[tpi].ctx;
+	const struct transport_ops *ops = c->tps[tpi].ops;
+	tp_ctx *ctx = c->tps[tpi].ctx;
 	if (l == NULL && c->rank < peer) {
 		char key[48];
 		void *addr;
@@ -731,12 +913,11 @@ static khor_status comm_get_link(void *owner, int peer, kdeadline dl, tp_link **
 				return st;
 			c->links[peer] = l;
 		}
-		if (l != NULL && ops->link_error(l)->status != KHOR_SUCCESS) {
-			*err = *ops->link_error(l);
-			return err->status;
-		}
+		if (l != NULL && (st = ops->link_error(l, err)) != KHOR_SUCCESS)
+			return st;
 		if (l != NULL && ops->link_ready(l)) {
 			KLOG_INFO("link to rank %d uses %s", peer, ops->name);
+			atomic_store_explicit(&c->ready[peer], l, memory_order_release);
 			*link_out = l;
 			*tp_out = tpi;
 			return KHOR_SUCCESS;
@@ -749,17 +930,36 @@ static khor_status comm_get_link(void *owner, int peer, kdeadline dl, tp_link **
 			err->peer = peer;
 			return KHOR_ERR_TIMEOUT;
 		}
-		st = coll_progress(&c->cc, kdeadline_left_ms(dl, 100), 1u << tpi, NULL, err);
+		st = coll_progress(&owner->cc, kdeadline_left_ms(dl, 100), 1u << tpi, NULL, err);
 		if (st != KHOR_SUCCESS)
 			return st;
-		if ((st = comm_check_abort(c, err)) != KHOR_SUCCESS)
+		if ((st = comm_check_abort(owner, err)) != KHOR_SUCCESS)
 			return st;
 	}
 }
 
+static khor_status comm_get_link(void *owner, int peer, kdeadline dl, tp_link **link_out,
+                                 int *tp_out, kerr *err)
+{
+	khor_comm *cm = owner;
+	kctx *c = cm->ctx;
+	tp_link *l = atomic_load_explicit(&c->ready[peer], memory_order_acquire);
+	khor_status st;
+
+	if (l != NULL) {
+		*link_out = l;
+		*tp_out = c->link_tp[peer];
+		return KHOR_SUCCESS;
+	}
+	pthread_mutex_lock(&c->link_mu);
+	st = make_link(cm, peer, dl, link_out, tp_out, err);
+	pthread_mutex_unlock(&c->link_mu);
+	return st;
+}
+
 static khor_status comm_check_abort(void *owner, kerr *err)
 {
-	khor_comm *c = owner;
+	kctx *c = ((khor_comm *)owner)->ctx;
 	void *v;
 	size_t len;
 	kerr e;
@@ -775,8 +975,10 @@ static khor_status comm_check_abort(void *owner, kerr *err)
 
 void comm_fail(khor_comm *c, const kerr *e)
 {
+	kctx *x = c->ctx;
 	int64_t n = 0;
 	kerr ignore;
+	char text[KERR_TEXT_MAX];
 
 	pthread_mutex_lock(&c->mu);
 	if (c->err.status != KHOR_SUCCESS) {
@@ -784,53 +986,59 @@ void comm_fail(khor_comm *c, const kerr *e)
 		return;
 	}
 	c->err.status = e->status;
+	c->err.peer = e->peer;
 	/* Remote aborts already name the rank that failed; prefix ours in front of all. */
-	snprintf(c->err.text, sizeof(c->err.text), "rank %d on %s: %s", c->rank, c->cfg.hostname,
-	         e->text);
+	snprintf(c->err.text, sizeof(c->err.text), "rank %d on %s, %s: %s", x->rank,
+	         x->cfg.hostname, c->name, e->text);
+	memcpy(text, c->err.text, sizeof(text));
 	pthread_mutex_unlock(&c->mu);
-	KLOG_ERR("%s", c->err.text);
-	if (c->store != NULL && e->status != KHOR_ERR_INVALID_ARG &&
-	    store_add(c->store, "abort_count", 1, &n, &ignore) == KHOR_SUCCESS && n == 1)
-		store_set(c->store, "abort", c->err.text, strlen(c->err.text), &ignore);
+	KLOG_ERR("%s", text);
+	if (x->store != NULL && e->status != KHOR_ERR_INVALID_ARG &&
+	    store_add(x->store, "abort_count", 1, &n, &ignore) == KHOR_SUCCESS && n == 1)
+		store_set(x->store, "abort", text, strlen(text), &ignore);
+}
+
+void comm_set_last(khor_comm *c, const kerr *e)
+{
+	pthread_mutex_lock(&c->mu);
+	c->last = *e;
+	pthread_mutex_unlock(&c->mu);
 }
 
 void comm_finalize(khor_comm *c)
 {
 	if (c == NULL)
 		return;
-	pthread_mutex_lock(&c->mu);
-	c->worker_stop = true;
-	pthread_cond_broadcast(&c->cv);
-	pthread_mutex_unlock(&c->mu);
-	if (c->worker_started)
-		pthread_join(c->worker, NULL);
-	if (c->store != NULL) {
+	kctx *x = c->ctx;
+	if (c != x->world) {
+		comm_destroy(c);
+		return;
+	}
+	/* The comms made from this context and never freed go with it. */
+	pthread_mutex_lock(&x->comms_mu);
+	khor_comm *list = x->comms;
+	x->comms = NULL;
+	pthread_mutex_unlock(&x->comms_mu);
+	while (list != NULL) {
+		khor_comm *next = list->next;
+		comm_destroy(list);
+		list = next;
+	}
+	comm_stop_worker(c);
+	if (x->store != NULL) {
 		kerr e;
 		int64_t n;
 		/* The rank serving the store keeps it up until every rank has left, bounded. */
-		if (store_add(c->store, "finalized", 1, &n, &e) == KHOR_SUCCESS && c->server != NULL) {
-			kdeadline dl = kdeadline_in_ms(c->err.status ? 2000 : c->cfg.timeout_ms);
-			while (n < c->size && !kdeadline_passed(dl)) {
+		if (store_add(x->store, "finalized", 1, &n, &e) == KHOR_SUCCESS && x->server != NULL) {
+			kdeadline dl = kdeadline_in_ms(c->err.status ? 2000 : x->cfg.timeout_ms);
+			while (n < x->size && !kdeadline_passed(dl)) {
 				struct timespec ts = { 0, 5 * 1000 * 1000 };
 				nanosleep(&ts, NULL);
-				if (store_add(c->store, "finalized", 0, &n, &e) != KHOR_SUCCESS)
+				if (store_add(x->store, "finalized", 0, &n, &e) != KHOR_SUCCESS)
 					break;
 			}
 		}
-		store_close(c->store);
 	}
-	for (int i = 0; i < c->cc.ntps; i++)
-		c->cc.tps[i].ops->destroy(c->cc.tps[i].ctx);
-	if (c->server != NULL)
-		store_server_stop(c->server);
-	free(c->links);
-	free(c->link_tp);
-	free(c->big);
-	free(c->node_map);
-	free(c->cross_map);
-	free(c->host_ranks);
-	free(c->cc.scratch);
-	pthread_cond_destroy(&c->cv);
-	pthread_mutex_destroy(&c->mu);
-	free(c);
+	comm_free_fields(c);
+	ctx_destroy(x);
 }

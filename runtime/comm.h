@@ -28,36 +28,75 @@ struct khor_request {
 	size_t *scounts, *sdispls, *rcounts, *rdispls;
 	uint32_t seq;
 	int8_t algo, hier;   /* the comm's KHOR_ALGO and KHOR_HIER when the call was made */
+	int color, key;      /* COLL_SPLIT: this rank's arguments */
+	khor_comm *newcomm;  /* COLL_SPLIT: the result */
 	bool done;
 	bool heap;           /* made by an i* call; freed by khor_request_free */
 	khor_status status;
+	kerr err;            /* the request's own error text, once it failed */
 };
 
-struct khor_comm {
+/*
+ * The context: one per khor_init. It owns what every comm of the job shares: the settings,
+ * the store connection, the transports and their links (one per peer, made on first use
+ * by any comm), the host of every world rank and the measured cost model. Fixed after
+ * init except the links (under link_mu) and the list of comms (under comms_mu).
+ */
+typedef struct kctx {
 	settings cfg;
-	int rank, size;
-	int local_rank, local_size, cross_rank, cross_size;
+	int rank, size;       /* in the world */
 	store_server *server; /* when this rank serves the store */
-	store *store;
+	store *store;         /* thread-safe (store.h) */
 	char store_addr[300];
 	int generation; /* this init's store generation: the rank's count of inits in the job */
-	int tcp_i, shm_i;    /* index of each transport in cc.tps, -1 when not used */
-	tp_link **links;     /* per peer, once made */
-	int8_t *link_tp;     /* per peer: index in cc.tps, -1 = not chosen yet */
-	coll_comm cc;
-	/* node-aware collectives: the ranks on this host, and those with my local index */
+	int tcp_i, shm_i;     /* index of each transport in tps, -1 when not used */
+	coll_tp tps[COLL_MAX_TP];
+	int ntps;
+	pthread_mutex_t link_mu;
+	tp_link **links;      /* per world peer, once made */
+	int8_t *link_tp;      /* per world peer: index in tps, -1 = not chosen yet */
+	_Atomic(tp_link *) *ready; /* per world peer: the link once ready (read without link_mu) */
+	int *host_of;         /* per world rank: its host's number (hosts by lowest rank) */
 	int nhosts;
 	int on_machine;       /* ranks sharing this machine (same boot id) */
+	bool crowded_any;     /* some host has more ranks than cores (agreed at init) */
+	cost_model inner, outer; /* intra-host and inter-host links */
+	pthread_mutex_t comms_mu;
+	khor_comm *comms;     /* every comm made by split or create_group and not freed */
+	khor_comm *world;
+	uint32_t local_ids;   /* comm ids of a one-rank job, which has no store */
+	struct cg_count *cg;  /* create_group calls per (parent, list) so far (split.c) */
+	int ncg, cg_cap;
+} kctx;
+
+/*
+ * A comm: a group of ranks of the context with its own id, sequence numbers, scratch,
+ * tuning, collective thread and sticky error. The world is one too (id 0, map NULL).
+ * Ids come from the store's "comm_ids" counter, COMM_IDS at a time: the comm's own, its
+ * node group's, its cross group's and its trials' (exec.c).
+ */
+#define COMM_IDS 4
+
+struct khor_comm {
+	kctx *ctx;
+	int rank, size;
+	int *world_ranks;     /* comm rank -> world rank; NULL for the world */
+	uint32_t id;
+	char name[96];        /* "comm 8 (world ranks 0, 2, 4, 6)", for error texts */
+	khor_comm *next;      /* in ctx->comms */
+	int local_rank, local_size, cross_rank, cross_size;
+	coll_comm cc;
+	/* node-aware collectives: the ranks on this host, and those with my local index */
+	int nhosts;           /* hosts this comm spans */
 	bool hier_ok;         /* every host has the same number (> 1) of ranks, > 1 host */
 	bool hier_blocked;    /* ... and ranks are numbered host by host */
 	int run_hier;         /* KHOR_HIER of the collective running now */
-	int *node_map, node_n, node_me;
+	int *node_map, node_n, node_me;   /* node_map, cross_map: world ranks */
 	int *cross_map, cross_n, cross_me;
-	int *host_ranks;      /* [host * node_n + k]: k-th rank of each host (when hier_ok) */
+	int *host_ranks;      /* [host * node_n + k]: k-th comm rank of each host (when hier_ok) */
 	coll_comm node_cc, cross_cc;
 	trial_slot trials[64]; /* auto's trials per power-of-two allreduce size (exec.c) */
-	bool crowded_any;      /* some host has more ranks than cores (agreed at init) */
-	cost_model inner, outer; /* intra-host and inter-host links */
+	uint32_t trial_seq;    /* sequence numbers of trial calls, under the trial comm id */
 	void *big;            /* coll_big's buffer, shared by cc, node_cc and cross_cc */
 	size_t big_len;
 
@@ -73,8 +112,8 @@ struct khor_comm {
 	 * change never reaches a collective that was already queued. Under mu. */
 	int tune_algo, tune_hier;
 
-	kerr err;            /* sticky: the first failure of a collective */
-	kerr last;           /* the last failed call, e.g. a bad argument */
+	kerr err;            /* sticky: the first failure of a collective (under mu) */
+	kerr last;           /* the last failed call, e.g. a bad argument (under mu) */
 };
 
 khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr *err);
@@ -89,5 +128,23 @@ khor_status comm_wait(khor_comm *c, struct khor_request *req);
 khor_status comm_set(khor_comm *c, const char *key, const char *value, kerr *err);
 /* Records a failure as the comm's sticky error and tells the other ranks through the store. */
 void comm_fail(khor_comm *c, const kerr *e);
+/* Records a bad call (not sticky) in c->last, under the comm's lock. */
+void comm_set_last(khor_comm *c, const kerr *e);
+
+/*
+ * A new comm over ctx's links: members[i] is the world rank of its rank i (copied; NULL
+ * with n == ctx->size for the world), me this rank's index, id its first of COMM_IDS ids.
+ * Sets up its groups, scratch and tuning (a copy of parent's, when given).
+ */
+khor_status comm_create(kctx *ctx, const khor_comm *parent, const int *members, int n, int me,
+                        uint32_t id, khor_comm **comm_out, kerr *err);
+/* The world rank of comm rank r. */
+int comm_world_rank(const khor_comm *c, int r);
+/* Frees a comm (not the world): waits for its queued calls, stops its thread. */
+void comm_destroy(khor_comm *c);
+/* split.c: khor_comm_split's and khor_comm_create_group's work; run on parent's order. */
+khor_status comm_split_run(khor_comm *parent, struct khor_request *r, kerr *err);
+khor_status comm_create_group(khor_comm *parent, const int *ranks, int nranks,
+                              khor_comm **newcomm_out, kerr *err);
 
 #endif

@@ -11,6 +11,8 @@
  */
 #include "comm.h"
 
+#include "../base/dtype.h"
+
 #include "../base/log.h"
 #include "../collectives/algos.h"
 #include "../collectives/hier.h"
@@ -38,23 +40,25 @@ static void blame_timeout(khor_comm *c, kerr *err)
 	size_t off = 0;
 	kerr e;
 
-	snprintf(key, sizeof(key), "stuck/%d", c->rank);
+	const int me = c->ctx->rank, n = c->ctx->size; /* world ranks: peers are named so */
+
+	snprintf(key, sizeof(key), "stuck/%d", me);
 	snprintf(val, sizeof(val), "%d", err->peer);
-	if (store_set(c->store, key, val, strlen(val), &e) != KHOR_SUCCESS)
+	if (store_set(c->ctx->store, key, val, strlen(val), &e) != KHOR_SUCCESS)
 		return;
 	/* Let the other ranks, whose deadlines expire about now too, record theirs. */
 	struct timespec ts = { 0, 500 * 1000 * 1000 };
 	nanosleep(&ts, NULL);
-	off += (size_t)snprintf(chain, sizeof(chain), "%d waited for %d", c->rank, cur);
-	while (hops++ < c->size) {
+	off += (size_t)snprintf(chain, sizeof(chain), "%d waited for %d", me, cur);
+	while (hops++ < n) {
 		void *v;
 		size_t len;
 		snprintf(key, sizeof(key), "stuck/%d", cur);
-		if (store_get(c->store, key, kdeadline_in_ms(0), &v, &len, &e) != KHOR_SUCCESS)
+		if (store_get(c->ctx->store, key, kdeadline_in_ms(0), &v, &len, &e) != KHOR_SUCCESS)
 			break;
 		int next = atoi(v);
 		free(v);
-		if (next < 0 || next >= c->size || next == c->rank)
+		if (next < 0 || next >= n || next == me)
 			break;
 		if (off + 32 < sizeof(chain))
 			off += (size_t)snprintf(chain + off, sizeof(chain) - off, ", %d for %d", cur,
@@ -126,7 +130,7 @@ static trial_slot *trial_of(khor_comm *c, size_t bytes)
 {
 	coll_comm *cc = &c->cc;
 
-	if (c->cfg.auto_trials == 0 || cc->algo != ALGO_AUTO || cc->model.alpha <= 0 ||
+	if (c->ctx->cfg.auto_trials == 0 || cc->algo != ALGO_AUTO || cc->model.alpha <= 0 ||
 	    bytes == 0)
 		return NULL;
 	trial_slot *t = &c->trials[size_bucket(bytes)];
@@ -137,7 +141,7 @@ static trial_slot *trial_of(khor_comm *c, size_t bytes)
 	 */
 	if (t->state == TRIAL_NEW)
 		trial_begin(t, &cc->model, cc->size, bytes, dbtree_slice_bytes(cc),
-		            c->crowded_any ? 3.0 : 1.5, (unsigned)c->cfg.auto_trials);
+		            c->ctx->crowded_any ? 3.0 : 1.5, (unsigned)c->ctx->cfg.auto_trials);
 	return t;
 }
 
@@ -163,8 +167,8 @@ static khor_status run_allreduce(coll_comm *cc, struct khor_request *r, int algo
  * Auto's trials (select.h: trial_slot) for the size of call r, run before it: the
  * candidates' calls on buffers of the same size, dtype, op and form (in place or not), then
  * an allreduce(max) of the factors, so that every rank holds the same ones. Each trial call
- * and the agreement run under r's seq with comm ids of their own (TRIAL_COMM_ID), so their
- * messages can never meet another call's, nor each other's. The first call of a size takes
+ * and the agreement run under the comm's trial id, each with a sequence number of its own,
+ * so their messages can never meet another call's, nor each other's. The first call of a size takes
  * longer (select.h says how much); that call and every later one of its size run one
  * schedule, so no result depends on where in the trials it fell.
  */
@@ -187,17 +191,18 @@ static khor_status run_trials(khor_comm *c, const struct khor_request *r, trial_
 	int a = ALGO_RING;
 	uint8_t *buf = aligned_alloc(page, len ? len : page);
 
-	_Static_assert(TRIAL_MAX_ROUNDS * TRIAL_MAX_CAND * TRIAL_BLOCK_MAX + 1 <
-	               1u << TRIAL_ID_BITS, "trial numbers overflow into the comm id");
 	if (buf == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "auto's timed trials at %zu B: cannot "
 		                "allocate %zu bytes of trial buffers", bytes, len);
 	memset(buf, 0, len);
 	x.recvbuf = buf + send_pages + ro;
 	x.sendbuf = in_place ? x.recvbuf : buf + so;
-	const uint32_t base = TRIAL_COMM_ID | c->cc.comm_id << TRIAL_ID_BITS;
+	/* The trials' own comm id (the comm's third after its own, comm.h: COMM_IDS), with
+	 * sequence numbers of their own that every rank counts alike. */
+	g.comm_id = c->id + 3;
 	while (!done) {
-		g.comm_id = base | i++;
+		i++;
+		x.seq = c->trial_seq++;
 		a = trial_algo(t);
 		uint64_t t0 = kclock_ns();
 		if ((st = run_allreduce(&g, &x, a, err)) != KHOR_SUCCESS)
@@ -214,8 +219,7 @@ static khor_status run_trials(khor_comm *c, const struct khor_request *r, trial_
 	/* The slowest rank's factors: a collective is as fast as its slowest member. */
 	double v[TRIAL_MAX_CAND];
 	memcpy(v, t->factor, sizeof(v));
-	g.comm_id = base | i;
-	st = rd_allreduce(&g, v, v, (size_t)t->ncand, KHOR_FLOAT64, KHOR_MAX, r->seq,
+	st = rd_allreduce(&g, v, v, (size_t)t->ncand, KHOR_FLOAT64, KHOR_MAX, c->trial_seq++,
 	                  COLL_ALLREDUCE, err);
 	if (st != KHOR_SUCCESS) {
 		kerr_prefix(err, "agreeing on auto's timed trials at %zu B", bytes);
@@ -319,23 +323,23 @@ static khor_status alltoall_run(coll_comm *cc, struct khor_request *r, kerr *err
 /* Local-only semantics of each collective on a one-rank comm. */
 static khor_status run_single(struct khor_request *r, kerr *err)
 {
-	size_t bytes = r->count * khor_dtype_size(r->dtype);
+	size_t bytes = r->count * kdtype_size(r->dtype);
 
 	switch (r->kind) {
 	case COLL_ALLREDUCE: case COLL_REDUCE: case COLL_ALLGATHER: case COLL_REDUCESCATTER:
 	case COLL_GATHER: case COLL_SCATTER:
 		if (r->kind == COLL_ALLGATHER && r->rcounts != NULL)
-			bytes = r->rcounts[0] * khor_dtype_size(r->dtype);
+			bytes = r->rcounts[0] * kdtype_size(r->dtype);
 		if (r->kind == COLL_ALLGATHER && r->rcounts != NULL) {
 			if (bytes > 0)
-				memmove((char *)r->recvbuf + r->rdispls[0] * khor_dtype_size(r->dtype),
+				memmove((char *)r->recvbuf + r->rdispls[0] * kdtype_size(r->dtype),
 				        r->sendbuf, bytes);
 		} else if (r->sendbuf != r->recvbuf && bytes > 0) {
 			memmove(r->recvbuf, r->sendbuf, bytes);
 		}
 		break;
 	case COLL_ALLTOALL: {
-		size_t esz = khor_dtype_size(r->dtype);
+		size_t esz = kdtype_size(r->dtype);
 		if (r->scounts != NULL) {
 			if (r->scounts[0] != r->rcounts[0])
 				return kerr_set(err, KHOR_ERR_INVALID_ARG, "alltoallv seq %u: this rank sends "
@@ -368,8 +372,8 @@ static bool use_hier(khor_comm *c, size_t bytes)
 	if (c->run_hier == 1)
 		return true;
 	double flat;
-	cost_pick_allreduce(&c->outer, c->size, bytes, dbtree_slice_bytes(&c->cc), &flat);
-	double hier = cost_hier_allreduce(&c->inner, &c->outer, c->node_n, c->nhosts, bytes,
+	cost_pick_allreduce(&c->ctx->outer, c->size, bytes, dbtree_slice_bytes(&c->cc), &flat);
+	double hier = cost_hier_allreduce(&c->ctx->inner, &c->ctx->outer, c->node_n, c->nhosts, bytes,
 	                                  dbtree_slice_bytes(&c->cc));
 	KLOG_DEBUG("allreduce %zu B: node-aware %.1f us vs flat %.1f us", bytes, hier * 1e6,
 	           flat * 1e6);
@@ -401,7 +405,7 @@ static int rs_pick(const khor_comm *c, const coll_comm *cc, size_t bytes)
 
 	if (n <= 2)
 		return RS_RING;
-	if (c->cfg.rd_max_set)
+	if (c->ctx->cfg.rd_max_set)
 		return bytes > cc->rd_max_bytes ? RS_RING : pow2 ? RS_HALVING : RS_RD;
 	if (cc->model.alpha <= 0)
 		return RS_RING;
@@ -416,9 +420,9 @@ static void log_rs_pick(const khor_comm *c, coll_comm *cc, size_t bytes, int rs)
 
 	if (!first_at_size(cc, LOGGED_RS, bytes))
 		return;
-	if (c->cfg.rd_max_set || cc->size <= 2 || m->alpha <= 0)
+	if (c->ctx->cfg.rd_max_set || cc->size <= 2 || m->alpha <= 0)
 		KLOG_DEBUG("reduce_scatter %zu B on %d ranks: %s (%s)", bytes, cc->size, names[rs],
-		           cc->size <= 2 ? "2 ranks" : c->cfg.rd_max_set ? "KHOR_RD_MAX_BYTES" : "no model");
+		           cc->size <= 2 ? "2 ranks" : c->ctx->cfg.rd_max_set ? "KHOR_RD_MAX_BYTES" : "no model");
 	else
 		KLOG_DEBUG("reduce_scatter %zu B on %d ranks: %s (predicted us: ring %.1f, rd + copy "
 		           "%.1f, recursive halving %.1f%s)", bytes, cc->size, names[rs],
@@ -435,7 +439,7 @@ static void log_rs_pick(const khor_comm *c, coll_comm *cc, size_t bytes, int rs)
  */
 static khor_status rd_reduce_scatter(coll_comm *cc, struct khor_request *r, kerr *err)
 {
-	size_t esz = khor_dtype_size(r->dtype), off, len;
+	size_t esz = kdtype_size(r->dtype), off, len;
 	/* Small by construction; not coll_big, which rd_allreduce may use for its own temp. */
 	uint8_t *tmp = malloc(r->count * esz + 1);
 	khor_status st;
@@ -456,11 +460,11 @@ static khor_status rd_reduce_scatter(coll_comm *cc, struct khor_request *r, kerr
 static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 {
 	coll_comm *cc = &c->cc;
-	size_t esz = khor_dtype_size(r->dtype), bytes = r->count * esz;
+	size_t esz = kdtype_size(r->dtype), bytes = r->count * esz;
 	bool binomial, bruck;
 	int rs;
 
-	if (c->size == 1)
+	if (c->size == 1 && r->kind != COLL_SPLIT)
 		return run_single(r, err);
 	switch (r->kind) {
 	case COLL_ALLREDUCE:
@@ -477,7 +481,7 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 			return hier_broadcast(&c->node_cc, &c->cross_cc, host, local, r->recvbuf,
 			                      r->count, r->dtype, r->seq, err);
 		}
-		binomial = c->cfg.rd_max_set ? bytes <= cc->rd_max_bytes
+		binomial = c->ctx->cfg.rd_max_set ? bytes <= cc->rd_max_bytes
 		                             : cost_pick_broadcast(&cc->model, c->size, bytes,
 		                                                   cc->slice_bytes) == BCAST_BINOMIAL;
 		if (klog_threshold >= KLOG_DEBUG)
@@ -485,7 +489,7 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 			         cost_broadcast(&cc->model, BCAST_BINOMIAL, c->size, bytes, cc->slice_bytes),
 			         "chain",
 			         cost_broadcast(&cc->model, BCAST_CHAIN, c->size, bytes, cc->slice_bytes),
-			         c->cfg.rd_max_set);
+			         c->ctx->cfg.rd_max_set);
 		if (binomial)
 			return binomial_broadcast(cc, r->recvbuf, r->count, r->dtype, r->root, r->seq, err);
 		return chain_broadcast(cc, r->recvbuf, r->count, r->dtype, r->root, r->seq, err);
@@ -499,14 +503,14 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 		if (r->rcounts != NULL)
 			return ring_allgatherv(cc, r->sendbuf, r->recvbuf, r->rcounts, r->rdispls,
 			                       r->dtype, r->seq, err);
-		bruck = c->cfg.rd_max_set ? bytes * (size_t)c->size <= cc->rd_max_bytes
+		bruck = c->ctx->cfg.rd_max_set ? bytes * (size_t)c->size <= cc->rd_max_bytes
 		                          : cost_pick_allgather(&cc->model, c->size,
 		                                                bytes * (size_t)c->size) == AG_RD;
 		if (klog_threshold >= KLOG_DEBUG)
 			log_pick(cc, LOGGED_ALLGATHER, "allgather", bytes * (size_t)c->size, bruck,
 			         "Bruck", cost_allgather(&cc->model, AG_RD, c->size, bytes * (size_t)c->size),
 			         "ring", cost_allgather(&cc->model, AG_RING, c->size, bytes * (size_t)c->size),
-			         c->cfg.rd_max_set);
+			         c->ctx->cfg.rd_max_set);
 		if (bruck)
 			return rd_allgather(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->seq, err);
 		return ring_allgather_equal(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->seq,
@@ -533,6 +537,8 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 	case COLL_SCATTER:
 		return binomial_scatter(cc, r->sendbuf, r->recvbuf, r->count, r->dtype, r->root,
 		                        r->seq, err);
+	case COLL_SPLIT:
+		return comm_split_run(c, r, err);
 	default:
 		return kerr_set(err, KHOR_ERR_INTERNAL, "unknown collective kind %u", r->kind);
 	}
@@ -546,6 +552,8 @@ static khor_status run_one(khor_comm *c, struct khor_request *r)
 	kerr_clear(&err);
 	pthread_mutex_lock(&c->mu);
 	st = c->err.status;
+	if (st != KHOR_SUCCESS)
+		r->err = c->err;
 	pthread_mutex_unlock(&c->mu);
 	if (st != KHOR_SUCCESS)
 		return st; /* sticky: fail fast with the first error */
@@ -553,9 +561,9 @@ static khor_status run_one(khor_comm *c, struct khor_request *r)
 	c->cc.algo = c->node_cc.algo = c->cross_cc.algo = r->algo;
 	c->run_hier = r->hier;
 	st = dispatch(c, r, &err);
-	if (st == KHOR_ERR_TIMEOUT && err.peer >= 0 && c->store != NULL)
+	if (st == KHOR_ERR_TIMEOUT && err.peer >= 0 && c->ctx->store != NULL)
 		blame_timeout(c, &err);
-	if (st == KHOR_ERR_REMOTE && c->store != NULL &&
+	if (st == KHOR_ERR_REMOTE && c->ctx->store != NULL &&
 	    strstr(err.text, "aborted by another rank") == NULL) {
 		/*
 		 * A closed or reset link is usually the echo of a failure elsewhere. Give the rank
@@ -570,7 +578,7 @@ static khor_status run_one(khor_comm *c, struct khor_request *r)
 		 * wait longer for it (seen under load: a rank gave up just before the cause came).
 		 */
 		int64_t wait_ms = strstr(err.text, "after an error on its side") != NULL ? 1500 : 300;
-		if (store_get(c->store, "abort", kdeadline_in_ms(wait_ms), &v, &len, &e) ==
+		if (store_get(c->ctx->store, "abort", kdeadline_in_ms(wait_ms), &v, &len, &e) ==
 		    KHOR_SUCCESS) {
 			char mine[KERR_TEXT_MAX];
 			kstrlcpy(mine, err.text, sizeof(mine));
@@ -579,8 +587,18 @@ static khor_status run_one(khor_comm *c, struct khor_request *r)
 			free(v);
 		}
 	}
-	if (st != KHOR_SUCCESS)
+	if (st != KHOR_SUCCESS) {
 		comm_fail(c, &err);
+		/* The request's own text: the comm's, which names rank, comm and cause, when this
+		 * was its first error; else this call's own cause, named the same way. */
+		pthread_mutex_lock(&c->mu);
+		r->err = c->err;
+		pthread_mutex_unlock(&c->mu);
+		if (strstr(r->err.text, err.text) == NULL)
+			snprintf(r->err.text, sizeof(r->err.text), "rank %d on %s, %s: %s",
+			         c->ctx->rank, c->ctx->cfg.hostname, c->name, err.text);
+		r->err.status = st;
+	}
 	return st;
 }
 
@@ -642,13 +660,20 @@ khor_status comm_submit(khor_comm *c, struct khor_request *r)
 	if (st == KHOR_SUCCESS) {
 		r->comm = c;
 		r->seq = c->next_seq++;
+		if (r->kind == COLL_SPLIT)
+			c->next_seq++; /* its second exchange (split.c) */
 		r->algo = (int8_t)c->tune_algo;
 		r->hier = (int8_t)c->tune_hier;
 		r->done = false;
+		kerr_clear(&r->err);
 		enqueue_locked(c, r);
 		pthread_cond_broadcast(&c->cv);
 	} else {
-		kerr_set(&c->last, st, "rank %d: cannot start the collective thread", c->rank);
+		{
+		kerr e;
+		kerr_set(&e, st, "rank %d: cannot start the collective thread", c->rank);
+		c->last = e;
+	}
 	}
 	pthread_mutex_unlock(&c->mu);
 	return st;
@@ -660,7 +685,7 @@ khor_status comm_wait(khor_comm *c, struct khor_request *r)
 	 * The collective enforces KHOR_TIMEOUT itself; this wait adds a margin for the
 	 * collectives queued before it, each with its own deadline, and never waits forever.
 	 */
-	int64_t t = c->cfg.timeout_ms;
+	int64_t t = c->ctx->cfg.timeout_ms;
 	kdeadline dl = kdeadline_in_ms(t < 0 ? -1 : t * 4 + 10000);
 	khor_status st;
 
@@ -691,9 +716,12 @@ khor_status comm_run(khor_comm *c, struct khor_request *r)
 	pthread_mutex_lock(&c->mu);
 	r->comm = c;
 	r->seq = c->next_seq++;
+	if (r->kind == COLL_SPLIT)
+		c->next_seq++; /* its second exchange (split.c) */
 	r->algo = (int8_t)c->tune_algo;
 	r->hier = (int8_t)c->tune_hier;
 	r->done = false;
+	kerr_clear(&r->err);
 	inline_run = c->q_head == NULL && !c->busy;
 	if (inline_run) {
 		c->busy = true;

@@ -52,6 +52,12 @@ static khor_status store_full_key(const store *s, const char *op, const char *ke
 	return KHOR_SUCCESS;
 }
 
+void store_base_init(store *s, const struct store_ops *ops)
+{
+	s->ops = ops;
+	pthread_mutex_init(&s->mu, NULL);
+}
+
 khor_status store_set(store *s, const char *key, const void *val, size_t len, kerr *err)
 {
 	char full[STORE_KEY_MAX + 1];
@@ -59,7 +65,10 @@ khor_status store_set(store *s, const char *key, const void *val, size_t len, ke
 
 	if (st != KHOR_SUCCESS)
 		return st;
-	return s->ops->set(s, full, val, len, err);
+	pthread_mutex_lock(&s->mu);
+	st = s->ops->set(s, full, val, len, err);
+	pthread_mutex_unlock(&s->mu);
+	return st;
 }
 
 khor_status store_get(store *s, const char *key, kdeadline dl, void **val_out, size_t *len_out,
@@ -70,7 +79,16 @@ khor_status store_get(store *s, const char *key, kdeadline dl, void **val_out, s
 
 	if (st != KHOR_SUCCESS)
 		return st;
-	return s->ops->get(s, full, dl, val_out, len_out, err);
+	for (;;) {
+		int64_t left = kdeadline_left_ms(dl, STORE_WAIT_SLICE_MS + 1);
+		bool last = left <= STORE_WAIT_SLICE_MS;
+		pthread_mutex_lock(&s->mu);
+		st = s->ops->get(s, full, last ? dl : kdeadline_in_ms(STORE_WAIT_SLICE_MS), val_out,
+		                 len_out, err);
+		pthread_mutex_unlock(&s->mu);
+		if (st != KHOR_ERR_TIMEOUT || last)
+			return st;
+	}
 }
 
 khor_status store_add(store *s, const char *key, int64_t delta, int64_t *value_out, kerr *err)
@@ -80,7 +98,10 @@ khor_status store_add(store *s, const char *key, int64_t delta, int64_t *value_o
 
 	if (st != KHOR_SUCCESS)
 		return st;
-	return s->ops->add(s, full, delta, value_out, err);
+	pthread_mutex_lock(&s->mu);
+	st = s->ops->add(s, full, delta, value_out, err);
+	pthread_mutex_unlock(&s->mu);
+	return st;
 }
 
 khor_status store_del(store *s, const char *key, kerr *err)
@@ -90,11 +111,16 @@ khor_status store_del(store *s, const char *key, kerr *err)
 
 	if (st != KHOR_SUCCESS)
 		return st;
-	return s->ops->del(s, full, err);
+	pthread_mutex_lock(&s->mu);
+	st = s->ops->del(s, full, err);
+	pthread_mutex_unlock(&s->mu);
+	return st;
 }
 
 void store_close(store *s)
 {
-	if (s != NULL)
+	if (s != NULL) {
+		pthread_mutex_destroy(&s->mu);
 		s->ops->close(s);
+	}
 }

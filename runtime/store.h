@@ -17,6 +17,7 @@
 #include "../base/err.h"
 
 #include <stdbool.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,10 +45,22 @@ struct store_ops {
 	void (*close)(store *s);
 };
 
+/*
+ * The wrappers may be called from several threads at once (the comms of a context share
+ * one store connection): each call holds mu for its round trip, and a get with a long
+ * deadline waits in slices of STORE_WAIT_SLICE_MS with mu released between them, so that a
+ * thread checking for an abort is not held up behind another's long wait.
+ */
+#define STORE_WAIT_SLICE_MS 50
+
 struct store {
 	const struct store_ops *ops;
 	char prefix[128]; /* "<job>/<generation>/" */
+	pthread_mutex_t mu;
 };
+
+/* For backends: sets up the fields above (ops and the lock). */
+void store_base_init(store *s, const struct store_ops *ops);
 
 /* Wrappers that apply the prefix. */
 void store_set_prefix(store *s, const char *job_id, int generation);

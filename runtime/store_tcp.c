@@ -369,7 +369,7 @@ khor_status store_tcp_connect(const char *host, uint16_t port, const char *secre
 		st = kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: connect: out of memory", where);
 		goto fail_close_socket;
 	}
-	t->base.ops = &store_tcp_ops;
+	store_base_init(&t->base, &store_tcp_ops);
 	t->fd = fd;
 	kstrlcpy(t->where, where, sizeof(t->where));
 	*store_out = &t->base;

@@ -64,6 +64,12 @@
  * more and sleeps in poll() on the sockets. A side that published, released room or
  * finished a message checks the flag after a full fence and, if set, sends one byte.
  *
+ * Threads: every op takes the instance's lock; the caller that sleeps in poll() lets go of
+ * it there, one such caller at a time (base/sleeper.h), with an eventfd in its poll set so
+ * that a thread which moved its bytes meanwhile can wake it. The ring is the link's bounded
+ * queue of unexpected frames: records of one comm parked in it never hold up another
+ * comm's records behind them, and a sender that fills it waits for room.
+ *
  * Messages travel through the ring in pieces of up to 64 KiB: the receiver copies piece k
  * out while the sender writes piece k+1 (pipelining), and the sender takes turns between
  * its queued messages, one piece each, so a 64 MiB message shares the ring with the small
@@ -99,10 +105,12 @@
 #include "../base/auth.h"
 #include "../base/log.h"
 #include "../base/parse.h"
+#include "../base/sleeper.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -294,6 +302,13 @@ struct tp_link {
 	kerr err;
 };
 
+/* The arrays of one poll() over the listener, the links' sockets and the wake-up fd. */
+struct pollset {
+	struct pollfd *pfds;
+	tp_link **plinks;
+	size_t pcap;
+};
+
 struct tp_ctx {
 	int rank, size;
 	char job_id[SHM_JOB_MAX];
@@ -312,9 +327,10 @@ struct tp_ctx {
 	unsigned busy_calls;  /* progress(0) calls, to sweep and read the clock now and then */
 	bool handshaking;     /* a link is still connecting: sweep on every call */
 	uint32_t recv_comm, recv_seq; /* the call of the last receive posted */
-	struct pollfd *pfds;
-	tp_link **plinks;
-	size_t pcap;
+	struct pollset busy, sleep; /* poll() arrays of spinning callers, and of the sleeper */
+	const tp_meta_rules *meta;
+	pthread_mutex_t mu;  /* taken by every op: everything above */
+	ksleeper sl;         /* who sleeps in poll() (base/sleeper.h) */
 };
 
 static bool hs_send(tp_link *l, const void *msg, uint32_t len, int fd);
@@ -728,13 +744,13 @@ static bool rx_conflict(tp_link *l, const struct rec_hdr *h)
 	for (tp_link *o = l->ctx->all; o != NULL; o = o->next_all) {
 		for (tp_req *r = o->posted.head; r != NULL; r = r->next) {
 			if (r->tag.comm != h->comm || r->tag.seq != h->seq ||
-			    !tp_meta_sched_conflict(r->tag.meta, h->meta))
+			    !tp_meta_conflict(l->ctx->meta, r->tag.meta, h->meta))
 				continue;
 			link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was sent by "
 			          "%s but this rank posted %s for the same call: the ranks chose "
 			          "different algorithms", h->comm, h->seq, h->step,
-			          tp_meta_str(h->meta, b1, sizeof(b1)),
-			          tp_meta_str(r->tag.meta, b2, sizeof(b2)));
+			          tp_meta_describe(l->ctx->meta, h->meta, b1, sizeof(b1)),
+			          tp_meta_describe(l->ctx->meta, r->tag.meta, b2, sizeof(b2)));
 			return true;
 		}
 	}
@@ -749,8 +765,8 @@ static bool rx_check(tp_link *l, tp_req *r, const struct rec_hdr *h)
 	if (h->meta != r->tag.meta) {
 		link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was sent by %s but "
 		          "this rank posted %s: the ranks called different collectives, dtypes/ops or algorithms",
-		          h->comm, h->seq, h->step, tp_meta_str(h->meta, b1, sizeof(b1)),
-		          tp_meta_str(r->tag.meta, b2, sizeof(b2)));
+		          h->comm, h->seq, h->step, tp_meta_describe(l->ctx->meta, h->meta, b1, sizeof(b1)),
+		          tp_meta_describe(l->ctx->meta, r->tag.meta, b2, sizeof(b2)));
 		return false;
 	}
 	if (h->total_len != r->len) {
@@ -1466,56 +1482,68 @@ static bool link_socket_event(tp_link *l, short revents)
 	return moved;
 }
 
-static bool poll_grow(tp_ctx *ctx, size_t n)
+static bool poll_grow(struct pollset *ps, size_t n)
 {
-	if (n <= ctx->pcap)
+	if (n <= ps->pcap)
 		return true;
-	struct pollfd *p = realloc(ctx->pfds, n * sizeof(*p));
+	struct pollfd *p = realloc(ps->pfds, n * sizeof(*p));
 	if (p == NULL)
 		return false;
-	ctx->pfds = p;
-	tp_link **q = realloc(ctx->plinks, n * sizeof(*q));
+	ps->pfds = p;
+	tp_link **q = realloc(ps->plinks, n * sizeof(*q));
 	if (q == NULL)
 		return false;
-	ctx->plinks = q;
-	ctx->pcap = n;
+	ps->plinks = q;
+	ps->pcap = n;
 	return true;
 }
 
-/* One poll() over the listener and every live link's socket. */
-static bool poll_sockets(tp_ctx *ctx, int timeout_ms, kerr *err)
+/*
+ * One poll() over the listener, every live link's socket and the wake-up fd. The sleeper
+ * (sleeping) lets go of the lock inside poll(), on arrays of its own.
+ */
+static bool poll_sockets(tp_ctx *ctx, int timeout_ms, bool sleeping, kerr *err)
 {
-	size_t n = 1;
+	struct pollset *ps = sleeping ? &ctx->sleep : &ctx->busy;
+	size_t n = 2;
 	bool moved = false;
 	int rc;
 
 	for (tp_link *l = ctx->all; l != NULL; l = l->next_all)
 		n++;
-	if (!poll_grow(ctx, n))
+	if (!poll_grow(ps, n))
 		return false;
 	n = 0;
-	ctx->pfds[n].fd = ctx->listen_fd;
-	ctx->pfds[n].events = POLLIN;
-	ctx->plinks[n++] = NULL;
+	ps->pfds[n].fd = ctx->listen_fd;
+	ps->pfds[n].events = POLLIN;
+	ps->plinks[n++] = NULL;
+	ps->pfds[n].fd = ctx->sl.wake_fd;
+	ps->pfds[n].events = POLLIN;
+	ps->plinks[n++] = NULL;
 	for (tp_link *l = ctx->all; l != NULL; l = l->next_all) {
 		if (l->fd < 0 || l->state == LS_DEAD || l->state == LS_CONNECTING ||
 		    l->err.status != KHOR_SUCCESS || l->peer_gone)
 			continue;
-		ctx->pfds[n].fd = l->fd;
-		ctx->pfds[n].events = (short)(POLLIN | (l->out_len > 0 ? POLLOUT : 0));
-		ctx->plinks[n++] = l;
+		ps->pfds[n].fd = l->fd;
+		ps->pfds[n].events = (short)(POLLIN | (l->out_len > 0 ? POLLOUT : 0));
+		ps->plinks[n++] = l;
 	}
-	rc = poll(ctx->pfds, (nfds_t)n, timeout_ms);
+	if (sleeping)
+		pthread_mutex_unlock(&ctx->mu);
+	rc = poll(ps->pfds, (nfds_t)n, timeout_ms);
+	if (sleeping)
+		pthread_mutex_lock(&ctx->mu);
 	if (rc <= 0)
 		return false;
 	for (size_t i = 0; i < n; i++) {
-		short re = ctx->pfds[i].revents;
-		if (re == 0)
+		short re = ps->pfds[i].revents;
+		if (re == 0 || i == 1) /* 1: a wake-up, drained by ksleeper_leave */
 			continue;
-		if (ctx->plinks[i] == NULL)
+		/* A link that failed while we slept keeps its fd until sweep, which waits for us. */
+		if (ps->plinks[i] == NULL)
 			moved |= accept_new(ctx);
 		else
-			moved |= link_socket_event(ctx->plinks[i], re);
+			moved |= link_socket_event(ps->plinks[i], re);
 	}
 	(void)err;
 	return moved;
@@ -1553,8 +1581,9 @@ static bool sweep(tp_ctx *ctx, bool *handshaking)
 				          "(the peer is stuck or not polling its transport)",
 				          (long long)ctx->hs_timeout_ms);
 		}
-		if (l->side == 1 && l->state == LS_DEAD && !l->claimed && (l->peer < 0 ||
-		    ctx->incoming[l->peer] != l)) {
+		/* Not while a thread sleeps in poll(): its arrays may name l. */
+		if (l->side == 1 && l->state == LS_DEAD && !l->claimed && !ctx->sl.asleep &&
+		    (l->peer < 0 || ctx->incoming[l->peer] != l)) {
 			*pp = l->next_all;
 			link_free(l);
 			continue;
@@ -1637,6 +1666,14 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	ctx->secret = strdup(opt->secret ? opt->secret : "");
 	ctx->secret_len = ctx->secret ? strlen(ctx->secret) : 0;
 	ctx->hs_timeout_ms = opt->handshake_timeout_ms > 0 ? opt->handshake_timeout_ms : 30000;
+	ctx->meta = opt->meta;
+	pthread_mutex_init(&ctx->mu, NULL);
+	if ((st = ksleeper_init(&ctx->sl, err)) != KHOR_SUCCESS) {
+		pthread_mutex_destroy(&ctx->mu);
+		free(ctx->secret);
+		free(ctx);
+		return st;
+	}
 	ctx->incoming = calloc((size_t)opt->size, sizeof(tp_link *));
 	ctx->outgoing = calloc((size_t)opt->size, sizeof(tp_link *));
 	/* KHOR_SHM_CMA=1 reads messages over SHM_EAGER_MAX with process_vm_readv; by default
@@ -1692,6 +1729,8 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 fail_free:
 	if (ctx->listen_fd >= 0)
 		close(ctx->listen_fd);
+	ksleeper_destroy(&ctx->sl);
+	pthread_mutex_destroy(&ctx->mu);
 	free(ctx->incoming);
 	free(ctx->outgoing);
 	free(ctx->secret);
@@ -1704,7 +1743,7 @@ static const char *shm_address(const tp_ctx *ctx)
 	return ctx->addr;
 }
 
-static khor_status shm_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
+static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
                                kerr *err)
 {
 	const char *key, *name;
@@ -1770,7 +1809,7 @@ static khor_status shm_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_
 	return KHOR_SUCCESS;
 }
 
-static khor_status shm_accept(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
+static khor_status accept_locked(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
 {
 	tp_link *l;
 
@@ -1786,7 +1825,7 @@ static khor_status shm_accept(tp_ctx *ctx, int peer, tp_link **link_out, kerr *e
 	return KHOR_SUCCESS;
 }
 
-static bool shm_link_ready(const tp_link *l)
+static bool link_ready_locked(const tp_link *l)
 {
 	return l->state == LS_READY && l->err.status == KHOR_SUCCESS;
 }
@@ -1856,25 +1895,27 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 				o->rescan = true;
 		}
 	}
-	/* Try at once: a small message usually goes out (or is found) without progress(). */
-	link_drive(l);
+	/* Try at once: a small message usually goes out (or is found) without progress(). What
+	 * moves may be another thread's, and that thread may be asleep. */
+	if (link_drive(l) && (l->ctx->sl.asleep || l->ctx->sl.waiting > 0))
+		ksleeper_moved(&l->ctx->sl);
 	*req_out = r;
 	return KHOR_SUCCESS;
 }
 
-static khor_status shm_isend(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
+static khor_status isend_locked(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
                              tp_req **req_out, kerr *err)
 {
 	return post(l, (uint8_t *)buf, len, tag, true, req_out, err);
 }
 
-static khor_status shm_irecv(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
+static khor_status irecv_locked(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
                              tp_req **req_out, kerr *err)
 {
 	return post(l, buf, len, tag, false, req_out, err);
 }
 
-static khor_status shm_test(tp_req *r, bool *done_out, kerr *err)
+static khor_status test_locked(tp_req *r, bool *done_out, kerr *err)
 {
 	tp_link *l = r->link;
 
@@ -1896,7 +1937,7 @@ static khor_status shm_test(tp_req *r, bool *done_out, kerr *err)
 	return KHOR_SUCCESS;
 }
 
-static void shm_cancel(tp_req *r)
+static void cancel_locked(tp_req *r)
 {
 	tp_link *l = r->link;
 
@@ -1913,7 +1954,7 @@ static void shm_cancel(tp_req *r)
 	req_put(l->ctx, r);
 }
 
-static khor_status shm_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err)
+static khor_status progress_locked(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err)
 {
 	bool moved, handshaking;
 	uint64_t now;
@@ -1937,7 +1978,7 @@ static khor_status shm_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ke
 		 * fast path of a spinning caller stays free of system calls. */
 		if (handshaking || now >= ctx->next_check_ns) {
 			ctx->next_check_ns = now + SHM_CHECK_NS;
-			if (poll_sockets(ctx, 0, err)) {
+			if (poll_sockets(ctx, 0, false, err)) {
 				moved = true;
 				drive_links(ctx);
 			}
@@ -1948,12 +1989,15 @@ static khor_status shm_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ke
 		int wait_ms = timeout_ms;
 		if (handshaking && wait_ms > (int)(SHM_RETRY_NS / 1000000))
 			wait_ms = (int)(SHM_RETRY_NS / 1000000);
-		set_sleeping(ctx, 1);
-		moved = drive_links(ctx);
-		if (!moved)
-			moved = poll_sockets(ctx, wait_ms, err);
-		ctx->next_check_ns = kclock_ns() + SHM_CHECK_NS;
-		set_sleeping(ctx, 0);
+		if (ksleeper_enter(&ctx->sl, &ctx->mu, wait_ms)) {
+			set_sleeping(ctx, 1);
+			moved = drive_links(ctx);
+			if (!moved)
+				moved = poll_sockets(ctx, wait_ms, true, err);
+			ctx->next_check_ns = kclock_ns() + SHM_CHECK_NS;
+			set_sleeping(ctx, 0);
+			ksleeper_leave(&ctx->sl);
+		}
 		moved |= drive_links(ctx);
 		moved |= sweep(ctx, &handshaking);
 	}
@@ -1962,9 +2006,95 @@ static khor_status shm_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ke
 	return KHOR_SUCCESS;
 }
 
-static const kerr *shm_link_error(const tp_link *l)
+/* ---- the ops: each takes the lock around its _locked body ----------------------------- */
+
+static khor_status shm_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
+                               kerr *err)
 {
-	return &l->err;
+	pthread_mutex_lock(&ctx->mu);
+	khor_status st = connect_locked(ctx, peer, peer_addr, link_out, err);
+	pthread_mutex_unlock(&ctx->mu);
+	return st;
+}
+
+static khor_status shm_accept(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
+{
+	pthread_mutex_lock(&ctx->mu);
+	khor_status st = accept_locked(ctx, peer, link_out, err);
+	pthread_mutex_unlock(&ctx->mu);
+	return st;
+}
+
+static bool shm_link_ready(const tp_link *l)
+{
+	pthread_mutex_lock(&l->ctx->mu);
+	bool ready = link_ready_locked(l);
+	pthread_mutex_unlock(&l->ctx->mu);
+	return ready;
+}
+
+static khor_status shm_isend(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                             tp_req **req_out, kerr *err)
+{
+	pthread_mutex_lock(&l->ctx->mu);
+	khor_status st = isend_locked(l, buf, len, tag, mr, req_out, err);
+	pthread_mutex_unlock(&l->ctx->mu);
+	return st;
+}
+
+static khor_status shm_irecv(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                             tp_req **req_out, kerr *err)
+{
+	pthread_mutex_lock(&l->ctx->mu);
+	khor_status st = irecv_locked(l, buf, len, tag, mr, req_out, err);
+	pthread_mutex_unlock(&l->ctx->mu);
+	return st;
+}
+
+static khor_status shm_test(tp_req *r, bool *done_out, kerr *err)
+{
+	tp_ctx *ctx = r->link->ctx;
+
+	pthread_mutex_lock(&ctx->mu);
+	khor_status st = test_locked(r, done_out, err);
+	pthread_mutex_unlock(&ctx->mu);
+	return st;
+}
+
+static void shm_cancel(tp_req *r)
+{
+	tp_ctx *ctx = r->link->ctx;
+
+	pthread_mutex_lock(&ctx->mu);
+	cancel_locked(r);
+	pthread_mutex_unlock(&ctx->mu);
+}
+
+static khor_status shm_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err)
+{
+	bool moved = false;
+
+	pthread_mutex_lock(&ctx->mu);
+	khor_status st = progress_locked(ctx, timeout_ms, &moved, err);
+	/* What we moved may be what a thread asleep (in poll() or on the cv) waits for. */
+	if (moved && (ctx->sl.asleep || ctx->sl.waiting > 0))
+		ksleeper_moved(&ctx->sl);
+	pthread_mutex_unlock(&ctx->mu);
+	if (moved_out != NULL)
+		*moved_out = moved;
+	return st;
+}
+
+static khor_status shm_link_error(tp_link *l, kerr *err_out)
+{
+	khor_status st;
+
+	pthread_mutex_lock(&l->ctx->mu);
+	st = l->err.status;
+	if (st != KHOR_SUCCESS && err_out != NULL)
+		*err_out = l->err;
+	pthread_mutex_unlock(&l->ctx->mu);
+	return st;
 }
 
 static void shm_destroy(tp_ctx *ctx)
@@ -1983,8 +2113,12 @@ static void shm_destroy(tp_ctx *ctx)
 	}
 	if (ctx->listen_fd >= 0)
 		close(ctx->listen_fd);
-	free(ctx->pfds);
-	free(ctx->plinks);
+	free(ctx->busy.pfds);
+	free(ctx->busy.plinks);
+	free(ctx->sleep.pfds);
+	free(ctx->sleep.plinks);
+	ksleeper_destroy(&ctx->sl);
+	pthread_mutex_destroy(&ctx->mu);
 	free(ctx->incoming);
 	free(ctx->outgoing);
 	free(ctx->secret);

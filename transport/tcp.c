@@ -18,9 +18,20 @@
  *
  * The receiver reads the header, finds the posted receive with that tag on that socket and
  * reads the payload straight into the user's buffer (no staging copy). A header whose tag
- * has no posted receive is parked and the socket is not read further until one is posted,
- * so unexpected data waits in the kernel buffer, never in ours. A header whose lengths do
- * not match the posted receive breaks the link with an error naming both lengths.
+ * has no posted receive is parked: the socket is not read further while nobody waits on
+ * it, so unexpected data waits in the kernel buffer, never in ours. But several comms
+ * share a link, and one comm's early frame must not hold up another comm's frames behind
+ * it: once a receive with another tag is posted on a socket with a parked header, that
+ * frame is read aside into the link's queue of unexpected frames (bounded by
+ * TCP_UNEXPECTED_MAX bytes per link) and the socket is read on. When the queue is full
+ * the header stays parked, so a sender that runs too far ahead is slowed by TCP's flow
+ * control, never dropped. A receive posted later takes its frame from the queue (one
+ * copy). Within one comm, schedules post receives in the order the peer sends, so their
+ * frames never take this detour. A header whose lengths do not match the posted receive
+ * breaks the link with an error naming both lengths.
+ *
+ * Threads: every op takes the instance's lock. progress() lets go of it while it sleeps in
+ * epoll_wait, and only one thread sleeps there at a time (base/sleeper.h).
  *
  * Handshake, on every socket, all non-blocking and bounded by handshake_timeout_ms:
  *
@@ -44,9 +55,11 @@
 
 #include "../base/auth.h"
 #include "../base/log.h"
+#include "../base/sleeper.h"
 #include "../base/sock.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,6 +75,8 @@
 #define TCP_FRAME_ALIGN 64
 #define TCP_MAX_SOCKS 16
 #define TCP_JOB_MAX 64
+/* Bytes of unexpected frames a link holds before it leaves the rest in the kernel. */
+#define TCP_UNEXPECTED_MAX (8u << 20)
 
 enum hs_status { HS_OK = 0, HS_BAD_VERSION, HS_BAD_JOB, HS_BAD_TARGET, HS_BAD_AUTH, HS_DUPLICATE };
 
@@ -139,6 +154,18 @@ struct chunk {
 	struct frame_hdr hdr;
 };
 
+/*
+ * A frame read before its receive was posted (see the top of the file): ch holds its header
+ * and a heap copy of its payload, with ch.req NULL; want is the receive that claimed it
+ * while the payload was still arriving.
+ */
+struct uframe {
+	struct chunk ch;
+	struct uframe *next;
+	struct chunk *want;
+	bool complete;
+};
+
 struct tp_req {
 	tp_req *next_free;
 	tp_link *link;
@@ -174,6 +201,7 @@ struct tsock {
 	uint32_t rskip;       /* padding of the last frame still to read and drop */
 	struct chunk *rcur;   /* chunk receiving the current payload */
 	bool parked;          /* rhdr complete but no matching receive yet */
+	struct uframe *uq_head, *uq_tail; /* frames read aside, in arrival order */
 	uint32_t e_off, e_len; /* unread bytes of the stream in ebuf */
 	uint8_t ebuf[8192];
 	struct tsock *next_all;
@@ -189,6 +217,7 @@ struct tp_link {
 	struct tsock *socks[TCP_MAX_SOCKS];
 	kerr err;             /* first error; sticky */
 	int pending;          /* requests posted and not finished */
+	uint64_t ubytes;      /* payload bytes of the sockets' unexpected frames */
 };
 
 struct tp_ctx {
@@ -208,6 +237,9 @@ struct tp_ctx {
 	struct tsock *all;    /* every socket, for progress and cleanup */
 	uint32_t recv_comm, recv_seq; /* the call of the last receive posted */
 	tp_req *free_reqs;
+	const tp_meta_rules *meta;
+	pthread_mutex_t mu;   /* taken by every op: everything above and below */
+	ksleeper sl;          /* who sleeps in epoll_wait */
 };
 
 static void sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
@@ -602,9 +634,55 @@ static bool hs_drive(struct tsock *s)
 
 /* ---- data path ----------------------------------------------------------------------- */
 
-static void chunk_finished(struct chunk *c)
+static void uframe_deliver(struct tsock *s, struct uframe *u);
+
+static void chunk_finished(struct tsock *s, struct chunk *c)
 {
-	c->req->chunks_done++;
+	if (c->req != NULL) {
+		c->req->chunks_done++;
+		return;
+	}
+	struct uframe *u = (struct uframe *)c;
+	u->complete = true;
+	if (u->want != NULL)
+		uframe_deliver(s, u);
+}
+
+/* Takes u off its socket's queue and frees it. */
+static void uframe_drop(struct tsock *s, struct uframe *u)
+{
+	struct uframe **pp = &s->uq_head, *prev = NULL;
+
+	for (; *pp != NULL; prev = *pp, pp = &(*pp)->next) {
+		if (*pp == u) {
+			*pp = u->next;
+			if (s->uq_tail == u)
+				s->uq_tail = prev;
+			break;
+		}
+	}
+	if (s->link != NULL)
+		s->link->ubytes -= u->ch.len;
+	free(u->ch.buf);
+	free(u);
+}
+
+/* A complete unexpected frame meets its receive: one copy, and both are done. */
+static void uframe_deliver(struct tsock *s, struct uframe *u)
+{
+	struct chunk *c = u->want;
+
+	if (c->len > 0)
+		memcpy(c->buf, u->ch.buf, c->len);
+	c->done = c->len;
+	uframe_drop(s, u);
+	chunk_finished(s, c);
+}
+
+static void sock_free_uq(struct tsock *s)
+{
+	while (s->uq_head != NULL)
+		uframe_drop(s, s->uq_head);
 }
 
 /* Writes queued frames until the socket is full or the queue empty. */
@@ -662,7 +740,7 @@ static bool send_drive(struct tsock *s)
 			s->sq_head = c->next;
 			if (s->sq_head == NULL)
 				s->sq_tail = NULL;
-			chunk_finished(c);
+			chunk_finished(s, c);
 		}
 	}
 	return moved;
@@ -693,12 +771,75 @@ static struct chunk *sched_conflict(tp_ctx *ctx, const struct frame_hdr *h)
 	for (struct tsock *t = ctx->all; t != NULL; t = t->next_all)
 		for (struct chunk *c = t->rq_head; c != NULL; c = c->next)
 			if (c->hdr.comm == h->comm && c->hdr.seq == h->seq &&
-			    tp_meta_sched_conflict(c->hdr.meta, h->meta))
+			    tp_meta_conflict(ctx->meta, c->hdr.meta, h->meta))
 				return c;
 	return NULL;
 }
 
-/* A header is complete: find its receive or park it. Returns false if the link broke. */
+/* h's frame goes to receive c: same meta and lengths, or the link breaks (false). */
+static bool frame_fits(struct tsock *s, const struct frame_hdr *h, const struct chunk *c)
+{
+	char b1[64], b2[64];
+
+	if (h->meta != c->hdr.meta) {
+		sock_fail(s, KHOR_ERR_PROTOCOL,
+		          "message (comm %u, seq %u, step %u) was sent by %s but this rank posted %s: "
+		          "the ranks called different collectives, dtypes/ops or algorithms",
+		          h->comm, h->seq, h->step, tp_meta_describe(s->ctx->meta, h->meta, b1, sizeof(b1)),
+		          tp_meta_describe(s->ctx->meta, c->hdr.meta, b2, sizeof(b2)));
+		return false;
+	}
+	if (h->total_len != c->hdr.total_len || h->chunk_len != c->len) {
+		sock_fail(s, KHOR_ERR_PROTOCOL,
+		          "message (comm %u, seq %u, step %u) is %llu bytes but the receive posted "
+		          "here is %llu bytes: the ranks disagree on count or dtype",
+		          h->comm, h->seq, h->step, (unsigned long long)h->total_len,
+		          (unsigned long long)c->hdr.total_len);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * The parked header's frame is read aside into the link's unexpected queue, so that the
+ * socket can carry the frames behind it. False when the queue is full: it stays parked.
+ */
+static bool spill(struct tsock *s)
+{
+	const struct frame_hdr *h = &s->rhdr;
+	tp_link *l = s->link;
+	struct uframe *u;
+
+	if (l == NULL || l->ubytes + h->chunk_len > TCP_UNEXPECTED_MAX)
+		return false;
+	u = calloc(1, sizeof(*u));
+	if (u == NULL)
+		return false;
+	u->ch.buf = malloc(h->chunk_len ? h->chunk_len : 1);
+	if (u->ch.buf == NULL) {
+		free(u);
+		return false;
+	}
+	u->ch.hdr = *h;
+	u->ch.len = h->chunk_len;
+	if (s->uq_tail != NULL)
+		s->uq_tail->next = u;
+	else
+		s->uq_head = u;
+	s->uq_tail = u;
+	l->ubytes += u->ch.len;
+	s->parked = false;
+	s->rcur = &u->ch;
+	s->rhdr_got = 0;
+	if (u->ch.len == 0) {
+		s->rcur = NULL;
+		chunk_finished(s, &u->ch);
+	}
+	return true;
+}
+
+/* A header is complete: find its receive, read it aside or park it. Returns false if the
+ * link broke. */
 static bool recv_match(struct tsock *s)
 {
 	struct frame_hdr *h = &s->rhdr;
@@ -712,35 +853,24 @@ static bool recv_match(struct tsock *s)
 			sock_fail(s, KHOR_ERR_PROTOCOL,
 			          "message (comm %u, seq %u, step %u) was sent by %s but this rank posted "
 			          "%s for the same call: the ranks chose different algorithms", h->comm,
-			          h->seq, h->step, tp_meta_str(h->meta, b1, sizeof(b1)),
-			          tp_meta_str(c->hdr.meta, b2, sizeof(b2)));
+			          h->seq, h->step, tp_meta_describe(s->ctx->meta, h->meta, b1, sizeof(b1)),
+			          tp_meta_describe(s->ctx->meta, c->hdr.meta, b2, sizeof(b2)));
 			return false;
 		}
-		s->parked = true;
+		/* Someone waits for another frame on this socket: don't make them wait behind
+		 * this one. */
+		if (s->rq_head == NULL || !spill(s))
+			s->parked = true;
 		return true;
 	}
 	s->parked = false;
-	if (h->meta != c->hdr.meta) {
-		sock_fail(s, KHOR_ERR_PROTOCOL,
-		          "message (comm %u, seq %u, step %u) was sent by %s but this rank posted %s: "
-		          "the ranks called different collectives, dtypes/ops or algorithms",
-		          h->comm, h->seq, h->step, tp_meta_str(h->meta, b1, sizeof(b1)),
-		          tp_meta_str(c->hdr.meta, b2, sizeof(b2)));
+	if (!frame_fits(s, h, c))
 		return false;
-	}
-	if (h->total_len != c->hdr.total_len || h->chunk_len != c->len) {
-		sock_fail(s, KHOR_ERR_PROTOCOL,
-		          "message (comm %u, seq %u, step %u) is %llu bytes but the receive posted "
-		          "here is %llu bytes: the ranks disagree on count or dtype",
-		          h->comm, h->seq, h->step, (unsigned long long)h->total_len,
-		          (unsigned long long)c->hdr.total_len);
-		return false;
-	}
 	s->rcur = c;
 	s->rhdr_got = 0;
 	if (c->len == 0) {
 		s->rcur = NULL;
-		chunk_finished(c);
+		chunk_finished(s, c);
 	}
 	return true;
 }
@@ -799,7 +929,9 @@ static bool recv_drive(struct tsock *s)
 {
 	bool moved = false;
 
-	while (!s->parked && s->state == SS_DATA) {
+	while (s->state == SS_DATA) {
+		if (s->parked && (s->rq_head == NULL || !spill(s)))
+			break;
 		if (s->rcur == NULL) {
 			size_t avail = s->e_len - s->e_off;
 			if (s->rskip > 0) { /* the last frame's padding */
@@ -872,7 +1004,7 @@ static bool recv_drive(struct tsock *s)
 			s->rcur = NULL;
 			s->rhdr_got = 0;
 			s->rskip = frame_pad(c->len);
-			chunk_finished(c);
+			chunk_finished(s, c);
 		}
 	}
 	return moved;
@@ -928,6 +1060,9 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	ctx->min_stripe = opt->min_stripe_bytes;
 	ctx->bufsize = opt->sock_bufsize;
 	ctx->hs_timeout_ms = opt->handshake_timeout_ms > 0 ? opt->handshake_timeout_ms : 30000;
+	ctx->meta = opt->meta;
+	pthread_mutex_init(&ctx->mu, NULL);
+	ctx->sl.wake_fd = -1;
 	ctx->incoming = calloc((size_t)opt->size, sizeof(tp_link *));
 	ctx->outgoing = calloc((size_t)opt->size, sizeof(tp_link *));
 	ctx->listen_fd = -1;
@@ -950,6 +1085,13 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(listener): %s", errstr(errno));
 		goto fail_free;
 	}
+	if ((st = ksleeper_init(&ctx->sl, err)) != KHOR_SUCCESS)
+		goto fail_free;
+	ev = (struct epoll_event){ .events = EPOLLIN, .data.ptr = &ctx->sl };
+	if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->sl.wake_fd, &ev) < 0) {
+		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(eventfd): %s", errstr(errno));
+		goto fail_free;
+	}
 	ksock_addr_str(&local, ctx->addr, sizeof(ctx->addr));
 	KLOG_INFO("tcp transport listening on %s (interface %s, %d socket(s) per link)",
 	          ksock_addr_str(&local, as, sizeof(as)), ifname, ctx->nsocks);
@@ -961,6 +1103,9 @@ fail_free:
 		close(ctx->listen_fd);
 	if (ctx->epfd >= 0)
 		close(ctx->epfd);
+	if (ctx->sl.wake_fd >= 0)
+		ksleeper_destroy(&ctx->sl);
+	pthread_mutex_destroy(&ctx->mu);
 	free(ctx->incoming);
 	free(ctx->outgoing);
 	free(ctx->secret);
@@ -973,8 +1118,8 @@ static const char *tcp_address(const tp_ctx *ctx)
 	return ctx->addr;
 }
 
-static khor_status tcp_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
-                               kerr *err)
+static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr,
+                                  tp_link **link_out, kerr *err)
 {
 	char host[256];
 	uint16_t port;
@@ -1039,12 +1184,22 @@ static khor_status tcp_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_
 	return KHOR_SUCCESS;
 }
 
+static khor_status tcp_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
+                               kerr *err)
+{
+	pthread_mutex_lock(&ctx->mu);
+	khor_status st = connect_locked(ctx, peer, peer_addr, link_out, err);
+	pthread_mutex_unlock(&ctx->mu);
+	return st;
+}
+
 static khor_status tcp_accept(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
 {
 	tp_link *l;
 
 	if (peer < 0 || peer >= ctx->size || peer == ctx->rank)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "tcp accept: bad peer rank %d", peer);
+	pthread_mutex_lock(&ctx->mu);
 	l = ctx->incoming[peer];
 	if (l != NULL && l->nready == l->nsocks) {
 		l->claimed = true;
@@ -1052,12 +1207,16 @@ static khor_status tcp_accept(tp_ctx *ctx, int peer, tp_link **link_out, kerr *e
 	} else {
 		*link_out = NULL;
 	}
+	pthread_mutex_unlock(&ctx->mu);
 	return KHOR_SUCCESS;
 }
 
 static bool tcp_link_ready(const tp_link *l)
 {
-	return l->nready == l->nsocks && l->err.status == KHOR_SUCCESS;
+	pthread_mutex_lock(&l->ctx->mu);
+	bool ready = l->nready == l->nsocks && l->err.status == KHOR_SUCCESS;
+	pthread_mutex_unlock(&l->ctx->mu);
+	return ready;
 }
 
 static khor_status tcp_reg_mr(tp_ctx *ctx, void *buf, size_t len, tp_mr **mr_out, kerr *err)
@@ -1071,9 +1230,20 @@ static void tcp_dereg_mr(tp_ctx *ctx, tp_mr *mr)
 {
 }
 
+/* The queued unexpected frame of this tag that no receive has claimed yet. */
+static struct uframe *uq_find(struct tsock *s, tp_tag tag)
+{
+	for (struct uframe *u = s->uq_head; u != NULL; u = u->next)
+		if (u->want == NULL && u->ch.hdr.comm == tag.comm && u->ch.hdr.seq == tag.seq &&
+		    u->ch.hdr.step == tag.step)
+			return u;
+	return NULL;
+}
+
 static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool is_send,
                         tp_req **req_out, kerr *err)
 {
+	struct uframe *u;
 	tp_req *r;
 	int nchunks, first;
 
@@ -1110,6 +1280,13 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 			else
 				s->sq_head = c;
 			s->sq_tail = c;
+		} else if ((u = uq_find(s, tag)) != NULL) {
+			/* It came before us: take it from the queue (now, or once it is all in). */
+			if (!frame_fits(s, &u->ch.hdr, c))
+				continue; /* the link's error fails the request in test() */
+			u->want = c;
+			if (u->complete)
+				uframe_deliver(s, u);
 		} else if (s->parked && s->rhdr.comm == tag.comm && s->rhdr.seq == tag.seq &&
 		           s->rhdr.step == tag.step) {
 			c->next = s->rq_head;
@@ -1118,6 +1295,9 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 		} else {
 			c->next = s->rq_head;
 			s->rq_head = c;
+			/* A parked frame of another tag would hold this one up: read it aside. */
+			if (s->parked)
+				spill(s);
 		}
 	}
 	/*
@@ -1127,10 +1307,23 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 	if (!is_send && (tag.comm != l->ctx->recv_comm || tag.seq != l->ctx->recv_seq)) {
 		l->ctx->recv_comm = tag.comm;
 		l->ctx->recv_seq = tag.seq;
-		for (struct tsock *t = l->ctx->all; t != NULL; t = t->next_all)
+		for (struct tsock *t = l->ctx->all; t != NULL; t = t->next_all) {
 			if (t->parked && t->rhdr.comm == tag.comm && t->rhdr.seq == tag.seq &&
-			    tp_meta_sched_conflict(t->rhdr.meta, tag.meta))
+			    tp_meta_conflict(l->ctx->meta, t->rhdr.meta, tag.meta))
 				recv_match(t);
+			for (u = t->uq_head; u != NULL && t->state == SS_DATA; u = u->next) {
+				char b1[64], b2[64];
+				if (u->ch.hdr.comm != tag.comm || u->ch.hdr.seq != tag.seq ||
+				    !tp_meta_conflict(l->ctx->meta, u->ch.hdr.meta, tag.meta))
+					continue;
+				sock_fail(t, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was "
+				          "sent by %s but this rank posted %s for the same call: the ranks "
+				          "chose different algorithms", tag.comm, tag.seq, u->ch.hdr.step,
+				          tp_meta_describe(l->ctx->meta, u->ch.hdr.meta, b1, sizeof(b1)),
+				          tp_meta_describe(l->ctx->meta, tag.meta, b2, sizeof(b2)));
+				break;
+			}
+		}
 	}
 	l->pending++;
 	/* Try at once: a small message usually goes out without waiting for progress. */
@@ -1146,13 +1339,19 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 static khor_status tcp_isend(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
                              tp_req **req_out, kerr *err)
 {
-	return post(l, (uint8_t *)buf, len, tag, true, req_out, err);
+	pthread_mutex_lock(&l->ctx->mu);
+	khor_status st = post(l, (uint8_t *)buf, len, tag, true, req_out, err);
+	pthread_mutex_unlock(&l->ctx->mu);
+	return st;
 }
 
 static khor_status tcp_irecv(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
                              tp_req **req_out, kerr *err)
 {
-	return post(l, buf, len, tag, false, req_out, err);
+	pthread_mutex_lock(&l->ctx->mu);
+	khor_status st = post(l, buf, len, tag, false, req_out, err);
+	pthread_mutex_unlock(&l->ctx->mu);
+	return st;
 }
 
 /* Takes a finished or failed request's chunks off the socket queues. */
@@ -1178,11 +1377,14 @@ static void req_unlink(tp_req *r)
 			}
 			if (s->rcur == c)
 				s->rcur = NULL;
+			for (struct uframe *u = s->uq_head; u != NULL; u = u->next)
+				if (u->want == c)
+					u->want = NULL;
 		}
 	}
 }
 
-static khor_status tcp_test(tp_req *r, bool *done_out, kerr *err)
+static khor_status test_locked(tp_req *r, bool *done_out, kerr *err)
 {
 	tp_link *l = r->link;
 
@@ -1204,7 +1406,17 @@ static khor_status tcp_test(tp_req *r, bool *done_out, kerr *err)
 	return KHOR_SUCCESS;
 }
 
-static void tcp_cancel(tp_req *r)
+static khor_status tcp_test(tp_req *r, bool *done_out, kerr *err)
+{
+	tp_ctx *ctx = r->link->ctx;
+
+	pthread_mutex_lock(&ctx->mu);
+	khor_status st = test_locked(r, done_out, err);
+	pthread_mutex_unlock(&ctx->mu);
+	return st;
+}
+
+static void cancel_locked(tp_req *r)
 {
 	tp_link *l = r->link;
 
@@ -1225,6 +1437,15 @@ static void tcp_cancel(tp_req *r)
 				sock_close_fd(l->socks[k]);
 	l->pending--;
 	req_put(l->ctx, r);
+}
+
+static void tcp_cancel(tp_req *r)
+{
+	tp_ctx *ctx = r->link->ctx;
+
+	pthread_mutex_lock(&ctx->mu);
+	cancel_locked(r);
+	pthread_mutex_unlock(&ctx->mu);
 }
 
 static void accept_new(tp_ctx *ctx)
@@ -1272,8 +1493,10 @@ static void sweep(tp_ctx *ctx)
 				          (long long)ctx->hs_timeout_ms);
 			}
 		}
-		if (s->state == SS_DEAD && s->link == NULL) {
+		/* Not while a thread sleeps in epoll_wait: it may hold an event naming s. */
+		if (s->state == SS_DEAD && s->link == NULL && !ctx->sl.asleep) {
 			*pp = s->next_all;
+			sock_free_uq(s);
 			free(s);
 			continue;
 		}
@@ -1293,16 +1516,36 @@ static bool drive_all(tp_ctx *ctx)
 static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err)
 {
 	struct epoll_event evs[64];
-	int n;
-	bool moved = drive_all(ctx);
+	int n, e;
+	bool moved, sleeper = false;
 
+	pthread_mutex_lock(&ctx->mu);
+	moved = drive_all(ctx);
+	if (!moved && timeout_ms != 0) {
+		if (!ksleeper_enter(&ctx->sl, &ctx->mu, timeout_ms)) {
+			/* Another thread slept in the kernel for both of us and has returned. */
+			moved = drive_all(ctx);
+			pthread_mutex_unlock(&ctx->mu);
+			if (moved_out != NULL)
+				*moved_out = moved;
+			return KHOR_SUCCESS;
+		}
+		sleeper = true;
+		pthread_mutex_unlock(&ctx->mu);
+	}
 	n = epoll_wait(ctx->epfd, evs, 64, moved ? 0 : timeout_ms);
+	e = errno;
+	if (sleeper) {
+		pthread_mutex_lock(&ctx->mu);
+		ksleeper_leave(&ctx->sl);
+	}
 	if (moved_out != NULL)
 		*moved_out = moved || n > 0;
 	if (n < 0) {
-		if (errno == EINTR)
+		pthread_mutex_unlock(&ctx->mu);
+		if (e == EINTR)
 			return KHOR_SUCCESS;
-		return kerr_set(err, KHOR_ERR_SYSTEM, "epoll_wait: %s", errstr(errno));
+		return kerr_set(err, KHOR_ERR_SYSTEM, "epoll_wait: %s", errstr(e));
 	}
 	for (int i = 0; i < n; i++) {
 		struct tsock *s = evs[i].data.ptr;
@@ -1310,6 +1553,8 @@ static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ke
 			accept_new(ctx);
 			continue;
 		}
+		if ((void *)s == (void *)&ctx->sl)
+			continue; /* a wake-up: ksleeper_leave drained it */
 		if (evs[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
 			s->rd_ready = true;
 		if (evs[i].events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
@@ -1317,12 +1562,23 @@ static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ke
 		sock_drive(s);
 	}
 	sweep(ctx);
+	/* What we moved may be what a thread asleep (in the kernel or on the cv) waits for. */
+	if ((moved || n > 0) && (ctx->sl.asleep || ctx->sl.waiting > 0))
+		ksleeper_moved(&ctx->sl);
+	pthread_mutex_unlock(&ctx->mu);
 	return KHOR_SUCCESS;
 }
 
-static const kerr *tcp_link_error(const tp_link *l)
+static khor_status tcp_link_error(tp_link *l, kerr *err_out)
 {
-	return &l->err;
+	khor_status st;
+
+	pthread_mutex_lock(&l->ctx->mu);
+	st = l->err.status;
+	if (st != KHOR_SUCCESS && err_out != NULL)
+		*err_out = l->err;
+	pthread_mutex_unlock(&l->ctx->mu);
+	return st;
 }
 
 static void tcp_destroy(tp_ctx *ctx)
@@ -1332,6 +1588,7 @@ static void tcp_destroy(tp_ctx *ctx)
 	while (s != NULL) {
 		struct tsock *next = s->next_all;
 		sock_close_fd(s);
+		sock_free_uq(s);
 		free(s);
 		s = next;
 	}
@@ -1346,6 +1603,8 @@ static void tcp_destroy(tp_ctx *ctx)
 	}
 	close(ctx->listen_fd);
 	close(ctx->epfd);
+	ksleeper_destroy(&ctx->sl);
+	pthread_mutex_destroy(&ctx->mu);
 	free(ctx->incoming);
 	free(ctx->outgoing);
 	free(ctx->secret);

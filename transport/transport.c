@@ -19,19 +19,15 @@ const struct transport_ops *transport_find(const char *name)
 	return NULL;
 }
 
-const char *tp_meta_str(uint32_t meta, char *buf, size_t len)
+bool tp_meta_conflict(const tp_meta_rules *r, uint32_t a, uint32_t b)
 {
-	static const char *const colls[] = { "allreduce", "broadcast", "barrier", "reduce",
-	                                     "allgather", "reducescatter", "alltoall", "gather",
-	                                     "scatter", "probe" };
-	static const char *const dtypes[] = { "float32", "float64", "int32", "int64", "float16",
-	                                      "bfloat16", "int8", "uint8", "bool" };
-	static const char *const ops[] = { "sum", "avg", "min", "max", "prod" };
-	static const char *const scheds[] = { "", ", ring", ", recursive doubling",
-	                                      ", double binary tree", ", halving-doubling" };
-	unsigned c = meta >> 16 & 0xff, d = meta >> 8 & 0xff, o = meta & 0xff, s = meta >> 24;
+	return r != NULL && r->conflict != NULL && r->conflict(a, b);
+}
 
-	snprintf(buf, len, "%s %s %s%s", c < 10 ? colls[c] : "?", d < 9 ? dtypes[d] : "?",
-	         o < 5 ? ops[o] : "?", s < 5 ? scheds[s] : ", ?");
+const char *tp_meta_describe(const tp_meta_rules *r, uint32_t meta, char *buf, size_t len)
+{
+	if (r != NULL && r->describe != NULL)
+		return r->describe(meta, buf, len);
+	snprintf(buf, len, "meta 0x%08x", meta);
 	return buf;
 }

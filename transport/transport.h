@@ -9,15 +9,24 @@
  * later; test() polls it, progress() drives all I/O. Memory registration is separate from
  * I/O so that verbs (which must pin memory) fits the same table; tcp ignores it.
  *
- * Matching: a frame carries (comm, seq, step) and its length. A receive completes only with
- * a frame of the same tag; a frame of that tag with another length is an error on both the
- * request and the link (never a silent overrun). Frames whose tag has no posted receive yet
- * wait in the kernel's socket buffer until one is posted.
+ * Matching: a frame carries (comm, seq, step), a meta and its length. A receive completes
+ * only with a frame of the same tag; a frame of that tag with another meta or length is an
+ * error on both the request and the link (never a silent overrun). Several comms share a
+ * link, so a frame whose tag has no posted receive yet must never hold up frames of other
+ * tags behind it: each transport keeps such frames in a bounded per-link queue (tcp: read
+ * aside once another receive waits on the socket; shm: left in place in the ring while
+ * later records are taken) and back-pressures the sender when the bound is reached.
  *
- * Threads and ownership: a tp_ctx and everything made from it are used by one thread at a
- * time (the comm's execution lock serialises collectives). No op blocks except progress(),
- * and only for the timeout it is given. Every error sentence written to a kerr names the
- * peer rank and address and the system's cause; the caller adds the operation.
+ * Threads and ownership: every op may be called from any thread at any time; each takes
+ * the instance's lock (one per tp_ctx, covering its links and requests). A request is
+ * tested, cancelled or waited for by one thread at a time (the one that posted it).
+ * progress() drives every link of the instance, whoever's requests they carry, and lets go
+ * of the lock while it sleeps in the kernel; at most one thread sleeps there per instance
+ * while the others wait for it to return (base/sleeper.h), and a thread that moves bytes
+ * while another sleeps wakes it. No op blocks except progress(), and only for the timeout
+ * it is given. The runtime owns the tp_ctx and destroys it after every thread has
+ * stopped using it. Every error sentence written to a kerr names the peer rank and address
+ * and the system's cause; the caller adds the operation.
  */
 #ifndef KHOR_TRANSPORT_H
 #define KHOR_TRANSPORT_H
@@ -40,34 +49,24 @@ typedef struct tp_tag {
 	uint32_t comm; /* communicator id */
 	uint32_t seq;  /* collective sequence number on that comm */
 	uint32_t step; /* step (and slice) inside the collective */
-	uint32_t meta; /* not matched but checked: kind, dtype, op, schedule (tp_meta_make) */
+	uint32_t meta; /* not matched but compared: what the collective is (tp_meta_rules) */
 } tp_tag;
 
-/* meta packs what both sides must agree on, so a mismatch is an error and not a hang. */
-static inline uint32_t tp_meta_make(unsigned coll, unsigned dtype, unsigned op)
-{
-	return (coll & 0xff) << 16 | (dtype & 0xff) << 8 | (op & 0xff);
-}
 /*
- * The schedule (the allreduce algorithm, enum allreduce_algo: 1 ring, 2 recursive doubling,
- * 3 double binary tree, 4 halving-doubling) in the top byte: ranks that chose different
- * algorithms for one call fail on the first frame instead of mixing unrelated steps.
+ * What a frame's meta means is the collectives' business, not the transport's: the
+ * transport compares metas and asks these rules (tp_options.meta) two questions. Both
+ * pointers may be NULL (then metas are only compared for equality and shown in hex).
  */
-static inline uint32_t tp_meta_sched(uint32_t meta, unsigned sched)
-{
-	return (meta & 0xffffffu) | (sched & 0xff) << 24;
-}
-/*
- * Two frames of one call (comm, seq) come from different allreduce schedules. Other metas
- * may legitimately differ within one call (a node-aware allreduce runs a reduce-scatter and
- * then an allgather under the same seq), so only the schedule byte is compared.
- */
-static inline bool tp_meta_sched_conflict(uint32_t a, uint32_t b)
-{
-	return (a >> 24) != 0 && (b >> 24) != 0 && a != b;
-}
-/* "allreduce float32 sum"-style text (", ring" appended for a schedule) for error messages. */
-const char *tp_meta_str(uint32_t meta, char *buf, size_t len);
+typedef struct tp_meta_rules {
+	/* Two frames of one call (comm, seq) carry metas that cannot both be right (for example
+	 * two allreduce schedules whose steps never meet): an error, not a frame to park. */
+	bool (*conflict)(uint32_t a, uint32_t b);
+	/* Words for a meta in an error message ("allreduce float32 sum, ring"). */
+	const char *(*describe)(uint32_t meta, char *buf, size_t len);
+} tp_meta_rules;
+
+bool tp_meta_conflict(const tp_meta_rules *r, uint32_t a, uint32_t b);
+const char *tp_meta_describe(const tp_meta_rules *r, uint32_t meta, char *buf, size_t len);
 
 static inline bool tp_tag_eq(tp_tag a, tp_tag b)
 {
@@ -86,6 +85,7 @@ typedef struct tp_options {
 	uint64_t min_stripe_bytes; /* messages below this use one socket */
 	int sock_bufsize;          /* SO_SNDBUF/SO_RCVBUF, 0 = kernel default */
 	int64_t handshake_timeout_ms;
+	const tp_meta_rules *meta; /* may be NULL; must outlive the instance */
 } tp_options;
 
 struct transport_ops {
@@ -132,8 +132,9 @@ struct transport_ops {
 	 * request cut off mid-message breaks its link (the byte stream can't be resynchronised).
 	 */
 	void (*cancel)(tp_req *req);
-	/* The link's first error (status KHOR_SUCCESS when healthy). */
-	const kerr *(*link_error)(const tp_link *link);
+	/* The link's first error: its status (KHOR_SUCCESS when healthy), copied to *err_out
+	 * (which may be NULL) when there is one. */
+	khor_status (*link_error)(tp_link *link, kerr *err_out);
 	/* Releases every resource. Pending requests on the ctx's links must be finished first. */
 	void (*destroy)(tp_ctx *ctx);
 };

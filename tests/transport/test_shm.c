@@ -14,6 +14,7 @@
  * rank, fairness between one huge and many small messages, and that nothing (no /dev/shm
  * entry, no memfd, no socket) is left behind, also after kill -9.
  */
+#include "../../collectives/coll.h"
 #include "../../transport/shm.h"
 #include "../../base/log.h"
 
@@ -31,6 +32,17 @@
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
 #endif
+
+/* A link's error, copied out (link_error gives it by copy, since another thread may be
+ * setting it). */
+static const kerr *lerr(const struct transport_ops *tp, tp_link *l)
+{
+	static kerr e;
+
+	kerr_clear(&e);
+	tp->link_error(l, &e);
+	return &e;
+}
 
 #define MSG_MAX 2048
 #define LOG_MAX 8192
@@ -111,7 +123,8 @@ static tp_ctx *make_ctx(struct rank_env *env, const char *secret)
 {
 	tp_options o = { .rank = env->rank, .size = 2, .job_id = env->job->job_id,
 	                 .secret = secret ? secret : "test-secret", .ifname_spec = "lo",
-	                 .nsocks = 2, .min_stripe_bytes = 65536, .handshake_timeout_ms = 5000 };
+	                 .nsocks = 2, .min_stripe_bytes = 65536, .handshake_timeout_ms = 5000,
+	                 .meta = &coll_meta_rules };
 	tp_ctx *c = NULL;
 	kerr e;
 
@@ -132,8 +145,8 @@ static tp_link *link_up_ctx(struct rank_env *env, tp_ctx *c)
 			CHECK(!kdeadline_passed(dl), "rank 1 never published its address");
 		CHECK(tp->connect(c, 1, env->b->addr[1], &l, &e) == KHOR_SUCCESS, "connect: %s", e.text);
 		while (!tp->link_ready(l)) {
-			CHECK(tp->link_error(l)->status == KHOR_SUCCESS, "link: %s",
-			      tp->link_error(l)->text);
+			CHECK(lerr(tp, l)->status == KHOR_SUCCESS, "link: %s",
+			      lerr(tp, l)->text);
 			CHECK(!kdeadline_passed(dl), "link did not come up");
 			tp->progress(c, 5, NULL, &e);
 		}
@@ -576,7 +589,7 @@ static void cancel_a(struct rank_env *env)
 	CHECK(env->tp->irecv(env->link, buf, 32, t, NULL, &r2, &e) == KHOR_SUCCESS, "%s", e.text);
 	CHECK(wait_req(env, r2, 2, &e) == KHOR_SUCCESS, "%s", e.text);
 	CHECK(check_fill(buf, 32, 5), "payload after cancel corrupted");
-	CHECK(env->tp->link_error(env->link)->status == KHOR_SUCCESS, "link broke");
+	CHECK(lerr(env->tp, env->link)->status == KHOR_SUCCESS, "link broke");
 }
 
 static void cancel_b(struct rank_env *env)
@@ -679,7 +692,7 @@ static void check_death_error(struct rank_env *env, khor_status st, const kerr *
 		      "error should say that pid %d died: %s", atomic_load(&env->b->pid[peer]), e->text);
 	}
 	CHECK(killed != 0 && after < 5.0, "the death was noticed %.2f s after the kill", after);
-	CHECK(env->tp->link_error(env->link)->status == KHOR_ERR_REMOTE, "the link should be broken");
+	CHECK(lerr(env->tp, env->link)->status == KHOR_ERR_REMOTE, "the link should be broken");
 }
 
 static void streaming_survivor(struct rank_env *env)
@@ -765,13 +778,13 @@ static void stranger_then_real(struct rank_env *env)
 	while (!atomic_load(&env->b->ready[1]))
 		CHECK(!kdeadline_passed(dl), "rank 1 never published its address");
 	CHECK(tp->connect(env->ctx, 1, env->b->addr[1], &bad, &e) == KHOR_SUCCESS, "%s", e.text);
-	while (tp->link_error(bad)->status == KHOR_SUCCESS) {
+	while (lerr(tp, bad)->status == KHOR_SUCCESS) {
 		CHECK(!tp->link_ready(bad), "a link with the wrong secret came up");
 		CHECK(!kdeadline_passed(dl), "the stranger was neither refused nor accepted");
 		tp->progress(env->ctx, 5, NULL, &e);
 	}
-	CHECK(tp->link_error(bad)->status == KHOR_ERR_AUTH, "%s", tp->link_error(bad)->text);
-	CHECK(strstr(tp->link_error(bad)->text, "secret") != NULL, "%s", tp->link_error(bad)->text);
+	CHECK(lerr(tp, bad)->status == KHOR_ERR_AUTH, "%s", lerr(tp, bad)->text);
+	CHECK(strstr(lerr(tp, bad)->text, "secret") != NULL, "%s", lerr(tp, bad)->text);
 	tp->destroy(env->ctx);
 	/* The same rank with the right secret gets in, and the job goes on. */
 	env->ctx = make_ctx(env, "test-secret");
@@ -821,12 +834,12 @@ static void wrong_job_connector(struct rank_env *env)
 		CHECK(!kdeadline_passed(dl), "rank 1 never published its address");
 	CHECK(tp->create(&o, &other, &e) == KHOR_SUCCESS, "%s", e.text);
 	CHECK(tp->connect(other, 1, env->b->addr[1], &l, &e) == KHOR_SUCCESS, "%s", e.text);
-	while (tp->link_error(l)->status == KHOR_SUCCESS) {
+	while (lerr(tp, l)->status == KHOR_SUCCESS) {
 		CHECK(!kdeadline_passed(dl), "the stranger was neither refused nor accepted");
 		tp->progress(other, 5, NULL, &e);
 	}
-	CHECK(strstr(tp->link_error(l)->text, "job id differs") != NULL, "%s",
-	      tp->link_error(l)->text);
+	CHECK(strstr(lerr(tp, l)->text, "job id differs") != NULL, "%s",
+	      lerr(tp, l)->text);
 	tp->destroy(other);
 	/* An address of another host is refused before anything is sent. */
 	CHECK(tp->connect(env->ctx, 1, "shm:00000000-0000-0000-0000-000000000000:x", &l, &e) ==
