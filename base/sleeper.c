@@ -19,6 +19,7 @@ khor_status ksleeper_init(ksleeper *s, kerr *err)
 		return kerr_set(err, KHOR_ERR_SYSTEM, "eventfd: %s",
 		                kerr_errno_str(errno, b, sizeof(b)));
 	}
+	pthread_mutex_init(&s->cmu, NULL);
 	pthread_condattr_init(&a);
 	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
 	pthread_cond_init(&s->cv, &a);
@@ -28,15 +29,18 @@ khor_status ksleeper_init(ksleeper *s, kerr *err)
 
 void ksleeper_destroy(ksleeper *s)
 {
-	if (s->wake_fd >= 0)
-		close(s->wake_fd);
+	if (s->wake_fd < 0)
+		return;
+	close(s->wake_fd);
 	s->wake_fd = -1;
 	pthread_cond_destroy(&s->cv);
+	pthread_mutex_destroy(&s->cmu);
 }
 
-bool ksleeper_enter(ksleeper *s, pthread_mutex_t *mu, int timeout_ms)
+bool ksleeper_enter(ksleeper *s, kmutex *mu, int timeout_ms)
 {
 	struct timespec ts;
+	unsigned long gen;
 
 	if (!s->asleep) {
 		s->asleep = true;
@@ -52,10 +56,25 @@ bool ksleeper_enter(ksleeper *s, pthread_mutex_t *mu, int timeout_ms)
 		ts.tv_sec++;
 		ts.tv_nsec -= 1000000000L;
 	}
+	gen = s->gen;
 	s->waiting++;
-	pthread_cond_timedwait(&s->cv, mu, &ts);
+	kmutex_unlock(mu);
+	pthread_mutex_lock(&s->cmu);
+	/* gen only moves under cmu: a wake between our unlock and this lock is not lost. */
+	while (s->gen == gen && pthread_cond_timedwait(&s->cv, &s->cmu, &ts) == 0)
+		;
+	pthread_mutex_unlock(&s->cmu);
+	kmutex_lock(mu);
 	s->waiting--;
 	return false;
+}
+
+static void wake_waiters(ksleeper *s)
+{
+	pthread_mutex_lock(&s->cmu);
+	s->gen++;
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->cmu);
 }
 
 void ksleeper_leave(ksleeper *s)
@@ -67,7 +86,7 @@ void ksleeper_leave(ksleeper *s)
 		(void)0; /* nothing else to do: the next ring retries */
 	s->rung = false;
 	if (s->waiting > 0)
-		pthread_cond_broadcast(&s->cv);
+		wake_waiters(s);
 }
 
 void ksleeper_moved(ksleeper *s)
@@ -80,5 +99,27 @@ void ksleeper_moved(ksleeper *s)
 			s->rung = false;
 	}
 	if (s->waiting > 0)
-		pthread_cond_broadcast(&s->cv);
+		wake_waiters(s);
+}
+
+bool kseen_changed(const void *ctx, uint64_t count)
+{
+	/* A thread drives a few instances (tcp, shm, later ib): a small table, oldest out. */
+	static _Thread_local struct {
+		const void *ctx;
+		uint64_t count;
+	} seen[8];
+	static _Thread_local unsigned next;
+
+	for (unsigned i = 0; i < 8; i++) {
+		if (seen[i].ctx == ctx) {
+			bool changed = seen[i].count != count;
+			seen[i].count = count;
+			return changed;
+		}
+	}
+	seen[next].ctx = ctx;
+	seen[next].count = count;
+	next = (next + 1) % 8;
+	return true;
 }

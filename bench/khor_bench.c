@@ -3,6 +3,7 @@
  *
  *   khorrun -np 4 khor-bench allreduce -b 8 -e 64M -f 2
  *   khorrun -np 4 khor-bench allgather --transport shm -d bfloat16 --check --json out.json
+ *   khorrun -np 2 khor-bench allreduce --comms 1,2 -b 8 -e 64M -f 8388608
  *
  * It uses only the public API of khor.h, the way a user's program would, so what it measures
  * is what they get. The flags, the sweep, the checks and the output are in bench_common.h,
@@ -11,6 +12,12 @@
  *
  * Started without khorrun it is a one-rank job (khor_init's rule), which is a quick way to
  * see that the library loads and the reduction kernels are right.
+ *
+ * --comms K runs every size on K comms at once, each made by khor_comm_split of the world and
+ * driven by a thread of its own, to see what comms sharing the links get together (a list,
+ * --comms 1,2, compares K values side by side); it also times khor_comm_split +
+ * khor_comm_free. The threads and the rows are bench_run_comms'; here are only the split and
+ * the free.
  */
 /* clock_gettime and posix_memalign, also under a strict -std=c11. */
 #define _POSIX_C_SOURCE 200809L
@@ -18,6 +25,7 @@
 #include "khor.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,6 +67,7 @@ static khor_op to_khor_op(enum bench_op op)
 struct khor_ctx {
 	khor_comm *comm;
 	khor_status last;
+	char label[64]; /* --comms: "khor-bench comm 1 (id 2)", the prog of a split comm */
 };
 
 static int kb_result(struct bench_backend *b, khor_status st)
@@ -146,12 +155,89 @@ static const char *kb_error(struct bench_backend *b)
 	"      --algo A          khor's algorithm: ring, tree, rd, hd or auto (KHOR_ALGO);\n"    \
 	"                        a list (ring,tree,rd,hd,auto) compares them in one job,\n"      \
 	"                        their calls interleaved in rounds, one time column\n"           \
-	"                        each (the median of the rounds)\n"
+	"                        each (the median of the rounds)\n"                              \
+	"      --comms K         run every size on K comms at once (1-64), each split from\n"    \
+	"                        the world (K = 1: the world itself) and driven by a thread\n"   \
+	"                        of its own: each comm's time and busbw and their sum; a\n"      \
+	"                        list (1,2,4) runs each K in turn, side by side. Also times\n"   \
+	"                        khor_comm_split + khor_comm_free (median of 21)\n"
 
 static int kb_set_algo(struct bench_backend *b, const char *algo)
 {
 	struct khor_ctx *k = b->ctx;
 	return kb_result(b, khor_comm_set(k->comm, "KHOR_ALGO", algo));
+}
+
+/*
+ * --comms: a new comm over the same ranks in the same order, so that a pattern and a check
+ * are the same on it as on the world. The label names it in every error line of its thread.
+ */
+static int kb_dup(struct bench_backend *b, int index, struct bench_backend *out)
+{
+	struct khor_ctx *k = b->ctx, *n = calloc(1, sizeof(*n));
+	khor_comm *comm;
+
+	if (n == NULL)
+		return kb_result(b, KHOR_ERR_NO_MEMORY);
+	khor_status st = khor_comm_split(k->comm, 0, b->rank, &comm);
+	if (st != KHOR_SUCCESS) {
+		free(n);
+		return kb_result(b, st);
+	}
+	n->comm = comm;
+	snprintf(n->label, sizeof(n->label), PROG " comm %d (id %lld)", index,
+	         (long long)khor_comm_id(comm));
+	*out = *b;
+	out->ctx = n;
+	out->prog = n->label;
+	out->rank = khor_rank(comm);
+	out->size = khor_size(comm);
+	return 0;
+}
+
+static int kb_free_comm(struct bench_backend *b)
+{
+	struct khor_ctx *k = b->ctx;
+	khor_status st = khor_comm_free(k->comm);
+
+	if (st != KHOR_SUCCESS)
+		fprintf(stderr, "%s: rank %d: khor_comm_free failed: %s\n", b->prog, b->rank,
+		        khor_strerror(st));
+	free(k);
+	return st == KHOR_SUCCESS ? 0 : -1;
+}
+
+/* --comms K or a list of K: the comm counts to run, in order. */
+static int comm_counts[BENCH_MAX_KS], comm_count_n;
+
+static int split_comm_counts(const char *v)
+{
+	char list[256], *save = NULL;
+
+	if (strlen(v) >= sizeof(list)) {
+		fprintf(stderr, PROG ": --comms %s: too long\n", v);
+		return -1;
+	}
+	strcpy(list, v);
+	comm_count_n = 0;
+	for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		int k;
+		if (comm_count_n == BENCH_MAX_KS) {
+			fprintf(stderr, PROG ": --comms: at most %d counts\n", BENCH_MAX_KS);
+			return -1;
+		}
+		if (bench_parse_int(t, 1, BENCH_MAX_COMMS, &k)) {
+			fprintf(stderr, PROG ": bad value '%s' for --comms: it needs counts of 1 to %d, "
+			        "like 2 or 1,2,4\n", t, BENCH_MAX_COMMS);
+			return -1;
+		}
+		comm_counts[comm_count_n++] = k;
+	}
+	if (comm_count_n == 0) {
+		fprintf(stderr, PROG ": --comms %s: no count in it\n", v);
+		return -1;
+	}
+	return 0;
 }
 
 /* --algo a,b,c: the list to compare (nalgos > 1), or nothing for a single name. */
@@ -187,13 +273,14 @@ static int split_algos(const char *v)
 /*
  * khor's own flags, --algo NAME and --transport NAME, become KHOR_ALGO and KHOR_TRANSPORT
  * before init and are taken out of argv, so the shared parser (and mpi-bench) never see
- * them. Their values are checked by khor_init, the one place that knows them. Returns the
- * new argc, or -1 after printing a usage error.
+ * them. Their values are checked by khor_init, the one place that knows them. --comms is
+ * khor-bench's alone too (mpi-bench has no comm split): it is parsed here. Returns the new
+ * argc, or -1 after printing a usage error.
  */
 static int take_khor_flags(int argc, char **argv)
 {
 	static const struct { const char *flag, *var; } flags[] = {
-		{ "--algo", "KHOR_ALGO" }, { "--transport", "KHOR_TRANSPORT" },
+		{ "--algo", "KHOR_ALGO" }, { "--transport", "KHOR_TRANSPORT" }, { "--comms", NULL },
 	};
 	int out = 1;
 
@@ -215,8 +302,8 @@ static int take_khor_flags(int argc, char **argv)
 				bench_usage(stderr, PROG, KHOR_USAGE);
 				return -1;
 			}
-			if (f == 0 && strchr(v, ',')) {
-				if (split_algos(v)) {
+			if (f == 2 || (f == 0 && strchr(v, ','))) {
+				if (f == 2 ? split_comm_counts(v) : split_algos(v)) {
 					bench_usage(stderr, PROG, KHOR_USAGE);
 					return -1;
 				}
@@ -241,6 +328,14 @@ int main(int argc, char **argv)
 	int rc = bench_parse_args(argc, argv, PROG, KHOR_USAGE, &args);
 	if (rc)
 		return rc == 1 ? 0 : 2;
+	if (comm_count_n > 0 && algo_count > 1) {
+		/* Each comm would switch algorithms in rounds of its own, out of step with the
+		 * others: the rows would compare nothing. */
+		fprintf(stderr, PROG ": --comms and a list of --algo cannot be combined; give one "
+		        "algorithm\n");
+		bench_usage(stderr, PROG, KHOR_USAGE);
+		return 2;
+	}
 
 	char err[1024] = "";
 	struct khor_ctx ctx = {0};
@@ -273,6 +368,10 @@ int main(int argc, char **argv)
 		.gather = kb_gather,
 		.scatter = kb_scatter,
 		.error = kb_error,
+		.dup = kb_dup,
+		.free_comm = kb_free_comm,
+		.dup_name = "khor_comm_split",
+		.free_name = "khor_comm_free",
 	};
 	for (int k = 0; k < algo_count; k++) {
 		b.algos[k] = algo_names[k];
@@ -284,7 +383,8 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	rc = bench_run(&b, &args);
+	rc = comm_count_n > 0 ? bench_run_comms(&b, &args, comm_counts, comm_count_n)
+	                      : bench_run(&b, &args);
 	st = khor_finalize(ctx.comm);
 	if (st != KHOR_SUCCESS) {
 		/* The comm is gone, so only the status is left to report. */

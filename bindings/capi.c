@@ -505,9 +505,11 @@ KHOR_API void khor_request_free(khor_request *request)
 {
 	if (request == NULL)
 		return;
-	comm_wait(request->comm, request);
+	khor_comm *c = request->comm;
+	comm_wait(c, request);
 	free_arrays(request);
 	free(request);
+	comm_release(c);
 }
 
 /* Blocking and non-blocking twins share one preparation; B(...) and I(...) run it. */

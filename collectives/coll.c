@@ -4,6 +4,7 @@
 #include "../base/dtype.h"
 
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <stdarg.h>
@@ -164,12 +165,13 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 			mask |= 1u << xs[i].tpi;
 	if (mask == 0)
 		mask = (1u << cc->ntps) - 1;
+	const bool spin = cc->spinning == NULL || atomic_exchange(cc->spinning, 1) == 0;
 	spin_start = kclock_ns();
 	spin_end = spin_start + cc->spin_ns;
-	for (unsigned i = 1;; i++) {
+	for (unsigned i = 1; spin; i++) {
 		st = coll_progress(cc, 0, mask, &moved, err);
 		if (st != KHOR_SUCCESS || moved)
-			return st;
+			goto out;
 		if (cc->spin_yield)
 			sched_yield();
 		/* Reading the clock costs as much as a poll of shared memory: do it now and then. */
@@ -187,8 +189,13 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 				sched_yield();
 		}
 	}
+	if (spin && cc->spinning != NULL)
+		atomic_store(cc->spinning, 0);
 	st = coll_progress(cc, kdeadline_left_ms(w->dl, 200), mask, NULL, err);
-	if (st != KHOR_SUCCESS)
+out:
+	if (spin && cc->spinning != NULL)
+		atomic_store(cc->spinning, 0);
+	if (st != KHOR_SUCCESS || moved)
 		return st;
 	if (kdeadline_passed(w->dl)) {
 		char peers[256] = "";

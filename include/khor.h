@@ -119,7 +119,8 @@ KHOR_API void khor_config_destroy(khor_config *config);
  */
 KHOR_API khor_status khor_init(const khor_config *config, char *error_out, size_t error_len,
                                khor_comm **comm_out);
-/* Leaves the job and frees the comm. Safe to call after an error. */
+/* Leaves the job: frees the context of comm (any of its comms may be given) with the world
+ * and every comm made from it that was not freed yet. Safe to call after an error. */
 KHOR_API khor_status khor_finalize(khor_comm *comm);
 
 KHOR_API int khor_rank(const khor_comm *comm);

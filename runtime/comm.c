@@ -551,6 +551,7 @@ khor_status comm_create(kctx *x, const khor_comm *parent, const int *members, in
 	c->rank = me;
 	c->size = n;
 	c->id = id;
+	c->refs = 1;
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
 	kerr_clear(&c->err);
@@ -600,6 +601,7 @@ khor_status comm_create(kctx *x, const khor_comm *parent, const int *members, in
 	 * slower (a syscall and a pass through the scheduler per spin).
 	 */
 	c->cc.spin_yield = x->on_machine > shared_cores(x);
+	c->cc.spinning = &x->spinning;
 	make_group(c, &c->node_cc, id + 1, c->node_map, c->node_n, c->node_me);
 	make_group(c, &c->cross_cc, id + 2, c->cross_map, c->cross_n, c->cross_me);
 	comm_apply_model(c);
@@ -610,7 +612,11 @@ fail:
 	return st;
 }
 
-/* Frees what comm_create made; the caller has stopped the thread. */
+/*
+ * Frees what comm_create made; the caller has stopped the thread. The struct itself (its
+ * lock, and the requests' view of it) lives on while requests of it are not freed yet
+ * (comm_release), so khor_request_free after khor_comm_free or khor_finalize is safe.
+ */
 static void comm_free_fields(khor_comm *c)
 {
 	free(c->world_ranks);
@@ -619,6 +625,19 @@ static void comm_free_fields(khor_comm *c)
 	free(c->cross_map);
 	free(c->host_ranks);
 	free(c->cc.scratch);
+	c->world_ranks = c->node_map = c->cross_map = c->host_ranks = NULL;
+	c->big = c->cc.scratch = NULL;
+	c->ctx = NULL;
+	comm_release(c);
+}
+
+void comm_release(khor_comm *c)
+{
+	pthread_mutex_lock(&c->mu);
+	bool last = --c->refs == 0;
+	pthread_mutex_unlock(&c->mu);
+	if (!last)
+		return;
 	pthread_cond_destroy(&c->cv);
 	pthread_mutex_destroy(&c->mu);
 	free(c);

@@ -60,6 +60,7 @@ typedef struct kctx {
 	int nhosts;
 	int on_machine;       /* ranks sharing this machine (same boot id) */
 	bool crowded_any;     /* some host has more ranks than cores (agreed at init) */
+	_Atomic int spinning; /* a thread spins in a collective's wait (coll.h) */
 	cost_model inner, outer; /* intra-host and inter-host links */
 	pthread_mutex_t comms_mu;
 	khor_comm *comms;     /* every comm made by split or create_group and not freed */
@@ -112,6 +113,7 @@ struct khor_comm {
 	 * change never reaches a collective that was already queued. Under mu. */
 	int tune_algo, tune_hier;
 
+	int refs;            /* the handle + i* requests not freed yet (under mu) */
 	kerr err;            /* sticky: the first failure of a collective (under mu) */
 	kerr last;           /* the last failed call, e.g. a bad argument (under mu) */
 };
@@ -138,6 +140,8 @@ void comm_set_last(khor_comm *c, const kerr *e);
  */
 khor_status comm_create(kctx *ctx, const khor_comm *parent, const int *members, int n, int me,
                         uint32_t id, khor_comm **comm_out, kerr *err);
+/* Drops a reference (a freed request, or the handle when the comm is freed). */
+void comm_release(khor_comm *c);
 /* The world rank of comm rank r. */
 int comm_world_rank(const khor_comm *c, int r);
 /* Frees a comm (not the world): waits for its queued calls, stops its thread. */

@@ -658,6 +658,7 @@ khor_status comm_submit(khor_comm *c, struct khor_request *r)
 	pthread_mutex_lock(&c->mu);
 	st = start_worker_locked(c);
 	if (st == KHOR_SUCCESS) {
+		c->refs++; /* dropped by khor_request_free */
 		r->comm = c;
 		r->seq = c->next_seq++;
 		if (r->kind == COLL_SPLIT)
@@ -685,11 +686,17 @@ khor_status comm_wait(khor_comm *c, struct khor_request *r)
 	 * The collective enforces KHOR_TIMEOUT itself; this wait adds a margin for the
 	 * collectives queued before it, each with its own deadline, and never waits forever.
 	 */
-	int64_t t = c->ctx->cfg.timeout_ms;
-	kdeadline dl = kdeadline_in_ms(t < 0 ? -1 : t * 4 + 10000);
 	khor_status st;
 
 	pthread_mutex_lock(&c->mu);
+	if (r->done) {
+		/* Its comm may be freed already (comm_release keeps only the lock alive). */
+		st = r->status;
+		pthread_mutex_unlock(&c->mu);
+		return st;
+	}
+	int64_t t = c->ctx->cfg.timeout_ms;
+	kdeadline dl = kdeadline_in_ms(t < 0 ? -1 : t * 4 + 10000);
 	while (!r->done) {
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);

@@ -21,9 +21,11 @@
  * create_group, called only by the listed ranks, so it cannot use the parent's order:
  * they meet in the store under "cg/<parent id>/<hash of the list>/<k>" (the k-th such call
  * with that list on that parent, counted by each rank). The list's first rank takes the
- * ids and publishes them with its list; each other member reads it (one round trip) and
- * checks that the lists are the same. A member whose list differs meets nobody, or meets a
- * different list, and fails at the latest at KHOR_TIMEOUT with the reason, never hangs.
+ * ids and publishes them with its list; each other member reads it (one round trip),
+ * checks that the lists are the same and counts itself in "<key>/ok"; the member that
+ * completes the count sets "<key>/all", which the first rank waits for before it returns.
+ * A member whose list differs meets nobody, or meets a different list, and fails at the
+ * latest at KHOR_TIMEOUT with the reason, never hangs; so does the first rank then.
  */
 #include "comm.h"
 
@@ -275,6 +277,21 @@ khor_status comm_create_group(khor_comm *p, const int *ranks, int nranks,
 		}
 		if (nranks > 1 && (st = store_set(x->store, key, mine, strlen(mine), err)))
 			goto out;
+		char all[128];
+		snprintf(all, sizeof(all), "%s/all", key);
+		if (nranks > 1) {
+			st = store_get(x->store, all, kdeadline_in_ms(x->cfg.timeout_ms), &v, &vl, err);
+			if (st == KHOR_ERR_TIMEOUT) {
+				st = kerr_set(err, KHOR_ERR_TIMEOUT, "khor_comm_create_group: timed out "
+				              "after %lld ms (KHOR_TIMEOUT) waiting for the other %d listed "
+				              "ranks to join: did every listed rank call it with the same "
+				              "list, in the same order?", (long long)x->cfg.timeout_ms,
+				              nranks - 1);
+				goto out;
+			}
+			if (st != KHOR_SUCCESS)
+				goto out;
+		}
 	} else {
 		st = store_get(x->store, key, kdeadline_in_ms(x->cfg.timeout_ms), &v, &vl, err);
 		if (st == KHOR_ERR_TIMEOUT) {
@@ -300,6 +317,14 @@ khor_status comm_create_group(khor_comm *p, const int *ranks, int nranks,
 			              world[0], (char *)v, strchr(mine, ' ') + 1);
 			goto out;
 		}
+		char ok[128];
+		int64_t joined;
+		snprintf(ok, sizeof(ok), "%s/ok", key);
+		if ((st = store_add(x->store, ok, 1, &joined, err)) != KHOR_SUCCESS)
+			goto out;
+		snprintf(ok, sizeof(ok), "%s/all", key);
+		if (joined == nranks - 1 && (st = store_set(x->store, ok, "1", 1, err)))
+			goto out;
 	}
 	st = comm_create(x, p, world, nranks, me, id, newcomm_out, err);
 	if (st == KHOR_SUCCESS)

@@ -68,7 +68,10 @@
  * it there, one such caller at a time (base/sleeper.h), with an eventfd in its poll set so
  * that a thread which moved its bytes meanwhile can wake it. The ring is the link's bounded
  * queue of unexpected frames: records of one comm parked in it never hold up another
- * comm's records behind them, and a sender that fills it waits for room.
+ * comm's records behind them, and a message whose receive is not posted yet sends at most
+ * SHM_UNMATCHED_MAX bytes (two pieces) before the receiver takes its first, so one comm's
+ * early large message cannot fill the ring for the others. A sender that fills it anyway
+ * (many early messages) waits for room.
  *
  * Messages travel through the ring in pieces of up to 64 KiB: the receiver copies piece k
  * out while the sender writes piece k+1 (pipelining), and the sender takes turns between
@@ -136,6 +139,7 @@
 #define SHM_PIECE_MAX (64u << 10)   /* payload of one eager record */
 #endif
 #define SHM_PIECE_MIN (4u << 10)    /* below this, wait for room instead of cutting finer */
+#define SHM_UNMATCHED_MAX (2 * SHM_PIECE_MAX) /* ring bytes of a message not matched yet */
 #ifndef SHM_EAGER_MAX
 #define SHM_EAGER_MAX (16u << 20)   /* larger messages go by CMA when the peer can read us */
 #endif
@@ -258,6 +262,9 @@ struct tp_req {
 	uint64_t peer_addr; /* CMA receive: the sender's buffer */
 	uint32_t slot;
 	bool is_send, cma, finished;
+	bool matched;               /* send: the receiver took its first piece */
+	uint64_t first_pos;         /* send: ring position of its first piece */
+	struct rec_hdr *first_slot; /* ... and where it is, until head passes it */
 };
 
 enum link_state { LS_CONNECTING, LS_HS, LS_READY, LS_DEAD };
@@ -329,8 +336,9 @@ struct tp_ctx {
 	uint32_t recv_comm, recv_seq; /* the call of the last receive posted */
 	struct pollset busy, sleep; /* poll() arrays of spinning callers, and of the sleeper */
 	const tp_meta_rules *meta;
-	pthread_mutex_t mu;  /* taken by every op: everything above */
+	kmutex mu;           /* taken by every op: everything above */
 	ksleeper sl;         /* who sleeps in poll() (base/sleeper.h) */
+	_Atomic uint64_t completions; /* requests finished, for kseen_changed */
 };
 
 static bool hs_send(tp_link *l, const void *msg, uint32_t len, int fd);
@@ -378,6 +386,7 @@ static void req_finish(tp_req *r)
 	rl_remove(r);
 	r->finished = true;
 	r->link->nbusy--;
+	atomic_fetch_add_explicit(&r->link->ctx->completions, 1, memory_order_relaxed);
 }
 
 /* ---- link failure -------------------------------------------------------------------- */
@@ -673,6 +682,10 @@ static bool tx_one(tp_link *l, tp_req *r)
 	if (piece > 0) /* an empty message may come with a NULL buffer */
 		memcpy((uint8_t *)slot + sizeof(h), r->buf + r->done, piece);
 	tx_publish(l, slot, &h);
+	if (r->done == 0) {
+		r->first_slot = slot;
+		r->first_pos = l->tx_tail - h.rec_len;
+	}
 	r->done += piece;
 	if (r->done == r->len)
 		req_finish(r); /* the bytes are in the ring: the caller may reuse its buffer */
@@ -680,10 +693,30 @@ static bool tx_one(tp_link *l, tp_req *r)
 }
 
 /*
+ * A message whose receive is not posted yet may hold SHM_UNMATCHED_MAX bytes of the ring,
+ * no more: several comms share the link, and one comm's early message must not fill the
+ * ring and stop another comm's messages behind it. Its further pieces wait until the
+ * receiver has taken the first (its consumed flag, or head past it).
+ */
+static bool unmatched_full(tp_link *l, tp_req *r)
+{
+	if (r->cma || r->matched || r->done < SHM_UNMATCHED_MAX)
+		return false;
+	uint64_t h = atomic_load_explicit(&l->tx->head, memory_order_acquire);
+	/* Head first: once it has passed the record, the slot may hold another one. */
+	if (h > r->first_pos || __atomic_load_n(&r->first_slot->consumed, __ATOMIC_ACQUIRE)) {
+		r->matched = true;
+		return false;
+	}
+	return true;
+}
+
+/*
  * Round robin over the queued sends, one record each per pass, so a huge message shares
  * the ring with the small ones posted after it. The pass stops at the first request that
  * does not fit: first records must go out in posting order, or two messages of one tag
- * could be matched the wrong way round.
+ * could be matched the wrong way round. A message still unmatched past its share
+ * (unmatched_full) is passed over; it sent its first record already.
  */
 static bool tx_drive(tp_link *l)
 {
@@ -694,6 +727,10 @@ static bool tx_drive(tp_link *l)
 		more = false;
 		while (r != NULL) {
 			tp_req *next = r->next;
+			if (unmatched_full(l, r)) {
+				r = next;
+				continue;
+			}
 			if (!tx_one(l, r))
 				break;
 			moved = more = true;
@@ -879,8 +916,12 @@ static bool rx_drive(tp_link *l)
 			if (rc < 0)
 				return true;
 			if (rc > 0) {
-				((struct rec_hdr *)(l->rx_ring + off))->consumed = 1;
+				__atomic_store_n(&((struct rec_hdr *)(l->rx_ring + off))->consumed, 1,
+				                 __ATOMIC_RELEASE);
 				moved = true;
+				/* The sender may be holding this message's next pieces back for it. */
+				if (h.kind == REC_DATA && h.arg == 0 && h.piece_len < h.total_len)
+					l->notify = true;
 			}
 		}
 		pos += h.rec_len;
@@ -1529,10 +1570,10 @@ static bool poll_sockets(tp_ctx *ctx, int timeout_ms, bool sleeping, kerr *err)
 		ps->plinks[n++] = l;
 	}
 	if (sleeping)
-		pthread_mutex_unlock(&ctx->mu);
+		kmutex_unlock(&ctx->mu);
 	rc = poll(ps->pfds, (nfds_t)n, timeout_ms);
 	if (sleeping)
-		pthread_mutex_lock(&ctx->mu);
+		kmutex_lock(&ctx->mu);
 	if (rc <= 0)
 		return false;
 	for (size_t i = 0; i < n; i++) {
@@ -1667,9 +1708,9 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	ctx->secret_len = ctx->secret ? strlen(ctx->secret) : 0;
 	ctx->hs_timeout_ms = opt->handshake_timeout_ms > 0 ? opt->handshake_timeout_ms : 30000;
 	ctx->meta = opt->meta;
-	pthread_mutex_init(&ctx->mu, NULL);
+	kmutex_init(&ctx->mu);
 	if ((st = ksleeper_init(&ctx->sl, err)) != KHOR_SUCCESS) {
-		pthread_mutex_destroy(&ctx->mu);
+		pthread_mutex_destroy(&ctx->mu.m);
 		free(ctx->secret);
 		free(ctx);
 		return st;
@@ -1730,7 +1771,7 @@ fail_free:
 	if (ctx->listen_fd >= 0)
 		close(ctx->listen_fd);
 	ksleeper_destroy(&ctx->sl);
-	pthread_mutex_destroy(&ctx->mu);
+	pthread_mutex_destroy(&ctx->mu.m);
 	free(ctx->incoming);
 	free(ctx->outgoing);
 	free(ctx->secret);
@@ -2011,43 +2052,43 @@ static khor_status progress_locked(tp_ctx *ctx, int timeout_ms, bool *moved_out,
 static khor_status shm_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
                                kerr *err)
 {
-	pthread_mutex_lock(&ctx->mu);
+	kmutex_lock(&ctx->mu);
 	khor_status st = connect_locked(ctx, peer, peer_addr, link_out, err);
-	pthread_mutex_unlock(&ctx->mu);
+	kmutex_unlock(&ctx->mu);
 	return st;
 }
 
 static khor_status shm_accept(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
 {
-	pthread_mutex_lock(&ctx->mu);
+	kmutex_lock(&ctx->mu);
 	khor_status st = accept_locked(ctx, peer, link_out, err);
-	pthread_mutex_unlock(&ctx->mu);
+	kmutex_unlock(&ctx->mu);
 	return st;
 }
 
 static bool shm_link_ready(const tp_link *l)
 {
-	pthread_mutex_lock(&l->ctx->mu);
+	kmutex_lock(&l->ctx->mu);
 	bool ready = link_ready_locked(l);
-	pthread_mutex_unlock(&l->ctx->mu);
+	kmutex_unlock(&l->ctx->mu);
 	return ready;
 }
 
 static khor_status shm_isend(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
                              tp_req **req_out, kerr *err)
 {
-	pthread_mutex_lock(&l->ctx->mu);
+	kmutex_lock(&l->ctx->mu);
 	khor_status st = isend_locked(l, buf, len, tag, mr, req_out, err);
-	pthread_mutex_unlock(&l->ctx->mu);
+	kmutex_unlock(&l->ctx->mu);
 	return st;
 }
 
 static khor_status shm_irecv(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
                              tp_req **req_out, kerr *err)
 {
-	pthread_mutex_lock(&l->ctx->mu);
+	kmutex_lock(&l->ctx->mu);
 	khor_status st = irecv_locked(l, buf, len, tag, mr, req_out, err);
-	pthread_mutex_unlock(&l->ctx->mu);
+	kmutex_unlock(&l->ctx->mu);
 	return st;
 }
 
@@ -2055,9 +2096,9 @@ static khor_status shm_test(tp_req *r, bool *done_out, kerr *err)
 {
 	tp_ctx *ctx = r->link->ctx;
 
-	pthread_mutex_lock(&ctx->mu);
+	kmutex_lock(&ctx->mu);
 	khor_status st = test_locked(r, done_out, err);
-	pthread_mutex_unlock(&ctx->mu);
+	kmutex_unlock(&ctx->mu);
 	return st;
 }
 
@@ -2065,21 +2106,36 @@ static void shm_cancel(tp_req *r)
 {
 	tp_ctx *ctx = r->link->ctx;
 
-	pthread_mutex_lock(&ctx->mu);
+	kmutex_lock(&ctx->mu);
 	cancel_locked(r);
-	pthread_mutex_unlock(&ctx->mu);
+	kmutex_unlock(&ctx->mu);
 }
 
 static khor_status shm_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err)
 {
 	bool moved = false;
 
-	pthread_mutex_lock(&ctx->mu);
-	khor_status st = progress_locked(ctx, timeout_ms, &moved, err);
+	if (timeout_ms == 0) {
+		/* A spinning caller: give way to a thread that waits for the lock (sleeper.h). */
+		if (!kmutex_trylock_polite(&ctx->mu)) {
+			if (moved_out != NULL)
+				*moved_out = kseen_changed(ctx, atomic_load(&ctx->completions));
+			return KHOR_SUCCESS;
+		}
+	} else {
+		kmutex_lock(&ctx->mu);
+	}
+	/* Another thread may have finished our transfers since we last looked: no sleep. */
+	if (kseen_changed(ctx, atomic_load(&ctx->completions)))
+		timeout_ms = 0, moved = true;
+	bool mine = false;
+	khor_status st = progress_locked(ctx, timeout_ms, &mine, err);
+	moved |= mine;
+	moved |= kseen_changed(ctx, atomic_load(&ctx->completions));
 	/* What we moved may be what a thread asleep (in poll() or on the cv) waits for. */
 	if (moved && (ctx->sl.asleep || ctx->sl.waiting > 0))
 		ksleeper_moved(&ctx->sl);
-	pthread_mutex_unlock(&ctx->mu);
+	kmutex_unlock(&ctx->mu);
 	if (moved_out != NULL)
 		*moved_out = moved;
 	return st;
@@ -2089,11 +2145,11 @@ static khor_status shm_link_error(tp_link *l, kerr *err_out)
 {
 	khor_status st;
 
-	pthread_mutex_lock(&l->ctx->mu);
+	kmutex_lock(&l->ctx->mu);
 	st = l->err.status;
 	if (st != KHOR_SUCCESS && err_out != NULL)
 		*err_out = l->err;
-	pthread_mutex_unlock(&l->ctx->mu);
+	kmutex_unlock(&l->ctx->mu);
 	return st;
 }
 
@@ -2118,7 +2174,7 @@ static void shm_destroy(tp_ctx *ctx)
 	free(ctx->sleep.pfds);
 	free(ctx->sleep.plinks);
 	ksleeper_destroy(&ctx->sl);
-	pthread_mutex_destroy(&ctx->mu);
+	pthread_mutex_destroy(&ctx->mu.m);
 	free(ctx->incoming);
 	free(ctx->outgoing);
 	free(ctx->secret);
