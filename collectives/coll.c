@@ -165,7 +165,12 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 			mask |= 1u << xs[i].tpi;
 	if (mask == 0)
 		mask = (1u << cc->ntps) - 1;
-	const bool spin = cc->spinning == NULL || atomic_exchange(cc->spinning, 1) == 0;
+	bool spin = cc->spinning == NULL;
+	if (!spin) {
+		spin = atomic_fetch_add(cc->spinning, 1) < cc->max_spinners;
+		if (!spin)
+			atomic_fetch_sub(cc->spinning, 1);
+	}
 	spin_start = kclock_ns();
 	spin_end = spin_start + cc->spin_ns;
 	for (unsigned i = 1; spin; i++) {
@@ -189,12 +194,14 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 				sched_yield();
 		}
 	}
-	if (spin && cc->spinning != NULL)
-		atomic_store(cc->spinning, 0);
+	if (spin && cc->spinning != NULL) {
+		atomic_fetch_sub(cc->spinning, 1);
+		spin = false;
+	}
 	st = coll_progress(cc, kdeadline_left_ms(w->dl, 200), mask, NULL, err);
 out:
 	if (spin && cc->spinning != NULL)
-		atomic_store(cc->spinning, 0);
+		atomic_fetch_sub(cc->spinning, 1);
 	if (st != KHOR_SUCCESS || moved)
 		return st;
 	if (kdeadline_passed(w->dl)) {

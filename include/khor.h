@@ -14,8 +14,9 @@
  *     same comm at once are serialised by the library in the order they enter it (each takes
  *     its sequence number on entry), and every rank must end up with the same order, which
  *     in practice only holds if the application orders them itself.
- *   - khor_comm_split and khor_comm_create_group are collectives on the parent comm and
- *     follow its rule: ordered with the parent's other calls, on every member.
+ *   - khor_comm_split is a collective on the parent comm and follows its rule: ordered
+ *     with the parent's other calls, on every rank. khor_comm_create_group involves the
+ *     listed ranks only and meets through the store, not the parent's order.
  *   - Getters (khor_rank, khor_size, local and cross rank and size, khor_comm_id,
  *     khor_comm_world_rank), khor_comm_error, khor_request_error and khor_test may be
  *     called from any thread at any time while the comm or request exists.
@@ -132,8 +133,8 @@ KHOR_API int khor_cross_size(const khor_comm *comm);
 
 /*
  * Comms that share the parent's links (no socket is opened; a few store round trips at
- * most). Both are collectives on their parent: ranks call them in the same order with the
- * parent's other collectives.
+ * most). Split is a collective on its parent, called in the same order with the parent's
+ * other collectives; create_group is called by the listed ranks only.
  *
  * khor_comm_split (MPI_Comm_split): every rank of comm calls it; ranks with the same
  * color >= 0 form a new comm, ranked by key and then by their rank in comm. A negative
@@ -153,7 +154,9 @@ KHOR_API khor_status khor_comm_split(khor_comm *comm, int color, int key,
 KHOR_API khor_status khor_comm_create_group(khor_comm *comm, const int *ranks, int nranks,
                                             khor_comm **newcomm_out);
 /* Frees a comm made by split or create_group (waits for its queued calls first). Not the
- * world comm: that one goes with khor_finalize (KHOR_ERR_INVALID_ARG). */
+ * world comm: that one goes with khor_finalize (KHOR_ERR_INVALID_ARG). Requests of the
+ * comm that are not freed yet stay valid for khor_wait, khor_test, khor_request_error
+ * and khor_request_free. */
 KHOR_API khor_status khor_comm_free(khor_comm *comm);
 /* The comm's id, the same on all its members (0 for the world); -1 for NULL. */
 KHOR_API int64_t khor_comm_id(const khor_comm *comm);

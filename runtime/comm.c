@@ -602,6 +602,9 @@ khor_status comm_create(kctx *x, const khor_comm *parent, const int *members, in
 	 */
 	c->cc.spin_yield = x->on_machine > shared_cores(x);
 	c->cc.spinning = &x->spinning;
+	c->cc.max_spinners = x->on_machine > 0 ? shared_cores(x) / x->on_machine : 1;
+	if (c->cc.max_spinners < 1)
+		c->cc.max_spinners = 1;
 	make_group(c, &c->node_cc, id + 1, c->node_map, c->node_n, c->node_me);
 	make_group(c, &c->cross_cc, id + 2, c->cross_map, c->cross_n, c->cross_me);
 	comm_apply_model(c);

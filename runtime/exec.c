@@ -6,8 +6,9 @@
  * caller's thread (no hand-off on the latency path). Non-blocking calls go to the comm's
  * collective thread, started on first use, which runs the queue in order; a blocking call
  * made while the queue is not empty queues too and waits, so order is kept either way.
- * Only one collective runs at a time (`busy`), which is what lets the transport be used
- * without locks.
+ * Only one collective of a comm runs at a time (`busy`), which is what lets its schedules
+ * use the comm's scratch and groups without locks; collectives of different comms run at
+ * once on the shared, locked transports.
  */
 #include "comm.h"
 

@@ -36,7 +36,7 @@
  * it is), and only then does the sender send the payload (FRAME_DATA), which is read
  * straight into the posted buffer. An RTS that finds no receive waits in the unexpected
  * queue at the cost of its header. Meanwhile the socket carries other frames both ways.
- * Measured on loopback, the extra round trip is under 5% of a 1 MiB chunk's time.
+ * The price is one round trip per chunk over 1 MiB (docs/PERFORMANCE.md, section 9).
  *
  * Threads: every op takes the instance's lock. progress() lets go of it while it sleeps in
  * epoll_wait, and only one thread sleeps there at a time (base/sleeper.h).
