@@ -82,8 +82,8 @@ void ksleeper_leave(ksleeper *s)
 	uint64_t v;
 
 	s->asleep = false;
-	if (s->rung && read(s->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-		(void)0; /* nothing else to do: the next ring retries */
+	if (s->rung)
+		(void)!read(s->wake_fd, &v, sizeof(v)); /* if it failed, the next ring retries */
 	s->rung = false;
 	if (s->waiting > 0)
 		wake_waiters(s);

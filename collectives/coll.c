@@ -165,18 +165,16 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 			mask |= 1u << xs[i].tpi;
 	if (mask == 0)
 		mask = (1u << cc->ntps) - 1;
-	bool spin = cc->spinning == NULL;
-	if (!spin) {
-		spin = atomic_fetch_add(cc->spinning, 1) < cc->max_spinners;
-		if (!spin)
-			atomic_fetch_sub(cc->spinning, 1);
-	}
+	/* Take a spinner's place if one is free (coll.h: max_spinners); else go to sleep. */
+	const bool spin = cc->spinning == NULL ||
+	                  atomic_fetch_add(cc->spinning, 1) < cc->max_spinners;
+	st = KHOR_SUCCESS;
 	spin_start = kclock_ns();
 	spin_end = spin_start + cc->spin_ns;
 	for (unsigned i = 1; spin; i++) {
 		st = coll_progress(cc, 0, mask, &moved, err);
 		if (st != KHOR_SUCCESS || moved)
-			goto out;
+			break;
 		if (cc->spin_yield)
 			sched_yield();
 		/* Reading the clock costs as much as a poll of shared memory: do it now and then. */
@@ -194,15 +192,12 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 				sched_yield();
 		}
 	}
-	if (spin && cc->spinning != NULL) {
-		atomic_fetch_sub(cc->spinning, 1);
-		spin = false;
-	}
-	st = coll_progress(cc, kdeadline_left_ms(w->dl, 200), mask, NULL, err);
-out:
-	if (spin && cc->spinning != NULL)
-		atomic_fetch_sub(cc->spinning, 1);
+	if (cc->spinning != NULL)
+		atomic_fetch_sub(cc->spinning, 1); /* our place, or the one we found taken */
 	if (st != KHOR_SUCCESS || moved)
+		return st;
+	st = coll_progress(cc, kdeadline_left_ms(w->dl, 200), mask, NULL, err);
+	if (st != KHOR_SUCCESS)
 		return st;
 	if (kdeadline_passed(w->dl)) {
 		char peers[256] = "";

@@ -107,8 +107,8 @@ typedef struct coll_comm {
 	 * straight to the transport's sleep, where whoever moves their bytes wakes them.
 	 * Spinning threads beyond the cores only steal them from the ranks they wait for.
 	 * Measured with khor-bench --comms 1,2 on 2 ranks and 2 cores: 8-byte calls of 2
-	 * comms at once took 20-29 us with one spinner per rank (the other comm pays a
-	 * wake-up) and 13-31 us with two, against 3.4 us for one comm. NULL: every wait spins.
+	 * comms at once took 20-30 us with one spinner per rank (the other comm pays a
+	 * wake-up) and 4-31 us with two, against 3.4 us for one comm. NULL: every wait spins.
 	 */
 	_Atomic int *spinning;
 	int max_spinners;

@@ -1007,17 +1007,22 @@ void comm_fail(khor_comm *c, const kerr *e)
 		pthread_mutex_unlock(&c->mu);
 		return;
 	}
-	c->err.status = e->status;
-	c->err.peer = e->peer;
-	/* Remote aborts already name the rank that failed; prefix ours in front of all. */
-	snprintf(c->err.text, sizeof(c->err.text), "rank %d on %s, %s: %s", x->rank,
-	         x->cfg.hostname, c->name, e->text);
+	comm_name_error(c, e, &c->err);
 	memcpy(text, c->err.text, sizeof(text));
 	pthread_mutex_unlock(&c->mu);
 	KLOG_ERR("%s", text);
 	if (x->store != NULL && e->status != KHOR_ERR_INVALID_ARG &&
 	    store_add(x->store, "abort_count", 1, &n, &ignore) == KHOR_SUCCESS && n == 1)
 		store_set(x->store, "abort", text, strlen(text), &ignore);
+}
+
+void comm_name_error(const khor_comm *c, const kerr *e, kerr *out)
+{
+	out->status = e->status;
+	out->peer = e->peer;
+	/* Remote aborts already name the rank that failed; prefix ours in front of all. */
+	snprintf(out->text, sizeof(out->text), "rank %d on %s, %s: %s", c->ctx->rank,
+	         c->ctx->cfg.hostname, c->name, e->text);
 }
 
 void comm_set_last(khor_comm *c, const kerr *e)

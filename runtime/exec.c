@@ -590,15 +590,7 @@ static khor_status run_one(khor_comm *c, struct khor_request *r)
 	}
 	if (st != KHOR_SUCCESS) {
 		comm_fail(c, &err);
-		/* The request's own text: the comm's, which names rank, comm and cause, when this
-		 * was its first error; else this call's own cause, named the same way. */
-		pthread_mutex_lock(&c->mu);
-		r->err = c->err;
-		pthread_mutex_unlock(&c->mu);
-		if (strstr(r->err.text, err.text) == NULL)
-			snprintf(r->err.text, sizeof(r->err.text), "rank %d on %s, %s: %s",
-			         c->ctx->rank, c->ctx->cfg.hostname, c->name, err.text);
-		r->err.status = st;
+		comm_name_error(c, &err, &r->err); /* the request's own text */
 	}
 	return st;
 }
@@ -671,11 +663,7 @@ khor_status comm_submit(khor_comm *c, struct khor_request *r)
 		enqueue_locked(c, r);
 		pthread_cond_broadcast(&c->cv);
 	} else {
-		{
-		kerr e;
-		kerr_set(&e, st, "rank %d: cannot start the collective thread", c->rank);
-		c->last = e;
-	}
+		kerr_set(&c->last, st, "rank %d: cannot start the collective thread", c->rank);
 	}
 	pthread_mutex_unlock(&c->mu);
 	return st;

@@ -2126,8 +2126,10 @@ static khor_status shm_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ke
 		kmutex_lock(&ctx->mu);
 	}
 	/* Another thread may have finished our transfers since we last looked: no sleep. */
-	if (kseen_changed(ctx, atomic_load(&ctx->completions)))
-		timeout_ms = 0, moved = true;
+	if (kseen_changed(ctx, atomic_load(&ctx->completions))) {
+		timeout_ms = 0;
+		moved = true;
+	}
 	bool mine = false;
 	khor_status st = progress_locked(ctx, timeout_ms, &mine, err);
 	moved |= mine;

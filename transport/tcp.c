@@ -841,20 +841,6 @@ static bool send_drive(struct tsock *s)
 	return moved;
 }
 
-static struct chunk *rq_take(struct tsock *s, const struct frame_hdr *h)
-{
-	struct chunk **pp;
-
-	for (pp = &s->rq_head; *pp != NULL; pp = &(*pp)->next) {
-		struct chunk *c = *pp;
-		if (c->hdr.comm == h->comm && c->hdr.seq == h->seq && c->hdr.step == h->step) {
-			*pp = c->next;
-			return c;
-		}
-	}
-	return NULL;
-}
-
 /*
  * A receive posted on any link for the same call (comm, seq) as h by another allreduce
  * schedule: the ranks chose different algorithms, whose steps need not ever match, so h
@@ -978,12 +964,10 @@ static bool recv_match(struct tsock *s)
 		sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (kind %u)", h->kind);
 		return false;
 	}
-	c = rq_take(s, h);
+	c = list_take(&s->rq_head, h);
 	if (c == NULL && h->kind == FRAME_RTS) {
 		/* Only the header waits: read it aside whatever the queue holds. */
-		if (!spill(s, true))
-			return false;
-		return true;
+		return spill(s, true);
 	}
 	if (c == NULL) {
 		c = sched_conflict(s->ctx, h);
