@@ -251,15 +251,7 @@ KHOR_API khor_status khor_comm_free(khor_comm *comm)
 		         "by khor_finalize", comm->rank);
 		return call_failed(comm, &e);
 	}
-	pthread_mutex_lock(&x->comms_mu);
-	for (khor_comm **pp = &x->comms; *pp != NULL; pp = &(*pp)->next) {
-		if (*pp == comm) {
-			*pp = comm->next;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&x->comms_mu);
-	comm_destroy(comm);
+	comm_free(comm);
 	return KHOR_SUCCESS;
 }
 

@@ -286,7 +286,7 @@ static const char *meta_describe(uint32_t meta, char *buf, size_t len)
 {
 	static const char *const colls[COLL_KINDS] = {
 		"allreduce", "broadcast", "barrier", "reduce", "allgather", "reducescatter",
-		"alltoall", "gather", "scatter", "probe", "comm split",
+		"alltoall", "gather", "scatter", "probe", "comm split", "engine negotiation",
 	};
 	static const char *const scheds[] = { "", ", ring", ", recursive doubling",
 	                                      ", double binary tree", ", halving-doubling" };

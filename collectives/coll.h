@@ -25,6 +25,7 @@ enum coll_kind {
 	COLL_SCATTER = 8,
 	COLL_PROBE = 9,  /* the cost model's swaps at init */
 	COLL_SPLIT = 10, /* khor_comm_split's exchange on the parent */
+	COLL_NEGOTIATE = 11, /* the engine's cycle messages (runtime/negotiate.c) */
 	COLL_KINDS
 };
 

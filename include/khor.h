@@ -271,6 +271,192 @@ KHOR_API const char *khor_request_error(const khor_request *request);
 /* Frees a request; waits for it first if it is still running. */
 KHOR_API void khor_request_free(khor_request *request);
 
+
+/*
+ * The engine: named tensors, Horovod style. Framework hooks hand tensors over by name, from
+ * any thread, in any order; a background thread per process set matches the names across
+ * ranks (negotiation, with a response cache so that steady state costs one small message
+ * each way per cycle), fuses small allreduces into one buffer, runs the collectives and
+ * completes handles. It sleeps while nothing is queued and starts a cycle as soon as work
+ * arrives; there is no fixed tick.
+ *
+ * Settings come from the config given to khor_engine_start, then the environment (KHOR_*
+ * first, then the HOROVOD_* alias): KHOR_FUSION_THRESHOLD (HOROVOD_FUSION_THRESHOLD,
+ * bytes, 0 = no fusion), KHOR_CYCLE_TIME (HOROVOD_CYCLE_TIME, ms between the starts of
+ * two cycles, 0 = start at once), KHOR_CACHE_CAPACITY (HOROVOD_CACHE_CAPACITY, 0 = off),
+ * KHOR_TIMELINE (HOROVOD_TIMELINE), KHOR_TIMELINE_MARK_CYCLES (HOROVOD_TIMELINE_MARK_CYCLES),
+ * KHOR_STALL_CHECK_TIME (HOROVOD_STALL_CHECK_TIME_SECONDS; seconds, 0 = off),
+ * KHOR_STALL_SHUTDOWN_TIME (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS; 0 = off), KHOR_AUTOTUNE
+ * (HOROVOD_AUTOTUNE), KHOR_AUTOTUNE_LOG (HOROVOD_AUTOTUNE_LOG).
+ *
+ * Process sets: set 0 is the comm the engine was started on; khor_engine_add_process_set
+ * adds a comm made from it (khor_comm_split or khor_comm_create_group), named by the id it
+ * returns (the same on every member). Each set has its own thread, coordinator and cache.
+ *
+ * Names: one tensor name is in flight at most once per set (a second enqueue of a name
+ * whose handle has not completed fails at once). Every member must enqueue the same names
+ * with matching arguments, in any order; a mismatch fails that name on every member with
+ * a message naming the tensor, the ranks and what differs.
+ *
+ * Failures: a collective that fails (a dead rank, a timeout) completes every pending handle
+ * of the set with that cause, and every later enqueue on the set fails at once with it.
+ *
+ * Handles: every enqueue gives one (a grouped call gives one for the whole group). Input
+ * and output buffers must stay valid until it completes. khor_handle_free frees a handle
+ * that has completed, or detaches one that has not (the engine frees it when done, and
+ * its buffers must still stay valid until then).
+ */
+typedef struct khor_engine khor_engine;
+typedef struct khor_handle khor_handle;
+
+/*
+ * Allocation callback for outputs whose size is known only after negotiation (allgather,
+ * alltoall): called on the engine's thread with the output's shape and size in bytes; returns
+ * the buffer (NULL = out of memory, which fails the handle). alloc == NULL: the engine
+ * allocates the buffer itself; khor_handle_output gives it and khor_handle_free frees it.
+ */
+typedef void *(*khor_alloc_fn)(void *arg, int ndim, const int64_t *dims, size_t bytes);
+/* Completion callback: called once on the engine's thread when the handle completes (or at
+ * once on the calling thread, when it had completed before the callback was set). */
+typedef void (*khor_done_fn)(void *arg, khor_handle *handle, khor_status status);
+
+/* Starts an engine on comm (collective over comm). config may be NULL. */
+KHOR_API khor_status khor_engine_start(khor_comm *comm, const khor_config *config,
+                                       khor_engine **engine_out);
+/*
+ * Stops the engine (every member calls it): fails the handles still pending with "engine
+ * stopped", then ends the threads and frees the engine and its process sets' own comms
+ * (not the comms given to it). Handles not freed yet stay valid for the khor_handle_*
+ * calls until freed.
+ */
+KHOR_API khor_status khor_engine_stop(khor_engine *engine);
+/* The engine's last error (a failed enqueue, the sticky failure of a set), "" if none. */
+KHOR_API const char *khor_engine_error(const khor_engine *engine);
+/* Adds comm as a process set (collective over comm's members); *set_out is its id. */
+KHOR_API khor_status khor_engine_add_process_set(khor_engine *engine, khor_comm *comm,
+                                                 int *set_out);
+/* A file descriptor that becomes readable when a handle completes (reading it clears it). */
+KHOR_API int khor_engine_fd(const khor_engine *engine);
+/* Timeline (Chrome trace-event JSON) from now on, into path; mark_cycles adds cycle marks. */
+KHOR_API khor_status khor_engine_timeline_start(khor_engine *engine, const char *path,
+                                                int mark_cycles);
+KHOR_API khor_status khor_engine_timeline_stop(khor_engine *engine);
+/*
+ * The engine's current tuning (for autotune's result): fusion threshold in bytes, cycle
+ * time in ms; either pointer may be NULL.
+ */
+KHOR_API khor_status khor_engine_tuning(const khor_engine *engine, int64_t *fusion_bytes_out,
+                                        double *cycle_ms_out);
+
+/*
+ * Enqueue calls. set: a process set id (0 = the engine's comm). name: the tensor's name,
+ * unique among the set's names in flight. dims: ndim sizes (ndim 0 = a scalar). input and
+ * output may be the same buffer (in place) where the shapes allow.
+ *
+ * allreduce: output = postscale * op over ranks of (prescale * input). Scale factors
+ * apply to floating-point dtypes only (1.0 elsewhere).
+ */
+KHOR_API khor_status khor_enqueue_allreduce(khor_engine *engine, int set, const char *name,
+                                            const void *input, void *output, khor_dtype dtype,
+                                            int ndim, const int64_t *dims, khor_op op,
+                                            double prescale, double postscale,
+                                            khor_handle **handle_out);
+/*
+ * Grouped allreduce: n tensors negotiated and completed as one (one handle); each tensor i
+ * has names[i], inputs[i], outputs[i], dtypes[i], ndims[i] and its dims at
+ * dims + (sum of ndims[j] for j < i).
+ */
+KHOR_API khor_status khor_enqueue_grouped_allreduce(khor_engine *engine, int set, int n,
+                                                    const char *const *names,
+                                                    const void *const *inputs,
+                                                    void *const *outputs,
+                                                    const khor_dtype *dtypes,
+                                                    const int *ndims, const int64_t *dims,
+                                                    khor_op op, double prescale,
+                                                    double postscale,
+                                                    khor_handle **handle_out);
+/* allgather: dim 0 may differ per rank; the output is every rank's input, in rank order
+ * along dim 0 (alloc: see khor_alloc_fn). */
+KHOR_API khor_status khor_enqueue_allgather(khor_engine *engine, int set, const char *name,
+                                            const void *input, khor_dtype dtype, int ndim,
+                                            const int64_t *dims, khor_alloc_fn alloc,
+                                            void *alloc_arg, khor_handle **handle_out);
+/* Grouped allgather: tensor i's output is khor_handle_output(handle, i, ...). */
+KHOR_API khor_status khor_enqueue_grouped_allgather(khor_engine *engine, int set, int n,
+                                                    const char *const *names,
+                                                    const void *const *inputs,
+                                                    const khor_dtype *dtypes,
+                                                    const int *ndims, const int64_t *dims,
+                                                    khor_alloc_fn alloc, void *alloc_arg,
+                                                    khor_handle **handle_out);
+/* broadcast: root's input lands in every rank's output (same shape everywhere). */
+KHOR_API khor_status khor_enqueue_broadcast(khor_engine *engine, int set, const char *name,
+                                            const void *input, void *output, khor_dtype dtype,
+                                            int ndim, const int64_t *dims, int root,
+                                            khor_handle **handle_out);
+/*
+ * alltoall: splits[j] rows (along dim 0) of input go to rank j, in rank order; splits NULL
+ * means dim 0 divided evenly (it must divide). The output holds the rows received from each
+ * rank in rank order; khor_handle_splits gives how many came from each.
+ */
+KHOR_API khor_status khor_enqueue_alltoall(khor_engine *engine, int set, const char *name,
+                                           const void *input, khor_dtype dtype, int ndim,
+                                           const int64_t *dims, const int64_t *splits,
+                                           khor_alloc_fn alloc, void *alloc_arg,
+                                           khor_handle **handle_out);
+/*
+ * reducescatter: the reduction over ranks is cut along dim 0; rank r gets rows
+ * [r * (d0 / n) + min(r, d0 % n), ... + d0 / n + (r < d0 % n)) (the first d0 % n ranks get
+ * one more row), into output, which must hold that many rows.
+ */
+KHOR_API khor_status khor_enqueue_reducescatter(khor_engine *engine, int set, const char *name,
+                                                const void *input, void *output,
+                                                khor_dtype dtype, int ndim, const int64_t *dims,
+                                                khor_op op, double prescale, double postscale,
+                                                khor_handle **handle_out);
+KHOR_API khor_status khor_enqueue_grouped_reducescatter(khor_engine *engine, int set, int n,
+                                                        const char *const *names,
+                                                        const void *const *inputs,
+                                                        void *const *outputs,
+                                                        const khor_dtype *dtypes,
+                                                        const int *ndims, const int64_t *dims,
+                                                        khor_op op, double prescale,
+                                                        double postscale,
+                                                        khor_handle **handle_out);
+/* barrier: completes once every member has enqueued its barrier. */
+KHOR_API khor_status khor_enqueue_barrier(khor_engine *engine, int set,
+                                          khor_handle **handle_out);
+/*
+ * join: this rank has no more data. Until every member has joined, the others' allreduces
+ * run with the joined ranks contributing zeros (avg still divides by the set's size); other
+ * ops fail while a rank has joined. Completes when every member has joined;
+ * khor_handle_join_rank then gives the rank that joined last (the same on every rank).
+ */
+KHOR_API khor_status khor_enqueue_join(khor_engine *engine, int set, khor_handle **handle_out);
+
+/* KHOR_SUCCESS or the handle's error once complete; KHOR_IN_PROGRESS before. Never blocks. */
+KHOR_API khor_status khor_handle_test(khor_handle *handle);
+/*
+ * Waits for completion, at most KHOR_TIMEOUT of the engine's comm (then KHOR_ERR_TIMEOUT,
+ * with what it waits for in khor_handle_error; the handle stays pending).
+ */
+KHOR_API khor_status khor_handle_wait(khor_handle *handle);
+/* The handle's error text once failed (or after a timed-out wait); "" otherwise. */
+KHOR_API const char *khor_handle_error(const khor_handle *handle);
+/* Completion callback (see khor_done_fn). Set it once, before or after completion. */
+KHOR_API khor_status khor_handle_set_callback(khor_handle *handle, khor_done_fn fn, void *arg);
+/*
+ * The output of tensor i of a completed allgather or alltoall: its buffer, rank and dims
+ * (dims_out holds at least the input's ndim entries); any pointer may be NULL.
+ */
+KHOR_API khor_status khor_handle_output(const khor_handle *handle, int i, void **data_out,
+                                        int *ndim_out, int64_t *dims_out);
+/* alltoall: rows received from each rank (n entries, n = the set's size). */
+KHOR_API khor_status khor_handle_splits(const khor_handle *handle, int64_t *splits_out, int n);
+/* join: the rank (in the set) that joined last; -1 before completion. */
+KHOR_API int khor_handle_join_rank(const khor_handle *handle);
+KHOR_API void khor_handle_free(khor_handle *handle);
+
 #ifdef __cplusplus
 }
 #endif

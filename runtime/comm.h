@@ -113,6 +113,7 @@ struct khor_comm {
 	 * change never reaches a collective that was already queued. Under mu. */
 	int tune_algo, tune_hier;
 
+	const char *last_sched; /* the schedule of the last allreduce ("ring"), for the timeline */
 	int refs;            /* the handle + i* requests not freed yet (under mu) */
 	kerr err;            /* sticky: the first failure of a collective (under mu) */
 	kerr last;           /* the last failed call, e.g. a bad argument (under mu) */
@@ -152,5 +153,7 @@ void comm_destroy(khor_comm *c);
 khor_status comm_split_run(khor_comm *parent, struct khor_request *r, kerr *err);
 khor_status comm_create_group(khor_comm *parent, const int *ranks, int nranks,
                               khor_comm **newcomm_out, kerr *err);
+/* khor_comm_free's work: takes c out of its context's list and destroys it. */
+void comm_free(khor_comm *c);
 
 #endif

@@ -41,6 +41,17 @@ const struct config_var config_vars[] = {
 	{ "KHOR_COST_GAMMA_GBPS", NULL, "Cost model: reduction speed in GB/s" },
 	{ "KHOR_SPIN_US", "300", "Busy-poll this many microseconds before sleeping in a wait (0 = sleep at once)" },
 	{ "KHOR_TRANSPORT", "auto", "Links: tcp, shm (same-host peers only) or auto (shm within a host, tcp across)" },
+	{ "KHOR_FUSION_THRESHOLD", "64M", "Engine: allreduces ready in one cycle are packed into one buffer up to this many bytes (0 = no fusion; alias HOROVOD_FUSION_THRESHOLD)" },
+	{ "KHOR_CYCLE_TIME", "0", "Engine: least ms between the starts of two negotiation cycles (0 = start one as soon as work arrives; alias HOROVOD_CYCLE_TIME)" },
+	{ "KHOR_CACHE_CAPACITY", "1024", "Engine: response cache entries per process set (0 = off; alias HOROVOD_CACHE_CAPACITY)" },
+	{ "KHOR_TIMELINE", NULL, "Engine: write a Chrome trace-event timeline to this file (rank 0; %r in the name = every rank its own; alias HOROVOD_TIMELINE)" },
+	{ "KHOR_TIMELINE_MARK_CYCLES", "0", "Engine: mark each negotiation cycle in the timeline (alias HOROVOD_TIMELINE_MARK_CYCLES)" },
+	{ "KHOR_STALL_CHECK_TIME", "60", "Engine: seconds a tensor may wait for missing ranks before the coordinator warns (0 = off; alias HOROVOD_STALL_CHECK_TIME_SECONDS)" },
+	{ "KHOR_STALL_SHUTDOWN_TIME", "0", "Engine: seconds after which stalled tensors fail on every rank (0 = never; alias HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)" },
+	{ "KHOR_AUTOTUNE", "0", "Engine: search fusion threshold and cycle time by measured throughput (alias HOROVOD_AUTOTUNE)" },
+	{ "KHOR_AUTOTUNE_LOG", NULL, "Engine: CSV file of autotune's samples (alias HOROVOD_AUTOTUNE_LOG)" },
+	{ "KHOR_AUTOTUNE_WARMUP_SAMPLES", "3", "Engine: autotune windows discarded at the start (alias HOROVOD_AUTOTUNE_WARMUP_SAMPLES)" },
+	{ "KHOR_AUTOTUNE_STEPS_PER_SAMPLE", "10", "Engine: cycles with work per autotune window (alias HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE)" },
 	{ "KHOR_LOG", "warn", "Log level: error, warn, info, debug, trace" },
 };
 const int config_nvars = sizeof(config_vars) / sizeof(config_vars[0]);

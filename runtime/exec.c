@@ -256,10 +256,11 @@ static khor_status flat_allreduce(khor_comm *c, struct khor_request *r, size_t b
 	if (t != NULL && t->state == TRIAL_RUNNING &&
 	    (st = run_trials(c, r, t, bytes, err)) != KHOR_SUCCESS)
 		return st;
-	if (t != NULL && t->state == TRIAL_DONE)
-		return run_allreduce(cc, r, trial_pick(t, &cc->model, c->size, bytes,
-		                                       dbtree_slice_bytes(cc)), err);
-	return run_allreduce(cc, r, allreduce_pick(cc, (enum allreduce_algo)cc->algo, bytes), err);
+	int a = t != NULL && t->state == TRIAL_DONE
+	        ? trial_pick(t, &cc->model, c->size, bytes, dbtree_slice_bytes(cc))
+	        : (int)allreduce_pick(cc, (enum allreduce_algo)cc->algo, bytes);
+	c->last_sched = algo_names[a];
+	return run_allreduce(cc, r, a, err);
 }
 
 /*
@@ -469,9 +470,11 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 		return run_single(r, err);
 	switch (r->kind) {
 	case COLL_ALLREDUCE:
-		if (use_hier(c, bytes))
+		if (use_hier(c, bytes)) {
+			c->last_sched = "hierarchical";
 			return hier_allreduce(&c->node_cc, &c->cross_cc, c->size, r->sendbuf, r->recvbuf,
 			                      r->count, r->dtype, r->op, r->seq, err);
+		}
 		/* fall through */
 	case COLL_BARRIER:
 		return flat_allreduce(c, r, bytes, err);

@@ -335,3 +335,18 @@ out:
 	free(world);
 	return st;
 }
+
+void comm_free(khor_comm *c)
+{
+	kctx *x = c->ctx;
+
+	pthread_mutex_lock(&x->comms_mu);
+	for (khor_comm **pp = &x->comms; *pp != NULL; pp = &(*pp)->next) {
+		if (*pp == c) {
+			*pp = c->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&x->comms_mu);
+	comm_destroy(c);
+}

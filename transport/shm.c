@@ -2183,6 +2183,15 @@ static void shm_destroy(tp_ctx *ctx)
 	free(ctx);
 }
 
+/* A wake counts as a completion, so that kseen_changed reports it to every thread once. */
+static void shm_wake(tp_ctx *ctx)
+{
+	kmutex_lock(&ctx->mu);
+	atomic_fetch_add_explicit(&ctx->completions, 1, memory_order_relaxed);
+	ksleeper_moved(&ctx->sl);
+	kmutex_unlock(&ctx->mu);
+}
+
 const struct transport_ops shm_transport_ops = {
 	.name = "shm",
 	.create = shm_create,
@@ -2198,5 +2207,6 @@ const struct transport_ops shm_transport_ops = {
 	.progress = shm_progress,
 	.cancel = shm_cancel,
 	.link_error = shm_link_error,
+	.wake = shm_wake,
 	.destroy = shm_destroy,
 };

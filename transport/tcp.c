@@ -1772,6 +1772,15 @@ static void tcp_destroy(tp_ctx *ctx)
 	free(ctx);
 }
 
+/* A wake counts as a completion, so that kseen_changed reports it to every thread once. */
+static void tcp_wake(tp_ctx *ctx)
+{
+	kmutex_lock(&ctx->mu);
+	atomic_fetch_add_explicit(&ctx->completions, 1, memory_order_relaxed);
+	ksleeper_moved(&ctx->sl);
+	kmutex_unlock(&ctx->mu);
+}
+
 const struct transport_ops tcp_transport_ops = {
 	.name = "tcp",
 	.create = tcp_create,
@@ -1787,5 +1796,6 @@ const struct transport_ops tcp_transport_ops = {
 	.progress = tcp_progress,
 	.cancel = tcp_cancel,
 	.link_error = tcp_link_error,
+	.wake = tcp_wake,
 	.destroy = tcp_destroy,
 };

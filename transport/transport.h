@@ -135,6 +135,12 @@ struct transport_ops {
 	/* The link's first error: its status (KHOR_SUCCESS when healthy), copied to *err_out
 	 * (which may be NULL) when there is one. */
 	khor_status (*link_error)(tp_link *link, kerr *err_out);
+	/*
+	 * Makes progress() return at once as if something had moved: for the thread asleep in
+	 * it now, and for the next call of every other thread that has not seen the wake yet.
+	 * For a thread that waits on both the network and work of its own process (the engine's).
+	 */
+	void (*wake)(tp_ctx *ctx);
 	/* Releases every resource. Pending requests on the ctx's links must be finished first. */
 	void (*destroy)(tp_ctx *ctx);
 };

@@ -1,0 +1,538 @@
+/*
+ * execute.c -- runs one cycle's responses on the set's data comm, in the order every rank
+ * got them, and completes the handles.
+ *
+ * Fusion: the allreduce tensors of a cycle are grouped by (dtype, op, prescale, postscale)
+ * in order of first appearance, and each group is cut into runs of at most the fusion
+ * threshold; a run of several tensors is copied into the fusion buffer, reduced as one
+ * allreduce and copied back out. Every rank computes the same plan from the same responses
+ * and the same threshold (autotune changes it only through a response).
+ *
+ *   cycle's allreduces:  a(f32) b(f32) c(f64) d(f32) ...
+ *   classes:             [a b d ...](f32 sum)  [c](f64 sum)
+ *   runs (threshold T):  [a b] [d ...]          [c]
+ *
+ * A rank that has joined has no tensor of its own: it takes part with zeros, in the fusion
+ * buffer, and the average still divides by the whole set.
+ */
+#include "engine.h"
+
+#include "../base/dtype.h"
+#include "../base/log.h"
+#include "../collectives/algos.h"
+#include "../collectives/reduce.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void scale(void *p, size_t count, khor_dtype dt, double f)
+{
+	if (f == 1.0 || count == 0)
+		return;
+	switch (dt) {
+	case KHOR_FLOAT32: {
+		float *v = p, g = (float)f;
+		for (size_t i = 0; i < count; i++)
+			v[i] *= g;
+		break;
+	}
+	case KHOR_FLOAT64: {
+		double *v = p;
+		for (size_t i = 0; i < count; i++)
+			v[i] *= f;
+		break;
+	}
+	case KHOR_FLOAT16: {
+		uint16_t *v = p;
+		for (size_t i = 0; i < count; i++)
+			v[i] = reduce_f32_to_f16(reduce_f16_to_f32(v[i]) * (float)f);
+		break;
+	}
+	case KHOR_BFLOAT16: {
+		uint16_t *v = p;
+		for (size_t i = 0; i < count; i++)
+			v[i] = reduce_f32_to_bf16(reduce_bf16_to_f32(v[i]) * (float)f);
+		break;
+	}
+	default:
+		break; /* integers: enqueue refused scale factors */
+	}
+}
+
+/* The fusion buffer, grown to at least len bytes. */
+static void *fusion(eset *s, size_t len)
+{
+	if (s->fusion_len < len) {
+		void *p = malloc(len);
+		if (p == NULL)
+			return NULL;
+		free(s->fusion);
+		s->fusion = p;
+		s->fusion_len = len;
+	}
+	return s->fusion;
+}
+
+static const char *transport_name(const eset *s)
+{
+	const kctx *x = s->data->ctx;
+
+	if (x->ntps == 1)
+		return x->tps[0].ops->name;
+	if (s->data->nhosts <= 1 && x->shm_i >= 0)
+		return "shm";
+	return "tcp+shm";
+}
+
+/* One collective on the data comm; the error (named) in err. */
+static khor_status run(eset *s, struct khor_request *r, kerr *err)
+{
+	khor_status st = comm_run(s->data, r);
+
+	if (st != KHOR_SUCCESS)
+		*err = r->err;
+	return st;
+}
+
+static void req_init(struct khor_request *r, unsigned kind, const void *in, void *out,
+                     size_t count, khor_dtype dt, khor_op op)
+{
+	memset(r, 0, sizeof(*r));
+	r->kind = kind;
+	r->sendbuf = in;
+	r->recvbuf = out;
+	r->count = count;
+	r->dtype = dt;
+	r->op = op;
+}
+
+/*
+ * The timeline's view of one tensor of an item: its negotiation and queueing, then the op
+ * from start (its end event is the caller's). Written once the op ran, so the schedule is
+ * known; the events carry their own times.
+ */
+static void tl_start(eset *s, const eitem *it, int ti, const char *what, size_t bytes,
+                     int tensors, const char *sched, uint64_t start)
+{
+	struct khor_engine *e = s->e;
+	char args[256];
+	const char *name = it->t[ti].name;
+
+	if (it->h != NULL) {
+		char neg[32];
+		snprintf(neg, sizeof(neg), "NEGOTIATE_%s", eng_kind_upper(it->kind));
+		timeline_begin(e, name, neg, it->h->t_enqueue, NULL);
+		timeline_end(e, name, it->h->t_response);
+		timeline_begin(e, name, "QUEUE", it->h->t_response, NULL);
+		timeline_end(e, name, start);
+	}
+	snprintf(args, sizeof(args), "{\"algorithm\":\"%s\",\"transport\":\"%s\",\"bytes\":%zu,"
+	         "\"tensors\":%d,\"set\":%d}", sched != NULL ? sched : "?", transport_name(s),
+	         bytes, tensors, s->id);
+	timeline_begin(e, name, what, start, args);
+}
+
+static khor_status alloc_out(eitem *it, etensor *t, int64_t rows, size_t bytes, kerr *err)
+{
+	t->out_ndim = t->ndim;
+	for (int d = 0; d < t->ndim; d++)
+		t->out_dims[d] = t->dims[d];
+	t->out_dims[0] = rows;
+	khor_handle *h = it->h;
+	void *p;
+	if (h->alloc != NULL)
+		p = h->alloc(h->alloc_arg, t->out_ndim, t->out_dims, bytes);
+	else
+		p = t->owned_out = malloc(bytes > 0 ? bytes : 1);
+	if (p == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s '%s': cannot allocate the %zu-byte "
+		                "output", eng_kind_name(it->kind), t->name, bytes);
+	t->out = p;
+	return KHOR_SUCCESS;
+}
+
+static size_t row_elems(const etensor *t)
+{
+	size_t row = 1;
+	for (int d = 1; d < t->ndim; d++)
+		row *= (size_t)t->dims[d];
+	return row;
+}
+
+static khor_status run_allgather(eset *s, eitem *it, int i, kerr *err)
+{
+	etensor *t = &it->t[i];
+	size_t esz = kdtype_size(t->dtype), row = row_elems(t), n = (size_t)s->size;
+	size_t *cnt = malloc(sizeof(size_t) * n * 2);
+	int64_t rows = 0;
+	struct khor_request r;
+	khor_status st;
+
+	if (cnt == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "allgather '%s': out of memory", t->name);
+	for (size_t q = 0; q < n; q++) {
+		cnt[q] = (size_t)it->dim0[(size_t)i * n + q] * row;
+		cnt[n + q] = (size_t)rows * row;
+		rows += it->dim0[(size_t)i * n + q];
+	}
+	if ((st = alloc_out(it, t, rows, (size_t)rows * row * esz, err)) != KHOR_SUCCESS) {
+		free(cnt);
+		return st;
+	}
+	req_init(&r, COLL_ALLGATHER, t->in, t->out, cnt[s->rank], t->dtype, KHOR_SUM);
+	r.rcounts = cnt;
+	r.rdispls = cnt + n;
+	st = run(s, &r, err);
+	free(cnt);
+	return st;
+}
+
+static khor_status run_alltoall(eset *s, eitem *it, int i, kerr *err)
+{
+	etensor *t = &it->t[i];
+	size_t esz = kdtype_size(t->dtype), row = row_elems(t), n = (size_t)s->size;
+	struct khor_request r;
+	khor_status st;
+
+	req_init(&r, COLL_ALLTOALL, t->splits, t->rsplits, 1, KHOR_INT64, KHOR_SUM);
+	if ((st = run(s, &r, err)) != KHOR_SUCCESS)
+		return st;
+	size_t *v = malloc(sizeof(size_t) * n * 4);
+	if (v == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "alltoall '%s': out of memory", t->name);
+	int64_t rows = 0;
+	size_t so = 0, ro = 0;
+	for (size_t q = 0; q < n; q++) {
+		if (t->rsplits[q] < 0) {
+			free(v);
+			return kerr_set(err, KHOR_ERR_PROTOCOL, "alltoall '%s': rank %zu sends %lld rows",
+			                t->name, q, (long long)t->rsplits[q]);
+		}
+		v[q] = (size_t)t->splits[q] * row;
+		v[n + q] = so;
+		so += v[q];
+		v[2 * n + q] = (size_t)t->rsplits[q] * row;
+		v[3 * n + q] = ro;
+		ro += v[2 * n + q];
+		rows += t->rsplits[q];
+	}
+	if ((st = alloc_out(it, t, rows, ro * esz, err)) != KHOR_SUCCESS) {
+		free(v);
+		return st;
+	}
+	req_init(&r, COLL_ALLTOALL, t->in, t->out, 0, t->dtype, KHOR_SUM);
+	r.scounts = v;
+	r.sdispls = v + n;
+	r.rcounts = v + 2 * n;
+	r.rdispls = v + 3 * n;
+	st = run(s, &r, err);
+	free(v);
+	return st;
+}
+
+/*
+ * Reduce-scatter along dim 0 (the first d0 % n ranks get a row more). The schedule's blocks
+ * are in elements; when rows divide evenly they are the rows, else the whole reduction
+ * runs as an allreduce and this rank keeps its rows.
+ */
+static khor_status run_reducescatter(eset *s, eitem *it, int i, kerr *err)
+{
+	etensor *t = &it->t[i];
+	size_t esz = kdtype_size(t->dtype), row = row_elems(t), off, len;
+	size_t d0 = (size_t)t->dims[0];
+	struct khor_request r;
+	khor_status st;
+	const void *in = t->in;
+
+	coll_block(d0, s->size, s->rank, &off, &len);
+	bool even = d0 % (size_t)s->size == 0;
+	size_t need = (it->prescale != 1.0 || !even) ? t->count * esz : 0;
+	uint8_t *tmp = need > 0 ? fusion(s, need) : NULL;
+	if (need > 0 && tmp == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "reducescatter '%s': out of memory", t->name);
+	if (it->prescale != 1.0) {
+		memcpy(tmp, t->in, t->count * esz);
+		scale(tmp, t->count, t->dtype, it->prescale);
+		in = tmp;
+	}
+	if (even) {
+		req_init(&r, COLL_REDUCESCATTER, in, t->out, t->count, t->dtype, it->op);
+		st = run(s, &r, err);
+	} else {
+		req_init(&r, COLL_ALLREDUCE, in, tmp, t->count, t->dtype, it->op);
+		st = run(s, &r, err);
+		if (st == KHOR_SUCCESS && len > 0)
+			memcpy(t->out, tmp + off * row * esz, len * row * esz);
+	}
+	if (st == KHOR_SUCCESS)
+		scale(t->out, len * row, t->dtype, it->postscale);
+	return st;
+}
+
+/* One allreduce tensor of an item (a piece of the fusion plan). */
+typedef struct piece {
+	eitem *it;
+	int ti;
+} piece;
+
+static bool same_class(const piece *a, const piece *b)
+{
+	return a->it->t[a->ti].dtype == b->it->t[b->ti].dtype && a->it->op == b->it->op &&
+	       a->it->prescale == b->it->prescale && a->it->postscale == b->it->postscale;
+}
+
+/* Runs pieces [0, m) as one allreduce (fused when m > 1). */
+static khor_status run_fused(eset *s, piece *p, int m, kerr *err)
+{
+	eitem *it0 = p[0].it;
+	etensor *t0 = &it0->t[p[0].ti];
+	khor_dtype dt = t0->dtype;
+	size_t esz = kdtype_size(dt), total = 0;
+	struct khor_engine *e = s->e;
+	bool tl = timeline_on(e);
+	struct khor_request r;
+	khor_status st;
+
+	for (int k = 0; k < m; k++)
+		total += p[k].it->t[p[k].ti].count;
+	if (m == 1 && it0->h != NULL) {
+		/* Straight from input to output: no copy. */
+		const void *in = t0->in;
+		if (it0->prescale != 1.0) {
+			if (t0->out != t0->in)
+				memcpy(t0->out, t0->in, t0->count * esz);
+			scale(t0->out, t0->count, dt, it0->prescale);
+			in = t0->out;
+		}
+		uint64_t t_start = kclock_ns();
+		req_init(&r, COLL_ALLREDUCE, in, t0->out, t0->count, dt, it0->op);
+		st = run(s, &r, err);
+		if (st == KHOR_SUCCESS)
+			scale(t0->out, t0->count, dt, it0->postscale);
+		if (tl) {
+			tl_start(s, it0, p[0].ti, "ALLREDUCE", t0->count * esz, 1, s->data->last_sched,
+			         t_start);
+			timeline_end(e, t0->name, kclock_ns());
+		}
+		s->bytes_done += t0->count * esz;
+		return st;
+	}
+	uint8_t *buf = fusion(s, total * esz);
+	uint64_t *ts = tl ? malloc(sizeof(uint64_t) * 4 * (size_t)m) : NULL;
+	if (buf == NULL) {
+		free(ts);
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "allreduce of %d tensors: cannot allocate "
+		                "a %zu-byte fusion buffer", m, total * esz);
+	}
+	uint64_t t_start = kclock_ns();
+	size_t off = 0;
+	for (int k = 0; k < m; k++) {
+		etensor *t = &p[k].it->t[p[k].ti];
+		if (ts != NULL)
+			ts[4 * k] = kclock_ns();
+		if (p[k].it->h != NULL)
+			memcpy(buf + off * esz, t->in, t->count * esz);
+		else
+			memset(buf + off * esz, 0, t->count * esz);
+		if (ts != NULL)
+			ts[4 * k + 1] = kclock_ns();
+		off += t->count;
+	}
+	scale(buf, total, dt, it0->prescale);
+	req_init(&r, COLL_ALLREDUCE, buf, buf, total, dt, it0->op);
+	st = run(s, &r, err);
+	if (st != KHOR_SUCCESS) {
+		free(ts);
+		return st;
+	}
+	scale(buf, total, dt, it0->postscale);
+	off = 0;
+	for (int k = 0; k < m; k++) {
+		etensor *t = &p[k].it->t[p[k].ti];
+		if (ts != NULL)
+			ts[4 * k + 2] = kclock_ns();
+		if (p[k].it->h != NULL)
+			memcpy(t->out, buf + off * esz, t->count * esz);
+		if (ts != NULL)
+			ts[4 * k + 3] = kclock_ns();
+		off += t->count;
+	}
+	/* The timeline, in nesting order: op, copy in, copy out, end of op. */
+	for (int k = 0; ts != NULL && k < m; k++) {
+		if (p[k].it->h == NULL)
+			continue;
+		const char *nm = p[k].it->t[p[k].ti].name;
+		tl_start(s, p[k].it, p[k].ti, "ALLREDUCE", total * esz, m, s->data->last_sched,
+		         t_start);
+		timeline_begin(e, nm, "MEMCPY_IN_FUSION_BUFFER", ts[4 * k], NULL);
+		timeline_end(e, nm, ts[4 * k + 1]);
+		timeline_begin(e, nm, "MEMCPY_OUT_FUSION_BUFFER", ts[4 * k + 2], NULL);
+		timeline_end(e, nm, ts[4 * k + 3]);
+		timeline_end(e, nm, ts[4 * k + 3]);
+	}
+	free(ts);
+	s->bytes_done += total * esz;
+	return KHOR_SUCCESS;
+}
+
+/* Completes item it (when it has a handle) with st. */
+static void finish(eset *s, eitem *it, khor_status st, const kerr *err)
+{
+	struct khor_engine *e = s->e;
+	char msg[KERR_TEXT_MAX];
+
+	if (it->h == NULL)
+		return;
+	if (st != KHOR_SUCCESS)
+		snprintf(msg, sizeof(msg), "%s", err->text);
+	pthread_mutex_lock(&e->mu);
+	engine_complete_locked(e, it->h, st, st != KHOR_SUCCESS ? msg : NULL);
+	pthread_mutex_unlock(&e->mu);
+	it->h = NULL;
+	it->t = NULL; /* they were the handle's */
+	it->n = 0;
+}
+
+/* A collective failed: the set fails, and so does every item of this cycle not done yet. */
+static void fail_rest(eset *s, eitem *items, int n, const kerr *cause)
+{
+	for (int i = 0; i < n; i++)
+		finish(s, &items[i], cause->status, cause);
+	engine_fail_set(s, cause);
+}
+
+void execute_items(eset *s, eitem *items, int n)
+{
+	struct khor_engine *e = s->e;
+	kerr err;
+	khor_status st = KHOR_SUCCESS;
+	int np = 0;
+
+	kerr_clear(&err);
+	/* Errors first: they need nothing from the other ranks. */
+	for (int i = 0; i < n; i++) {
+		if (!items[i].error)
+			continue;
+		kerr x;
+		const char *nm = items[i].h != NULL ? items[i].h->key : "?";
+		(void)nm;
+		kerr_set(&x, KHOR_ERR_INVALID_ARG, "rank %d on %s, engine set %d: %s", s->rank,
+		         s->data != NULL ? s->data->ctx->cfg.hostname : "", s->id,
+		         items[i].msg != NULL ? items[i].msg : "failed");
+		finish(s, &items[i], KHOR_ERR_INVALID_ARG, &x);
+	}
+	/* The fusion plan over the allreduces. */
+	for (int i = 0; i < n; i++)
+		if (!items[i].error && items[i].kind == EK_ALLREDUCE)
+			np += items[i].n;
+	piece *p = np > 0 ? malloc(sizeof(*p) * (size_t)np) : NULL;
+	int *left = calloc((size_t)n + 1, sizeof(int));
+	bool *used = np > 0 ? calloc((size_t)np, sizeof(bool)) : NULL;
+	piece *run_p = np > 0 ? malloc(sizeof(*run_p) * (size_t)np) : NULL;
+	if ((np > 0 && (p == NULL || used == NULL || run_p == NULL)) || left == NULL) {
+		free(p);
+		free(left);
+		free(used);
+		free(run_p);
+		kerr_set(&err, KHOR_ERR_NO_MEMORY, "engine set %d: out of memory", s->id);
+		fail_rest(s, items, n, &err);
+		return;
+	}
+	int k = 0;
+	for (int i = 0; i < n; i++) {
+		if (items[i].error || items[i].kind != EK_ALLREDUCE)
+			continue;
+		left[i] = items[i].n;
+		for (int t = 0; t < items[i].n; t++)
+			p[k++] = (piece){ &items[i], t };
+	}
+	uint64_t threshold = atomic_load(&e->fusion_bytes);
+	for (int a = 0; a < np && st == KHOR_SUCCESS; a++) {
+		if (used[a])
+			continue;
+		/* The class of p[a], in order, cut at the threshold. */
+		int m = 0;
+		size_t bytes = 0;
+		for (int b = a; b < np; b++) {
+			if (used[b] || !same_class(&p[a], &p[b]))
+				continue;
+			size_t tb = p[b].it->t[p[b].ti].count * kdtype_size(p[b].it->t[p[b].ti].dtype);
+			if (m > 0 && (threshold == 0 || bytes + tb > threshold))
+				continue;
+			run_p[m++] = p[b];
+			used[b] = true;
+			bytes += tb;
+			if (threshold == 0)
+				break;
+		}
+		st = run_fused(s, run_p, m, &err);
+		if (st != KHOR_SUCCESS)
+			break;
+		for (int q = 0; q < m; q++) {
+			int idx = (int)(run_p[q].it - items);
+			if (--left[idx] == 0)
+				finish(s, &items[idx], KHOR_SUCCESS, NULL);
+		}
+	}
+	free(p);
+	free(used);
+	free(run_p);
+	free(left);
+	if (st != KHOR_SUCCESS) {
+		fail_rest(s, items, n, &err);
+		return;
+	}
+	/* Everything else, in response order. */
+	for (int i = 0; i < n && st == KHOR_SUCCESS; i++) {
+		eitem *it = &items[i];
+		if (it->error || it->kind == EK_ALLREDUCE || it->h == NULL) {
+			if (!it->error && it->kind != EK_ALLREDUCE && it->h == NULL) {
+				st = kerr_set(&err, KHOR_ERR_INTERNAL, "engine set %d: %s '%s' ran on a rank "
+				              "without it", s->id, eng_kind_name(it->kind), it->t[0].name);
+			}
+			continue;
+		}
+		bool tl = timeline_on(e);
+		for (int ti = 0; ti < it->n && st == KHOR_SUCCESS; ti++) {
+			etensor *t = &it->t[ti];
+			size_t esz = kdtype_size(t->dtype);
+			struct khor_request r;
+			uint64_t t_start = kclock_ns();
+			switch (it->kind) {
+			case EK_ALLGATHER:
+				st = run_allgather(s, it, ti, &err);
+				break;
+			case EK_BROADCAST:
+				if (s->rank == it->root && t->out != t->in && t->count > 0)
+					memcpy(t->out, t->in, t->count * esz);
+				req_init(&r, COLL_BROADCAST, t->out, t->out, t->count, t->dtype, KHOR_SUM);
+				r.root = it->root;
+				st = run(s, &r, &err);
+				break;
+			case EK_ALLTOALL:
+				st = run_alltoall(s, it, ti, &err);
+				break;
+			case EK_REDUCESCATTER:
+				st = run_reducescatter(s, it, ti, &err);
+				break;
+			case EK_BARRIER:
+				req_init(&r, COLL_BARRIER, NULL, NULL, 0, KHOR_FLOAT32, KHOR_SUM);
+				st = run(s, &r, &err);
+				break;
+			default:
+				st = kerr_set(&err, KHOR_ERR_INTERNAL, "engine: unknown kind %d", it->kind);
+			}
+			if (tl) {
+				tl_start(s, it, ti, eng_kind_upper(it->kind), t->count * esz, 1,
+				         eng_kind_name(it->kind), t_start);
+				timeline_end(e, t->name, kclock_ns());
+			}
+			s->bytes_done += t->count * esz;
+		}
+		if (st == KHOR_SUCCESS)
+			finish(s, it, KHOR_SUCCESS, NULL);
+	}
+	if (st != KHOR_SUCCESS)
+		fail_rest(s, items, n, &err);
+}
