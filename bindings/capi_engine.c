@@ -128,6 +128,30 @@ KHOR_API khor_status khor_engine_tuning(const khor_engine *engine, int64_t *fusi
 	return KHOR_SUCCESS;
 }
 
+KHOR_API khor_status khor_engine_stats(const khor_engine *engine, int set, uint64_t *cycles_out,
+                                       uint64_t *negotiate_ns_out, uint64_t *bytes_out)
+{
+	struct khor_engine *e = (struct khor_engine *)engine;
+	eset *s = NULL;
+
+	if (e == NULL)
+		return KHOR_ERR_INVALID_ARG;
+	pthread_mutex_lock(&e->mu);
+	for (int i = 0; i < e->nsets; i++)
+		if (e->sets[i]->id == set)
+			s = e->sets[i];
+	if (s != NULL) {
+		if (cycles_out != NULL)
+			*cycles_out = atomic_load(&s->cycles);
+		if (negotiate_ns_out != NULL)
+			*negotiate_ns_out = atomic_load(&s->negotiate_ns);
+		if (bytes_out != NULL)
+			*bytes_out = atomic_load(&s->bytes_done);
+	}
+	pthread_mutex_unlock(&e->mu);
+	return s != NULL ? KHOR_SUCCESS : KHOR_ERR_INVALID_ARG;
+}
+
 /* Every enqueue ends here. */
 static khor_status enqueue(khor_engine *e, int set, int kind, int n, const eng_targ *ta,
                            khor_op op, double pre, double post, int root, khor_alloc_fn alloc,

@@ -349,6 +349,14 @@ KHOR_API khor_status khor_engine_tuning(const khor_engine *engine, int64_t *fusi
                                         double *cycle_ms_out);
 
 /*
+ * Counters of process set `set` since the engine started: negotiation cycles, the time spent
+ * negotiating (from a cycle's start to its responses, on this rank) and bytes run through
+ * collectives. Any pointer may be NULL. For benchmarks and autotune's log.
+ */
+KHOR_API khor_status khor_engine_stats(const khor_engine *engine, int set, uint64_t *cycles_out,
+                                       uint64_t *negotiate_ns_out, uint64_t *bytes_out);
+
+/*
  * Enqueue calls. set: a process set id (0 = the engine's comm). name: the tensor's name,
  * unique among the set's names in flight. dims: ndim sizes (ndim 0 = a scalar). input and
  * output may be the same buffer (in place) where the shapes allow.

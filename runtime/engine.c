@@ -296,8 +296,6 @@ static void handle_forget_locked(khor_handle *h)
 void engine_complete_locked(struct khor_engine *e, khor_handle *h, khor_status st,
                             const char *msg)
 {
-	uint64_t one = 1;
-
 	if (h->done)
 		return;
 	handle_forget_locked(h);
@@ -307,9 +305,8 @@ void engine_complete_locked(struct khor_engine *e, khor_handle *h, khor_status s
 	}
 	h->done = true;
 	atomic_store_explicit(&h->done_flag, true, memory_order_release);
-	if (write(e->efd, &one, sizeof(one)) < 0) {
-		/* the counter is full: it is readable anyway */
-	}
+	/* The fd is rung once per batch of completions (engine_signal_locked). */
+	e->signal_pending = true;
 	pthread_cond_broadcast(&e->cv);
 	if (h->cb != NULL) {
 		khor_done_fn cb = h->cb;
@@ -324,6 +321,18 @@ void engine_complete_locked(struct khor_engine *e, khor_handle *h, khor_status s
 		bool last;
 		handle_free_mem(h);
 		engine_unref_locked(e, &last);
+	}
+}
+
+void engine_signal_locked(struct khor_engine *e)
+{
+	uint64_t one = 1;
+
+	if (!e->signal_pending)
+		return;
+	e->signal_pending = false;
+	if (write(e->efd, &one, sizeof(one)) < 0) {
+		/* the counter is full: the fd is readable anyway */
 	}
 }
 
@@ -601,6 +610,7 @@ void engine_fail_set(eset *s, const kerr *cause)
 		h->next = h->prev = NULL;
 		engine_complete_locked(e, h, s->err.status, s->err.text);
 	}
+	engine_signal_locked(e);
 	pthread_mutex_unlock(&e->mu);
 }
 
@@ -633,6 +643,12 @@ static void solo_loop(eset *s)
 			next = h->next;
 			h->next = NULL;
 			h->t_response = kclock_ns();
+			if (h->kind == EK_JOIN) {
+				/* Every member (this one) has joined: it is the last. */
+				h->join_rank = 0;
+				engine_complete_locked(e, h, KHOR_SUCCESS, NULL);
+				continue;
+			}
 			items[i].h = h;
 			items[i].kind = h->kind;
 			items[i].op = h->op;
@@ -644,9 +660,11 @@ static void solo_loop(eset *s)
 			i++;
 		}
 		s->fresh = s->fresh_tail = NULL;
+		engine_signal_locked(e);
 		pthread_mutex_unlock(&e->mu);
-		execute_items(s, items, n);
+		execute_items(s, items, i);
 		free(items);
+		s->cycles++;
 	}
 }
 
@@ -748,9 +766,12 @@ khor_status engine_add_set(struct khor_engine *e, khor_comm *comm, int *id_out, 
 		return bad(err, "comm %s belongs to another khor_init than the engine's comm",
 		           comm->name);
 	}
+	if ((st = dup_comm(comm, &s->data, err)) != KHOR_SUCCESS) {
+		set_free(s);
+		return st;
+	}
 	if (s->size > 1) {
-		if ((st = dup_comm(comm, &s->data, err)) != KHOR_SUCCESS ||
-		    (st = dup_comm(comm, &s->ctl, err)) != KHOR_SUCCESS) {
+		if ((st = dup_comm(comm, &s->ctl, err)) != KHOR_SUCCESS) {
 			set_free(s);
 			return st;
 		}

@@ -188,7 +188,7 @@ typedef struct eset {
 	int njoined, nstop, last_joiner;
 	uint64_t next_stall_check_ns;
 	/* Statistics, for khor-bench and autotune. */
-	uint64_t cycles, negotiate_ns, bytes_done;
+	_Atomic uint64_t cycles, negotiate_ns, bytes_done; /* written by the set thread only */
 } eset;
 
 struct timeline;
@@ -210,6 +210,7 @@ struct khor_engine {
 	_Atomic uint64_t fusion_bytes; /* the values in force (autotune may change them) */
 	_Atomic uint64_t cycle_us;
 	int refs;                /* its own until stop, and one per handle not freed (under mu) */
+	bool signal_pending;     /* a completion since efd was last rung (under mu) */
 	bool stopped;
 };
 
@@ -240,9 +241,11 @@ khor_status engine_set_callback(khor_handle *h, khor_done_fn fn, void *arg);
 
 khor_status engine_settings(const khor_config *cfg, eng_settings *s, kerr *err);
 
-/* Completes h (under e->mu): status, error text, callbacks, the fd. */
+/* Completes h (under e->mu): status, error text, callbacks; the fd is rung by
+ * engine_signal_locked, once per batch of completions. */
 void engine_complete_locked(struct khor_engine *e, khor_handle *h, khor_status st,
                             const char *msg);
+void engine_signal_locked(struct khor_engine *e);
 
 /* negotiate.c: one cycle of the set's protocol; false when the thread should end. */
 bool negotiate_worker_cycle(eset *s);

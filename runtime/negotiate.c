@@ -689,6 +689,7 @@ static bool apply_response(eset *s, const uint8_t *p, size_t len)
 			if (j != NULL) {
 				j->join_rank = last;
 				engine_complete_locked(e, j, KHOR_SUCCESS, NULL);
+				engine_signal_locked(e);
 			}
 			pthread_mutex_unlock(&e->mu);
 			s->joined = false;
@@ -711,6 +712,7 @@ static bool apply_response(eset *s, const uint8_t *p, size_t len)
 		for (int i = 0; i < n; i++)
 			if (items[i].h != NULL)
 				engine_complete_locked(e, items[i].h, err.status, err.text);
+		engine_signal_locked(e);
 		pthread_mutex_unlock(&e->mu);
 		items_free(items, n);
 		engine_fail_set(s, &err);
@@ -757,7 +759,7 @@ bool negotiate_worker_cycle(eset *s)
 	int which;
 	uint64_t t_neg = 0;
 	coll_comm *cc = &s->ctl->cc;
-	kdeadline never = kdeadline_in_ms(-1);
+	kdeadline never = kdeadline_in_ms(-1), stop_dl = kdeadline_in_ms(cc->timeout_ms);
 
 	kerr_clear(&err);
 	st = coll_post(cc, &rx, 0, false, &in, sizeof(in), ctl_tag(s, 0),
@@ -782,7 +784,12 @@ bool negotiate_worker_cycle(eset *s)
 			sent = true;
 			t_neg = kclock_ns();
 		}
-		st = ctl_wait(s, &rx, 1, !sent, never, spin, 0, &which, &err);
+		/* Once this rank has asked to stop, the others have KHOR_TIMEOUT to do the same. */
+		st = ctl_wait(s, &rx, 1, !sent, s->stop_sent ? stop_dl : never, spin, 0, &which,
+		              &err);
+		if (st == KHOR_ERR_TIMEOUT)
+			kerr_set(&err, st, "the other ranks did not call khor_engine_stop within "
+			         "KHOR_TIMEOUT (%lld ms) of this one", (long long)cc->timeout_ms);
 		if (st != KHOR_SUCCESS)
 			goto fail;
 		spin = false;
@@ -1489,9 +1496,10 @@ bool negotiate_coord_cycle(eset *s)
 	coll_comm *cc = &s->ctl->cc;
 	int n = s->size, nw = n - 1;
 	msg_hdr *in = calloc((size_t)n, sizeof(*in));
-	msg_hdr *out = calloc((size_t)n, sizeof(*out));
+	msg_hdr *out = calloc((size_t)n, sizeof(*out)), *go = calloc((size_t)n, sizeof(*go));
 	coll_xfer *rx = calloc((size_t)n, sizeof(*rx));
-	coll_xfer *tx = calloc((size_t)n * 2, sizeof(*tx));
+	/* Per worker: its GO, then its RESP (header and payload). */
+	coll_xfer *tx = calloc((size_t)n * 3, sizeof(*tx));
 	bool *got = calloc((size_t)n, sizeof(bool)), *go_sent = calloc((size_t)n, sizeof(bool));
 	uint8_t **payload = calloc((size_t)n, sizeof(*payload));
 	bbuf mine = { 0 }, resp = { 0 };
@@ -1499,11 +1507,11 @@ bool negotiate_coord_cycle(eset *s)
 	kerr err;
 	int which, ngot = 0;
 	bool ok = false;
-	kdeadline never = kdeadline_in_ms(-1);
+	kdeadline never = kdeadline_in_ms(-1), stop_dl = kdeadline_in_ms(cc->timeout_ms);
 	const char *doing = "waiting for reports";
 
 	kerr_clear(&err);
-	if (in == NULL || out == NULL || rx == NULL || tx == NULL || got == NULL ||
+	if (in == NULL || out == NULL || go == NULL || rx == NULL || tx == NULL || got == NULL ||
 	    go_sent == NULL || payload == NULL) {
 		st = kerr_set(&err, KHOR_ERR_NO_MEMORY, "out of memory");
 		goto fail;
@@ -1524,8 +1532,23 @@ bool negotiate_coord_cycle(eset *s)
 			int64_t left = (int64_t)(s->next_stall_check_ns - kclock_ns()) / 1000000;
 			idle = left < 1 ? 1 : left > 1000 ? 1000 : (int)left;
 		}
-		st = ctl_wait(s, rx, nw, true, never, spin, idle, &which, &err);
+		st = ctl_wait(s, rx, nw, true, s->stop_sent ? stop_dl : never, spin, idle, &which,
+		              &err);
 		spin = false;
+		if (st == KHOR_ERR_TIMEOUT) {
+			bbuf m = { 0 };
+			int *late = malloc(sizeof(int) * (size_t)n), nl = 0;
+			for (int r = 0; late != NULL && r < n; r++)
+				if (!s->stop_r[r])
+					late[nl++] = r;
+			rank_list(&m, late, nl);
+			bput_u8(&m, 0);
+			kerr_set(&err, st, "rank(s) %s did not call khor_engine_stop within KHOR_TIMEOUT "
+			         "(%lld ms) of this one", m.p != NULL ? (const char *)m.p : "?",
+			         (long long)cc->timeout_ms);
+			free(m.p);
+			free(late);
+		}
 		if (st != KHOR_SUCCESS) {
 			doing = "waiting for reports";
 			goto fail;
@@ -1563,11 +1586,11 @@ bool negotiate_coord_cycle(eset *s)
 	for (int w = 1; w < n; w++) {
 		if (got[w])
 			continue;
-		memset(&out[w], 0, sizeof(out[w]));
-		out[w].magic = MSG_MAGIC;
-		out[w].type = M_GO;
-		out[w].cycle = s->cycle;
-		st = coll_post(cc, &tx[2 * w], w, true, &out[w], sizeof(out[w]), ctl_tag(s, 0),
+		memset(&go[w], 0, sizeof(go[w]));
+		go[w].magic = MSG_MAGIC;
+		go[w].type = M_GO;
+		go[w].cycle = s->cycle;
+		st = coll_post(cc, &tx[3 * w], w, true, &go[w], sizeof(go[w]), ctl_tag(s, 0),
 		               kdeadline_in_ms(cc->timeout_ms), &err);
 		if (st != KHOR_SUCCESS)
 			goto fail;
@@ -1633,11 +1656,11 @@ bool negotiate_coord_cycle(eset *s)
 	if ((st = coord_respond(s, &resp, &err)) != KHOR_SUCCESS)
 		goto fail;
 	for (int w = 1; w < n; w++) {
-		st = ctl_send(s, w, M_RESP, go_sent[w] ? 2 : 0, &resp, &out[w], &tx[2 * w], &err);
+		st = ctl_send(s, w, M_RESP, go_sent[w] ? 2 : 0, &resp, &out[w], &tx[3 * w + 1], &err);
 		if (st != KHOR_SUCCESS)
 			goto fail;
 	}
-	if ((st = ctl_flush(s, tx, 2 * n, &err)) != KHOR_SUCCESS)
+	if ((st = ctl_flush(s, tx, 3 * n, &err)) != KHOR_SUCCESS)
 		goto fail;
 	s->negotiate_ns += kclock_ns() - t_neg;
 	ok = apply_response(s, resp.p, resp.len);
@@ -1645,7 +1668,7 @@ bool negotiate_coord_cycle(eset *s)
 	goto out;
 fail:
 	coll_drain(cc, rx, nw);
-	coll_drain(cc, tx, 2 * n);
+	coll_drain(cc, tx, 3 * n);
 	{
 		kerr e2;
 		kerr_set(&e2, err.status != KHOR_SUCCESS ? err.status : st,
@@ -1662,6 +1685,7 @@ out:
 	free(payload);
 	free(in);
 	free(out);
+	free(go);
 	free(rx);
 	free(tx);
 	free(got);
