@@ -18,6 +18,11 @@
  * --comms 1,2, compares K values side by side); it also times khor_comm_split +
  * khor_comm_free. The threads and the rows are bench_run_comms'; here are only the split and
  * the free.
+ *
+ * khor-bench step (bench_step.h) is the other mode: a training step's gradients (ResNet-50's,
+ * or 1000 small tensors) handed to the engine by a backprop thread, against one flat
+ * khor_allreduce and one per tensor on the same bytes, with the engine's 8-byte latency and
+ * negotiation cost and, with --sweep, its fusion threshold, cycle time and autotune.
  */
 /* clock_gettime and posix_memalign, also under a strict -std=c11. */
 #define _POSIX_C_SOURCE 200809L
@@ -30,6 +35,7 @@
 #include <string.h>
 
 #include "bench_common.h"
+#include "bench_step.h"
 
 #define PROG "khor-bench"
 
@@ -160,7 +166,9 @@ static const char *kb_error(struct bench_backend *b)
 	"                        the world (K = 1: the world itself) and driven by a thread\n"   \
 	"                        of its own: each comm's time and busbw and their sum; a\n"      \
 	"                        list (1,2,4) runs each K in turn, side by side. Also times\n"   \
-	"                        khor_comm_split + khor_comm_free (median of 21)\n"
+	"                        khor_comm_split + khor_comm_free (median of 21)\n"          \
+	"  " PROG " step [flags]: a training step's gradients through the engine against\n"     \
+	"                        the direct API (" PROG " step --help)\n"
 
 static int kb_set_algo(struct bench_backend *b, const char *algo)
 {
@@ -319,12 +327,49 @@ static int take_khor_flags(int argc, char **argv)
 	return out;
 }
 
+/* khor-bench step (bench_step.h): its own flags, one run on the world comm. */
+static int step_main(int argc, char **argv)
+{
+	struct step_args args;
+	int rc = step_parse_args(argc, argv, &args);
+	if (rc)
+		return rc == 1 ? 0 : 2;
+	if (comm_count_n > 0 || algo_count > 1) {
+		fprintf(stderr, PROG " step: --comms and a list of --algo do not apply to step\n");
+		step_usage(stderr);
+		return 2;
+	}
+	char err[1024] = "";
+	khor_comm *world;
+	khor_status st = khor_init(NULL, err, sizeof err, &world);
+	if (st != KHOR_SUCCESS) {
+		fprintf(stderr, PROG ": khor_init failed (%s): %s\n", khor_strerror(st),
+		        *err ? err : "no detail");
+		return st == KHOR_ERR_INVALID_ARG ? 2 : 1;
+	}
+	char library[64];
+	snprintf(library, sizeof library, "khor %s", khor_version());
+	int rank = khor_rank(world);
+	rc = step_run(world, &args, library,
+	              getenv("KHOR_TRANSPORT") ? getenv("KHOR_TRANSPORT") : "auto",
+	              getenv("KHOR_ALGO") ? getenv("KHOR_ALGO") : "auto");
+	st = khor_finalize(world);
+	if (st != KHOR_SUCCESS) {
+		fprintf(stderr, PROG ": rank %d: khor_finalize failed: %s\n", rank, khor_strerror(st));
+		if (rc == 0)
+			rc = 1;
+	}
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	struct bench_args args;
 	argc = take_khor_flags(argc, argv);
 	if (argc < 0)
 		return 2;
+	if (argc >= 2 && strcmp(argv[1], "step") == 0)
+		return step_main(argc, argv);
 	int rc = bench_parse_args(argc, argv, PROG, KHOR_USAGE, &args);
 	if (rc)
 		return rc == 1 ? 0 : 2;

@@ -305,9 +305,8 @@ void engine_complete_locked(struct khor_engine *e, khor_handle *h, khor_status s
 	}
 	h->done = true;
 	atomic_store_explicit(&h->done_flag, true, memory_order_release);
-	/* The fd is rung once per batch of completions (engine_signal_locked). */
+	/* Waiters and the fd hear once per batch of completions (engine_signal_locked). */
 	e->signal_pending = true;
-	pthread_cond_broadcast(&e->cv);
 	if (h->cb != NULL) {
 		khor_done_fn cb = h->cb;
 		h->cb = NULL;
@@ -331,6 +330,7 @@ void engine_signal_locked(struct khor_engine *e)
 	if (!e->signal_pending)
 		return;
 	e->signal_pending = false;
+	pthread_cond_broadcast(&e->cv);
 	if (write(e->efd, &one, sizeof(one)) < 0) {
 		/* the counter is full: the fd is readable anyway */
 	}

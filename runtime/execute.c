@@ -454,12 +454,10 @@ static void execute_all(eset *s, eitem *items, int n)
 			np += items[i].n;
 	piece *p = np > 0 ? malloc(sizeof(*p) * (size_t)np) : NULL;
 	int *left = calloc((size_t)n + 1, sizeof(int));
-	bool *used = np > 0 ? calloc((size_t)np, sizeof(bool)) : NULL;
 	piece *run_p = np > 0 ? malloc(sizeof(*run_p) * (size_t)np) : NULL;
-	if ((np > 0 && (p == NULL || used == NULL || run_p == NULL)) || left == NULL) {
+	if ((np > 0 && (p == NULL || run_p == NULL)) || left == NULL) {
 		free(p);
 		free(left);
-		free(used);
 		free(run_p);
 		kerr_set(&err, KHOR_ERR_NO_MEMORY, "engine set %d: out of memory", s->id);
 		fail_rest(s, items, n, &err);
@@ -474,36 +472,75 @@ static void execute_all(eset *s, eitem *items, int n)
 			p[k++] = (piece){ &items[i], t };
 	}
 	uint64_t threshold = atomic_load(&e->fusion_bytes);
-	for (int a = 0; a < np && st == KHOR_SUCCESS; a++) {
-		if (used[a])
-			continue;
-		/* The class of p[a], in order, cut at the threshold; big tensors run alone. */
-		int m = 0;
-		size_t bytes = 0;
-		for (int b = a; b < np; b++) {
-			if (used[b] || !same_class(&p[a], &p[b]))
-				continue;
-			size_t tb = piece_bytes(&p[b]);
-			if (m > 0 && (threshold == 0 || bytes + tb > threshold || tb >= ENG_FUSE_MAX ||
-			              bytes >= ENG_FUSE_MAX))
-				continue;
-			run_p[m++] = p[b];
-			used[b] = true;
-			bytes += tb;
-			if (threshold == 0)
-				break;
+	/*
+	 * The plan, in one pass: each class keeps one open run; a piece that does not fit its
+	 * class's run closes it and opens the next. Runs execute in the order they were opened.
+	 * Big pieces, and every piece without fusion, are runs of their own.
+	 */
+	int nruns = 0, ncls = 0;
+	int *open_run = malloc(sizeof(int) * (size_t)(np > 0 ? np : 1));  /* class -> run */
+	int *cls_first = malloc(sizeof(int) * (size_t)(np > 0 ? np : 1)); /* class -> piece */
+	int *run_of = malloc(sizeof(int) * (size_t)(np > 0 ? np : 1));    /* piece -> run */
+	size_t *run_bytes = malloc(sizeof(size_t) * (size_t)(np > 0 ? np : 1));
+	int *run_n = calloc((size_t)(np > 0 ? np : 1), sizeof(int));
+	if (open_run == NULL || cls_first == NULL || run_of == NULL || run_bytes == NULL ||
+	    run_n == NULL) {
+		st = kerr_set(&err, KHOR_ERR_NO_MEMORY, "engine set %d: out of memory", s->id);
+		np = 0;
+	}
+	for (int a = 0; a < np; a++) {
+		size_t tb = piece_bytes(&p[a]);
+		int c = 0;
+		while (c < ncls && !same_class(&p[cls_first[c]], &p[a]))
+			c++;
+		if (c == ncls) {
+			cls_first[ncls++] = a;
+			open_run[c] = -1;
 		}
-		st = run_fused(s, run_p, m, &err);
+		int r = open_run[c];
+		bool fits = r >= 0 && threshold > 0 && tb < ENG_FUSE_MAX &&
+		            run_bytes[r] < ENG_FUSE_MAX && run_bytes[r] + tb <= threshold;
+		if (!fits) {
+			r = nruns++;
+			run_bytes[r] = 0;
+			open_run[c] = tb < ENG_FUSE_MAX && threshold > 0 ? r : -1;
+		}
+		run_of[a] = r;
+		run_bytes[r] += tb;
+		run_n[r]++;
+	}
+	/* Pieces grouped by run, in piece order within a run (a counting sort). */
+	int *pos = calloc((size_t)nruns + 1, sizeof(int));
+	if (np > 0 && pos == NULL) {
+		st = kerr_set(&err, KHOR_ERR_NO_MEMORY, "engine set %d: out of memory", s->id);
+		np = 0;
+		nruns = 0;
+	}
+	for (int r = 0; r < nruns; r++) {
+		pos[r + 1] = pos[r] + run_n[r];
+		run_n[r] = pos[r]; /* now: where the run's next piece goes */
+	}
+	for (int a = 0; a < np; a++)
+		run_p[run_n[run_of[a]]++] = p[a];
+	for (int r = 0; r < nruns && st == KHOR_SUCCESS; r++) {
+		int m = pos[r + 1] - pos[r];
+		piece *rp = run_p + pos[r];
+		st = run_fused(s, rp, m, &err);
 		if (st != KHOR_SUCCESS)
 			break;
 		for (int q = 0; q < m; q++) {
-			int idx = (int)(run_p[q].it - items);
+			int idx = (int)(rp[q].it - items);
 			if (--left[idx] == 0)
 				finish(s, &items[idx], KHOR_SUCCESS, NULL);
 		}
 	}
+	free(pos);
+	free(open_run);
+	free(cls_first);
+	free(run_of);
+	free(run_bytes);
+	free(run_n);
 	free(p);
-	free(used);
 	free(run_p);
 	free(left);
 	if (st != KHOR_SUCCESS) {

@@ -1115,11 +1115,32 @@ static bool differ_msg(eset *s, const char *name, const char *label, char (*vals
 	return true;
 }
 
+static bool coord_mismatch_slow(eset *s, centry *c, bbuf *msg);
+
 /*
  * Compares every reporting rank's descriptor of c; on a difference writes the message and
  * returns true. Dim 0 of allgather and alltoall may differ.
  */
 static bool coord_mismatch(eset *s, centry *c, bbuf *msg)
+{
+	/* The usual case, and the cheap one: every rank sent the very same descriptor. */
+	int first = -1;
+	bool same = true;
+	for (int r = 0; r < s->size && same; r++) {
+		if (c->desc[r] == NULL)
+			continue;
+		if (first < 0)
+			first = r;
+		else if (c->desc_len[r] != c->desc_len[first] ||
+		         memcmp(c->desc[r], c->desc[first], c->desc_len[r]) != 0)
+			same = false;
+	}
+	if (same)
+		return false;
+	return coord_mismatch_slow(s, c, msg);
+}
+
+static bool coord_mismatch_slow(eset *s, centry *c, bbuf *msg)
 {
 	int n = s->size;
 	size_t nz = (size_t)(unsigned)n;
