@@ -851,22 +851,10 @@ khor_status engine_start(khor_comm *comm, const khor_config *cfg, struct khor_en
 	}
 	atomic_init(&e->fusion_bytes, e->s.fusion_bytes);
 	atomic_init(&e->cycle_us, (uint64_t)(e->s.cycle_ms * 1000.0));
-	if (e->s.timeline[0] != '\0') {
-		char path[600];
-		const char *pct = strstr(e->s.timeline, "%r");
-		if (pct != NULL)
-			snprintf(path, sizeof(path), "%.*s%d%s", (int)(pct - e->s.timeline),
-			         e->s.timeline, comm->rank, pct + 2);
-		else
-			kstrlcpy(path, e->s.timeline, sizeof(path));
-		if (pct != NULL || comm->rank == 0) {
-			e->tl = timeline_open(path, comm->rank, e->s.mark_cycles, err);
-			if (e->tl == NULL) {
-				engine_free(e);
-				return err->status;
-			}
-			atomic_store(&e->tl_on, true);
-		}
+	if (e->s.timeline[0] != '\0' &&
+	    (st = engine_timeline(e, e->s.timeline, e->s.mark_cycles, err)) != KHOR_SUCCESS) {
+		engine_free(e);
+		return st;
 	}
 	if (e->s.autotune && comm->rank == 0) {
 		e->at = autotune_create(&e->s, comm->rank, err);
@@ -922,12 +910,28 @@ khor_status engine_stop(struct khor_engine *e, kerr *err)
 	return KHOR_SUCCESS;
 }
 
+/*
+ * The timeline's file for this rank: "%r" in the path becomes the rank, and each rank
+ * writes its own; without it only rank 0 writes (the coordinator of set 0, which sees when
+ * every rank became ready).
+ */
 khor_status engine_timeline(struct khor_engine *e, const char *path, bool mark, kerr *err)
 {
 	struct timeline *t = NULL;
+	int rank = e->comm->rank;
 
-	if (path != NULL && (t = timeline_open(path, e->comm->rank, mark, err)) == NULL)
-		return err->status;
+	if (path != NULL) {
+		char buf[600];
+		const char *pct = strstr(path, "%r");
+		if (pct != NULL)
+			snprintf(buf, sizeof(buf), "%.*s%d%s", (int)(pct - path), path, rank, pct + 2);
+		else
+			kstrlcpy(buf, path, sizeof(buf));
+		if (pct == NULL && rank != 0)
+			return KHOR_SUCCESS;
+		if ((t = timeline_open(buf, rank, mark, err)) == NULL)
+			return err->status;
+	}
 	pthread_mutex_lock(&e->tl_mu);
 	timeline_close(e->tl);
 	e->tl = t;

@@ -122,7 +122,9 @@ static void tl_start(eset *s, const eitem *it, int ti, const char *what, size_t 
 	if (it->h != NULL) {
 		char neg[32];
 		snprintf(neg, sizeof(neg), "NEGOTIATE_%s", eng_kind_upper(it->kind));
-		timeline_begin(e, name, neg, it->h->t_enqueue, NULL);
+		uint64_t t0 = it->h->t_negotiate != 0 && it->h->t_negotiate < it->h->t_enqueue
+		              ? it->h->t_negotiate : it->h->t_enqueue;
+		timeline_begin(e, name, neg, t0, NULL);
 		timeline_end(e, name, it->h->t_response);
 		timeline_begin(e, name, "QUEUE", it->h->t_response, NULL);
 		timeline_end(e, name, start);
@@ -133,7 +135,8 @@ static void tl_start(eset *s, const eitem *it, int ti, const char *what, size_t 
 	timeline_begin(e, name, what, start, args);
 }
 
-static khor_status alloc_out(eitem *it, etensor *t, int64_t rows, size_t bytes, kerr *err)
+static khor_status alloc_out(eset *s, eitem *it, etensor *t, int64_t rows, size_t bytes,
+                             kerr *err)
 {
 	t->out_ndim = t->ndim;
 	for (int d = 0; d < t->ndim; d++)
@@ -145,9 +148,21 @@ static khor_status alloc_out(eitem *it, etensor *t, int64_t rows, size_t bytes, 
 		p = h->alloc(h->alloc_arg, t->out_ndim, t->out_dims, bytes);
 	else
 		p = t->owned_out = malloc(bytes > 0 ? bytes : 1);
-	if (p == NULL)
-		return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s '%s': cannot allocate the %zu-byte "
-		                "output", eng_kind_name(it->kind), t->name, bytes);
+	if (p == NULL) {
+		/*
+		 * This rank still takes part, into the fusion buffer, so that the others' handles
+		 * complete; only this handle fails. Without even that memory the set fails.
+		 */
+		char msg[KERR_TEXT_MAX];
+		snprintf(msg, sizeof(msg), "%s '%s': cannot allocate the %zu-byte output (%s)",
+		         eng_kind_name(it->kind), t->name, bytes,
+		         h->alloc != NULL ? "the allocation callback returned NULL" : "out of memory");
+		if (it->msg == NULL)
+			it->msg = strdup(msg);
+		p = fusion(s, bytes > 0 ? bytes : 1);
+		if (p == NULL)
+			return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s", msg);
+	}
 	t->out = p;
 	return KHOR_SUCCESS;
 }
@@ -178,7 +193,7 @@ static khor_status run_allgather(eset *s, eitem *it, int i, kerr *err)
 		cnt[n + q] = (size_t)rows * row;
 		rows += d0;
 	}
-	if ((st = alloc_out(it, t, rows, (size_t)rows * row * esz, err)) != KHOR_SUCCESS) {
+	if ((st = alloc_out(s, it, t, rows, (size_t)rows * row * esz, err)) != KHOR_SUCCESS) {
 		free(cnt);
 		return st;
 	}
@@ -219,7 +234,7 @@ static khor_status run_alltoall(eset *s, eitem *it, int i, kerr *err)
 		ro += v[2 * n + q];
 		rows += t->rsplits[q];
 	}
-	if ((st = alloc_out(it, t, rows, ro * esz, err)) != KHOR_SUCCESS) {
+	if ((st = alloc_out(s, it, t, rows, ro * esz, err)) != KHOR_SUCCESS) {
 		free(v);
 		return st;
 	}
@@ -594,8 +609,18 @@ static void execute_all(eset *s, eitem *items, int n)
 			}
 			s->bytes_done += t->count * esz;
 		}
-		if (st == KHOR_SUCCESS)
+		if (st == KHOR_SUCCESS && it->msg != NULL) {
+			/* Its collective ran, but this rank could not keep the result. */
+			kerr x;
+			kerr_set(&x, KHOR_ERR_NO_MEMORY, "rank %d on %s, engine set %d: %s", s->rank,
+			         s->data->ctx->cfg.hostname, s->id, it->msg);
+			for (int ti = 0; ti < it->n; ti++)
+				if (it->t[ti].out == s->fusion)
+					it->t[ti].out = NULL;
+			finish(s, it, KHOR_ERR_NO_MEMORY, &x);
+		} else if (st == KHOR_SUCCESS) {
 			finish(s, it, KHOR_SUCCESS, NULL);
+		}
 	}
 	if (st != KHOR_SUCCESS)
 		fail_rest(s, items, n, &err);

@@ -496,6 +496,16 @@ static bool build_report(eset *s, bbuf *b)
 		if (s->pending != NULL)
 			s->pending->prev = h;
 		s->pending = h;
+		h->reported = true;
+		if (s->rank != 0 && timeline_on(e)) {
+			/* A worker's own timeline knows only its own readiness; the coordinator's
+			 * has every rank's. */
+			char what[32];
+			snprintf(what, sizeof(what), "rank %d ready", s->rank);
+			uint64_t now = kclock_ns();
+			for (int i = 0; i < h->n; i++)
+				timeline_instant(e, h->t[i].name, what, now);
+		}
 	}
 	s->fresh = s->fresh_tail = NULL;
 	if (s->stop && !s->stop_sent) {
@@ -547,7 +557,10 @@ static khor_status item_for(eset *s, const uint8_t *d, size_t len, const char *k
 		return st;
 	pthread_mutex_lock(&e->mu);
 	khor_handle *h = emap_get(&s->keys, key);
-	if (h != NULL && h->kind != EK_JOIN && !h->done) {
+	/* Only what this rank reported: a handle still in the fresh list is not in this
+	 * response (a joined rank has none; an error for a key this rank has not reported yet
+	 * meets its report in a later cycle). */
+	if (h != NULL && h->kind != EK_JOIN && !h->done && h->reported) {
 		unlink_pending_locked(s, h);
 		h->in_cycle = true;
 		h->t_response = kclock_ns();
@@ -670,7 +683,7 @@ static bool apply_response(eset *s, const uint8_t *p, size_t len)
 			r.off += ml;
 			pthread_mutex_lock(&e->mu);
 			khor_handle *h = emap_get(&s->keys, key);
-			if (h != NULL && !h->done && h->kind != EK_JOIN) {
+			if (h != NULL && !h->done && h->kind != EK_JOIN && h->reported) {
 				unlink_pending_locked(s, h);
 				h->in_cycle = true;
 				it->h = h;
@@ -1390,21 +1403,27 @@ static khor_status coord_respond(eset *s, bbuf *out, kerr *err)
 				free(all);
 			}
 		}
-		/* The timeline: when each rank became ready (the coordinator's clock). */
+		/* The timeline: when each rank became ready (the coordinator's clock), on every
+		 * tensor's lane; this rank's own handle starts its negotiation span at the first. */
 		if (timeline_on(e)) {
 			char what[32];
-			for (int r = 0; r < s->size; r++) {
-				if (c->desc[r] == NULL)
-					continue;
-				snprintf(what, sizeof(what), "rank %d ready", r);
-				const char *nl = strchr(c->key, '\n');
-				if (nl == NULL) {
-					timeline_instant(e, c->key, what, c->ready_ns[r]);
-				} else {
-					char first[1024];
-					snprintf(first, sizeof(first), "%.*s", (int)(nl - c->key), c->key);
-					timeline_instant(e, first, what, c->ready_ns[r]);
+			pthread_mutex_lock(&e->mu);
+			khor_handle *mine = emap_get(&s->keys, c->key);
+			if (mine != NULL && c->first_ns < mine->t_enqueue)
+				mine->t_negotiate = c->first_ns;
+			pthread_mutex_unlock(&e->mu);
+			for (const char *k = c->key; k != NULL;) {
+				const char *nl = strchr(k, '\n');
+				char name[1024];
+				snprintf(name, sizeof(name), "%.*s", nl != NULL ? (int)(nl - k) : (int)strlen(k),
+				         k);
+				for (int r = 0; r < s->size; r++) {
+					if (c->desc[r] == NULL)
+						continue;
+					snprintf(what, sizeof(what), "rank %d ready", r);
+					timeline_instant(e, name, what, c->ready_ns[r]);
 				}
+				k = nl != NULL ? nl + 1 : NULL;
 			}
 		}
 		centry_remove(s, c);
