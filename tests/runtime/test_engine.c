@@ -2977,3 +2977,198 @@ Test(engine, allocation_callback_returning_null_fails_the_handle, .timeout = 60)
 		          sh->text[1][0]);
 	harness_shared_free(sh, sizeof(*sh));
 }
+
+/* ---- an idle engine uses no CPU ------------------------------------------------------------ */
+
+static double cpu_seconds(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/*
+ * After one allreduce (so the links exist and the engine has gone through a cycle), the
+ * process sleeps 1.5 s with the engine idle: its CPU time over that window, all threads
+ * together, must stay far below what one polling thread would burn (Horovod's 1 ms cycle
+ * costs a busy core's worth of wake-ups). Also the engine's cycle count does not move.
+ */
+static int body_idle(int rank, int n, khor_config *cfg, void *arg)
+{
+	struct shared *sh = arg;
+	khor_comm *world;
+	khor_engine *eng;
+	khor_handle *h;
+	int rc;
+	float v[4] = {1, 1, 1, 1};
+
+	(void)n;
+	if ((rc = init(sh, rank, cfg, &world)) != 0 ||
+	    (rc = start_engine(sh, rank, world, NULL, &eng)) != 0)
+		return rc;
+	if (khor_enqueue_allreduce(eng, 0, "idle/x", v, v, KHOR_FLOAT32, 1, (int64_t[]){4},
+	                           KHOR_SUM, 1.0, 1.0, &h) != KHOR_SUCCESS ||
+	    khor_handle_wait(h) != KHOR_SUCCESS)
+		return fail(sh, rank, 30, "idle/x: %s", khor_engine_error(eng));
+	khor_handle_free(h);
+	sleep_ms(100); /* past the spin that follows a cycle */
+	uint64_t c0, c1;
+	khor_engine_stats(eng, 0, &c0, NULL, NULL);
+	double cpu0 = cpu_seconds(), t0 = mono();
+	sleep_ms(1500);
+	double cpu = cpu_seconds() - cpu0, wall = mono() - t0;
+	khor_engine_stats(eng, 0, &c1, NULL, NULL);
+	sh->secs[rank][0] = cpu;
+	sh->secs[rank][1] = wall;
+	sh->value[rank][0] = (int)(c1 - c0);
+	khor_engine_stop(eng);
+	khor_finalize(world);
+	return leak_check(sh, rank);
+}
+
+Test(engine, idle_engine_uses_no_cpu_and_runs_no_cycles, .timeout = 60)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	harness_result res;
+
+	for (int t = 0; t < 2; t++) {
+		harness_opts o = {.n = 2, .timeout = "20s", .deadline_s = 40};
+		const char *tp = t == 0 ? "tcp" : "shm";
+		setenv("KHOR_TRANSPORT", tp, 1);
+		harness_run(&o, body_idle, sh, &res);
+		unsetenv("KHOR_TRANSPORT");
+		expect_all_ok(sh, &res, 2, "idle");
+		for (int r = 0; r < 2; r++) {
+			fprintf(stderr, "idle %s: rank %d used %.1f ms of CPU in %.2f s idle, %d cycles\n",
+			        tp, r, sh->secs[r][0] * 1e3, sh->secs[r][1], sh->value[r][0]);
+			/* 1.5 s of a 1 ms polling cycle would be hundreds of ms; allow 50 ms. */
+			cr_expect_lt(sh->secs[r][0], 0.05, "%s: rank %d's idle engine used %.1f ms of CPU "
+			             "in %.2f s", tp, r, sh->secs[r][0] * 1e3, sh->secs[r][1]);
+			cr_expect_eq(sh->value[r][0], 0, "%s: rank %d ran %d cycles while idle", tp, r,
+			             sh->value[r][0]);
+		}
+	}
+	harness_shared_free(sh, sizeof(*sh));
+}
+
+/* ---- autotune ------------------------------------------------------------------------------- */
+
+#define AT_STEPS 120
+#define AT_TENSORS 24
+
+/*
+ * KHOR_AUTOTUNE with small windows over a steady workload of 24 allreduces per step: the
+ * CSV log has its header and a row per window (warm-up rows first), every rank ends with
+ * the same tuned values (they reach the ranks in responses), results stay exact while the
+ * values change under them, and a value the user set (KHOR_FUSION_THRESHOLD, in the second
+ * run) is never changed.
+ */
+struct at_job {
+	struct shared *sh;
+	char log[128];
+	bool fusion_set;
+};
+
+static int body_autotune(int rank, int n, khor_config *cfg, void *arg)
+{
+	struct at_job *aj = arg;
+	struct shared *sh = aj->sh;
+	khor_comm *world;
+	khor_engine *eng;
+	int rc;
+	const char *kv[] = {"KHOR_AUTOTUNE", "1", "KHOR_AUTOTUNE_LOG", aj->log,
+	                    "KHOR_AUTOTUNE_WARMUP_SAMPLES", "1", "KHOR_AUTOTUNE_STEPS_PER_SAMPLE",
+	                    "3", aj->fusion_set ? "KHOR_FUSION_THRESHOLD" : NULL, "12345", NULL};
+	static float v[AT_TENSORS][256];
+	khor_handle *h[AT_TENSORS];
+
+	if ((rc = init(sh, rank, cfg, &world)) != 0 ||
+	    (rc = start_engine(sh, rank, world, kv, &eng)) != 0)
+		return rc;
+	for (int s = 0; s < AT_STEPS; s++) {
+		sh->progress[rank] = s;
+		for (int i = 0; i < AT_TENSORS; i++) {
+			char name[32];
+			snprintf(name, sizeof(name), "at/%d", i);
+			for (int j = 0; j < 256; j++)
+				v[i][j] = (float)(rank + i + j % 5);
+			if (khor_enqueue_allreduce(eng, 0, name, v[i], v[i], KHOR_FLOAT32, 1,
+			                           (int64_t[]){256}, KHOR_SUM, 1.0, 1.0,
+			                           &h[i]) != KHOR_SUCCESS)
+				return fail(sh, rank, 40, "step %d: %s", s, khor_engine_error(eng));
+		}
+		for (int i = 0; i < AT_TENSORS; i++) {
+			if (khor_handle_wait(h[i]) != KHOR_SUCCESS)
+				return fail(sh, rank, 41, "step %d: %s", s, khor_handle_error(h[i]));
+			khor_handle_free(h[i]);
+			for (int j = 0; j < 256; j++) {
+				float want = (float)(n * (n - 1) / 2 + n * (i + j % 5));
+				if (v[i][j] != want)
+					return fail(sh, rank, 42, "step %d: at/%d[%d] = %g, want %g", s, i, j,
+					            (double)v[i][j], (double)want);
+			}
+		}
+	}
+	int64_t fb;
+	double cm;
+	khor_engine_tuning(eng, &fb, &cm);
+	sh->value[rank][0] = (int)(fb >> 10); /* KiB */
+	sh->secs[rank][0] = cm;
+	khor_engine_stop(eng);
+	khor_finalize(world);
+	return leak_check(sh, rank);
+}
+
+Test(engine, autotune_logs_agrees_everywhere_and_keeps_user_values, .timeout = 120)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	struct at_job aj = {.sh = sh};
+	harness_result res;
+
+	for (int run = 0; run < 2; run++) {
+		harness_opts o = {.n = 3, .timeout = "20s", .deadline_s = 100};
+		aj.fusion_set = run == 1;
+		snprintf(aj.log, sizeof(aj.log), "/tmp/khor-test-at-%d-%d.csv", (int)getpid(), run);
+		harness_run(&o, body_autotune, &aj, &res);
+		expect_all_ok(sh, &res, 3, "autotune");
+		for (int r = 1; r < 3; r++) {
+			cr_expect_eq(sh->value[r][0], sh->value[0][0], "run %d: rank %d tuned fusion %d "
+			             "KiB, rank 0 %d KiB", run, r, sh->value[r][0], sh->value[0][0]);
+			cr_expect_eq(sh->secs[r][0], sh->secs[0][0], "run %d: rank %d tuned cycle %g ms, "
+			             "rank 0 %g ms", run, r, sh->secs[r][0], sh->secs[0][0]);
+		}
+		FILE *f = fopen(aj.log, "r");
+		cr_assert_not_null(f, "run %d: no autotune log %s", run, aj.log);
+		char line[512];
+		int rows = 0, warm = 0, final = 0, other_fusion = 0;
+		cr_assert_not_null(fgets(line, sizeof(line), f), "run %d: empty log", run);
+		cr_expect(strncmp(line, "window,phase,fusion_bytes,cycle_ms", 34) == 0,
+		          "run %d: the log's header is %s", run, line);
+		while (fgets(line, sizeof(line), f) != NULL) {
+			char phase[32];
+			unsigned long long fusion;
+			double cyc;
+			int w;
+			if (sscanf(line, "%d,%31[^,],%llu,%lf", &w, phase, &fusion, &cyc) != 4)
+				continue;
+			rows++;
+			warm += strcmp(phase, "warmup") == 0;
+			final += strcmp(phase, "final") == 0;
+			if (aj.fusion_set && fusion != 12345)
+				other_fusion++;
+		}
+		fclose(f);
+		fprintf(stderr, "autotune run %d: %d rows (%d warm-up, %d final), tuned fusion %d KiB, "
+		        "cycle %g ms\n", run, rows, warm, final, sh->value[0][0], sh->secs[0][0]);
+		cr_expect_geq(rows, 5, "run %d: only %d rows in %s", run, rows, aj.log);
+		cr_expect_geq(warm, 1, "run %d: no warm-up row", run);
+		if (aj.fusion_set) {
+			cr_expect_eq(other_fusion, 0, "run 1: %d rows with a fusion threshold other than "
+			             "the user's 12345", other_fusion);
+			cr_expect_eq(sh->value[0][0], 12345 >> 10, "run 1: the user's threshold became "
+			             "%d KiB", sh->value[0][0]);
+		}
+		unlink(aj.log);
+	}
+	harness_shared_free(sh, sizeof(*sh));
+}
