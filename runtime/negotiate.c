@@ -359,7 +359,13 @@ static khor_status ctl_wait(eset *s, coll_xfer *xs, int nxs, bool wake_ok, kdead
 				return st;
 		}
 		bool fast = spin && now - t0 < cc->spin_ns;
-		int t = fast ? 0 : 200;
+		/* Sleep in slices, never past the caller's timer or deadline. */
+		int t = fast ? 0 : kdeadline_left_ms(dl, 200);
+		if (!fast && idle_ms > 0) {
+			int64_t left = (int64_t)idle_ms - (int64_t)((now - t0) / 1000000ull);
+			if (left < t)
+				t = left < 1 ? 1 : (int)left;
+		}
 		khor_status st = coll_progress(cc, t, mask, NULL, err);
 		if (st != KHOR_SUCCESS)
 			return st;
