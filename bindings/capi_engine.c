@@ -216,6 +216,24 @@ static eng_targ *group(khor_engine *e, const char *fn, int n, const char *const 
 	return t;
 }
 
+/* A grouped call: the arrays checked and turned into tensors, then one enqueue. */
+static khor_status grouped(khor_engine *e, int set, int kind, const char *fn, int n,
+                           const char *const *names, const void *const *inputs,
+                           void *const *outputs, const khor_dtype *dtypes, const int *ndims,
+                           const int64_t *dims, khor_op op, double pre, double post,
+                           khor_alloc_fn alloc, void *alloc_arg, khor_handle **handle_out)
+{
+	if (e == NULL)
+		return KHOR_ERR_INVALID_ARG;
+	eng_targ *t = group(e, fn, n, names, inputs, outputs, dtypes, ndims, dims);
+	if (t == NULL)
+		return e->last.status;
+	khor_status st = enqueue(e, set, kind, n, t, op, pre, post, 0, alloc, alloc_arg,
+	                         handle_out);
+	free(t);
+	return st;
+}
+
 KHOR_API khor_status khor_enqueue_allreduce(khor_engine *engine, int set, const char *name,
                                             const void *input, void *output, khor_dtype dtype,
                                             int ndim, const int64_t *dims, khor_op op,
@@ -237,16 +255,8 @@ KHOR_API khor_status khor_enqueue_grouped_allreduce(khor_engine *engine, int set
                                                     double postscale,
                                                     khor_handle **handle_out)
 {
-	if (engine == NULL)
-		return KHOR_ERR_INVALID_ARG;
-	eng_targ *t = group(engine, "grouped allreduce", n, names, inputs, outputs, dtypes, ndims,
-	                    dims);
-	if (t == NULL)
-		return engine->last.status;
-	khor_status st = enqueue(engine, set, EK_ALLREDUCE, n, t, op, prescale, postscale, 0, NULL,
-	                         NULL, handle_out);
-	free(t);
-	return st;
+	return grouped(engine, set, EK_ALLREDUCE, "grouped allreduce", n, names, inputs, outputs,
+	               dtypes, ndims, dims, op, prescale, postscale, NULL, NULL, handle_out);
 }
 
 KHOR_API khor_status khor_enqueue_allgather(khor_engine *engine, int set, const char *name,
@@ -267,16 +277,8 @@ KHOR_API khor_status khor_enqueue_grouped_allgather(khor_engine *engine, int set
                                                     khor_alloc_fn alloc, void *alloc_arg,
                                                     khor_handle **handle_out)
 {
-	if (engine == NULL)
-		return KHOR_ERR_INVALID_ARG;
-	eng_targ *t = group(engine, "grouped allgather", n, names, inputs, NULL, dtypes, ndims,
-	                    dims);
-	if (t == NULL)
-		return engine->last.status;
-	khor_status st = enqueue(engine, set, EK_ALLGATHER, n, t, KHOR_SUM, 1.0, 1.0, 0, alloc,
-	                         alloc_arg, handle_out);
-	free(t);
-	return st;
+	return grouped(engine, set, EK_ALLGATHER, "grouped allgather", n, names, inputs, NULL,
+	               dtypes, ndims, dims, KHOR_SUM, 1.0, 1.0, alloc, alloc_arg, handle_out);
 }
 
 KHOR_API khor_status khor_enqueue_broadcast(khor_engine *engine, int set, const char *name,
@@ -322,16 +324,9 @@ KHOR_API khor_status khor_enqueue_grouped_reducescatter(khor_engine *engine, int
                                                         double postscale,
                                                         khor_handle **handle_out)
 {
-	if (engine == NULL)
-		return KHOR_ERR_INVALID_ARG;
-	eng_targ *t = group(engine, "grouped reducescatter", n, names, inputs, outputs, dtypes,
-	                    ndims, dims);
-	if (t == NULL)
-		return engine->last.status;
-	khor_status st = enqueue(engine, set, EK_REDUCESCATTER, n, t, op, prescale, postscale, 0,
-	                         NULL, NULL, handle_out);
-	free(t);
-	return st;
+	return grouped(engine, set, EK_REDUCESCATTER, "grouped reducescatter", n, names, inputs,
+	               outputs, dtypes, ndims, dims, op, prescale, postscale, NULL, NULL,
+	               handle_out);
 }
 
 KHOR_API khor_status khor_enqueue_barrier(khor_engine *engine, int set, khor_handle **handle_out)

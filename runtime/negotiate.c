@@ -760,10 +760,21 @@ static void fail_with(eset *s, khor_status st, kerr *err, const char *what)
 	engine_fail_set(s, &e2);
 }
 
-static void send_report(eset *s, bbuf *b, msg_hdr *hdr, coll_xfer *xs, kerr *err,
-                        khor_status *st)
+/* Builds this rank's report into b and sends it to the coordinator (xs: its transfers). */
+static khor_status send_report(eset *s, bbuf *b, msg_hdr *hdr, coll_xfer *xs, kerr *err)
 {
-	*st = ctl_send(s, 0, M_REQ, 0, b, hdr, xs, err);
+	b->len = 0;
+	build_report(s, b);
+	if (b->oom)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "out of memory");
+	return ctl_send(s, 0, M_REQ, 0, b, hdr, xs, err);
+}
+
+/* The coordinator's ABORT: its cause, as this rank's error. */
+static void coordinator_failed(const msg_hdr *in, kerr *err)
+{
+	kerr_set(err, KHOR_ERR_REMOTE, "the coordinator (rank 0) failed: %.*s",
+	         (int)(in->len < MSG_INLINE ? in->len : MSG_INLINE), (const char *)in->data);
 }
 
 bool negotiate_worker_cycle(eset *s)
@@ -791,14 +802,7 @@ bool negotiate_worker_cycle(eset *s)
 	bool spin = true;
 	for (;;) {
 		if (!sent && has_news(s)) {
-			rep.len = 0;
-			build_report(s, &rep);
-			if (rep.oom) {
-				kerr_set(&err, KHOR_ERR_NO_MEMORY, "out of memory");
-				goto fail;
-			}
-			send_report(s, &rep, &out, tx, &err, &st);
-			if (st != KHOR_SUCCESS)
+			if ((st = send_report(s, &rep, &out, tx, &err)) != KHOR_SUCCESS)
 				goto fail;
 			sent = true;
 			t_neg = kclock_ns();
@@ -819,29 +823,12 @@ bool negotiate_worker_cycle(eset *s)
 		goto fail;
 	if (t_neg == 0)
 		t_neg = kclock_ns();
-	if (in.type == M_ABORT) {
-		kerr_set(&err, KHOR_ERR_REMOTE, "the coordinator (rank 0) failed: %.*s",
-		         (int)(in.len < MSG_INLINE ? in.len : MSG_INLINE), (const char *)in.data);
-		pthread_mutex_lock(&s->e->mu);
-		s->failed = true;
-		s->err = err;
-		pthread_mutex_unlock(&s->e->mu);
-		ctl_drain(s, tx, 2);
-		free(rep.p);
-		engine_fail_set(s, &err);
-		return false;
-	}
+	if (in.type == M_ABORT)
+		goto aborted;
 	uint32_t step = 0;
 	if (in.type == M_GO) {
 		if (!sent) {
-			rep.len = 0;
-			build_report(s, &rep);
-			if (rep.oom) {
-				kerr_set(&err, KHOR_ERR_NO_MEMORY, "out of memory");
-				goto fail;
-			}
-			send_report(s, &rep, &out, tx, &err, &st);
-			if (st != KHOR_SUCCESS)
+			if ((st = send_report(s, &rep, &out, tx, &err)) != KHOR_SUCCESS)
 				goto fail;
 			sent = true;
 		}
@@ -855,14 +842,8 @@ bool negotiate_worker_cycle(eset *s)
 			goto fail;
 		if ((st = check_hdr(s, &in, 0, &err)) != KHOR_SUCCESS)
 			goto fail;
-		if (in.type == M_ABORT) {
-			kerr_set(&err, KHOR_ERR_REMOTE, "the coordinator (rank 0) failed: %.*s",
-			         (int)(in.len < MSG_INLINE ? in.len : MSG_INLINE), (const char *)in.data);
-			ctl_drain(s, tx, 2);
-			free(rep.p);
-			engine_fail_set(s, &err);
-			return false;
-		}
+		if (in.type == M_ABORT)
+			goto aborted;
 	}
 	if (in.type != M_RESP) {
 		st = kerr_set(&err, KHOR_ERR_PROTOCOL, "expected a response from rank 0, got type %u",
@@ -879,6 +860,13 @@ bool negotiate_worker_cycle(eset *s)
 	free(payload);
 	s->cycle++;
 	return ok;
+aborted:
+	/* The coordinator's cause, as it is: it already names rank, host and cycle. */
+	coordinator_failed(&in, &err);
+	ctl_drain(s, tx, 2);
+	free(rep.p);
+	engine_fail_set(s, &err);
+	return false;
 fail:
 	ctl_drain(s, &rx, 1);
 	ctl_drain(s, tx, 2);

@@ -116,17 +116,23 @@ static int lane(struct timeline *t, const char *tensor)
 	return p;
 }
 
-void timeline_begin(struct khor_engine *e, const char *tensor, const char *phase, uint64_t ns,
-                    const char *args_json)
+/* One event on tensor's lane: ph "B" or "i" with a name, "E" without (name NULL). */
+static void event(struct khor_engine *e, const char *tensor, const char *name, const char *ph,
+                  uint64_t ns, const char *args_json)
 {
 	pthread_mutex_lock(&e->tl_mu);
 	struct timeline *t = e->tl;
 	if (t != NULL) {
 		int p = lane(t, tensor);
 		sep(t);
-		fputs("{\"name\":", t->f);
-		put_json_str(t->f, phase);
-		fprintf(t->f, ",\"ph\":\"B\",\"ts\":%.3f,\"pid\":%d,\"tid\":0", us(t, ns), p);
+		fputc('{', t->f);
+		if (name != NULL) {
+			fputs("\"name\":", t->f);
+			put_json_str(t->f, name);
+			fputc(',', t->f);
+		}
+		fprintf(t->f, "\"ph\":\"%s\",%s\"ts\":%.3f,\"pid\":%d,\"tid\":0", ph,
+		        ph[0] == 'i' ? "\"s\":\"p\"," : "", us(t, ns), p);
 		if (args_json != NULL)
 			fprintf(t->f, ",\"args\":%s", args_json);
 		fputc('}', t->f);
@@ -134,31 +140,20 @@ void timeline_begin(struct khor_engine *e, const char *tensor, const char *phase
 	pthread_mutex_unlock(&e->tl_mu);
 }
 
+void timeline_begin(struct khor_engine *e, const char *tensor, const char *phase, uint64_t ns,
+                    const char *args_json)
+{
+	event(e, tensor, phase, "B", ns, args_json);
+}
+
 void timeline_end(struct khor_engine *e, const char *tensor, uint64_t ns)
 {
-	pthread_mutex_lock(&e->tl_mu);
-	struct timeline *t = e->tl;
-	if (t != NULL) {
-		int p = lane(t, tensor);
-		sep(t);
-		fprintf(t->f, "{\"ph\":\"E\",\"ts\":%.3f,\"pid\":%d,\"tid\":0}", us(t, ns), p);
-	}
-	pthread_mutex_unlock(&e->tl_mu);
+	event(e, tensor, NULL, "E", ns, NULL);
 }
 
 void timeline_instant(struct khor_engine *e, const char *tensor, const char *what, uint64_t ns)
 {
-	pthread_mutex_lock(&e->tl_mu);
-	struct timeline *t = e->tl;
-	if (t != NULL) {
-		int p = lane(t, tensor);
-		sep(t);
-		fputs("{\"name\":", t->f);
-		put_json_str(t->f, what);
-		fprintf(t->f, ",\"ph\":\"i\",\"s\":\"p\",\"ts\":%.3f,\"pid\":%d,\"tid\":0}", us(t, ns),
-		        p);
-	}
-	pthread_mutex_unlock(&e->tl_mu);
+	event(e, tensor, what, "i", ns, NULL);
 }
 
 void timeline_cycle(struct khor_engine *e, int set, uint32_t cycle, uint64_t ns)

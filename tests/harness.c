@@ -3,7 +3,9 @@
 
 #include "../runtime/store.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,4 +165,51 @@ bool harness_run(const harness_opts *o, harness_body body, void *arg, harness_re
 	if (sst == KHOR_SUCCESS)
 		store_server_stop(srv);
 	return ok && sst == KHOR_SUCCESS;
+}
+
+int harness_count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	int k = 0;
+
+	if (d == NULL)
+		return -1;
+	while (readdir(d) != NULL)
+		k++;
+	closedir(d);
+	return k;
+}
+
+int harness_count_threads(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	int k = -1;
+
+	if (f == NULL)
+		return -1;
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (sscanf(line, "Threads: %d", &k) == 1)
+			break;
+	fclose(f);
+	return k;
+}
+
+long long harness_rss_bytes(void)
+{
+	FILE *f = fopen("/proc/self/statm", "r");
+	long long size = 0, res = 0;
+
+	if (f == NULL)
+		return -1;
+	if (fscanf(f, "%lld %lld", &size, &res) != 2)
+		res = -1;
+	fclose(f);
+	return res * sysconf(_SC_PAGESIZE);
+}
+
+long long harness_heap_bytes(void)
+{
+	struct mallinfo2 mi = mallinfo2();
+	return (long long)(mi.uordblks + mi.hblkhd);
 }

@@ -45,6 +45,12 @@ typedef struct harness_opts {
 bool harness_run(const harness_opts *o, harness_body body, void *arg, harness_result *res);
 void *harness_shared(size_t bytes);
 void harness_shared_free(void *p, size_t bytes);
+/* This process's open fds, threads, resident bytes and heap bytes in use (mallinfo2), for
+ * tests that check that cycles of work leave nothing behind; -1 when unreadable. */
+int harness_count_fds(void);
+int harness_count_threads(void);
+long long harness_rss_bytes(void);
+long long harness_heap_bytes(void);
 /* FNV-1a over bytes, to compare buffers across ranks. */
 uint64_t harness_hash(const void *p, size_t len);
 

@@ -629,53 +629,6 @@ Test(comms, free_waits_for_queued_nonblocking_calls, .timeout = 60)
 
 /* ---- 5. split/free cycles: memory, fds and threads stay flat ------------------------------ */
 
-static int count_fds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	int k = 0;
-
-	if (d == NULL)
-		return -1;
-	while (readdir(d) != NULL)
-		k++;
-	closedir(d);
-	return k;
-}
-
-static int count_threads(void)
-{
-	FILE *f = fopen("/proc/self/status", "r");
-	char line[256];
-	int k = -1;
-
-	if (f == NULL)
-		return -1;
-	while (fgets(line, sizeof(line), f) != NULL)
-		if (sscanf(line, "Threads: %d", &k) == 1)
-			break;
-	fclose(f);
-	return k;
-}
-
-static long long rss_bytes(void)
-{
-	FILE *f = fopen("/proc/self/statm", "r");
-	long long size = 0, res = 0;
-
-	if (f == NULL)
-		return -1;
-	if (fscanf(f, "%lld %lld", &size, &res) != 2)
-		res = -1;
-	fclose(f);
-	return res * sysconf(_SC_PAGESIZE);
-}
-
-static long long heap_bytes(void)
-{
-	struct mallinfo2 mi = mallinfo2();
-	return (long long)(mi.uordblks + mi.hblkhd);
-}
-
 #define CYCLES 200
 #define WARM 20
 
@@ -724,14 +677,14 @@ static int body_cycles(int rank, int n, khor_config *cfg, void *arg)
 		if (i == WARM || i == CYCLES - 1) {
 			int at = i == WARM ? 0 : 1;
 			malloc_trim(0);
-			sh->fds[rank][at] = count_fds();
-			sh->threads[rank][at] = count_threads();
+			sh->fds[rank][at] = harness_count_fds();
+			sh->threads[rank][at] = harness_count_threads();
 			if (at == 0) {
-				heap0 = heap_bytes();
-				rss0 = rss_bytes();
+				heap0 = harness_heap_bytes();
+				rss0 = harness_rss_bytes();
 			} else {
-				sh->heap_growth[rank] = heap_bytes() - heap0;
-				sh->rss_growth[rank] = rss_bytes() - rss0;
+				sh->heap_growth[rank] = harness_heap_bytes() - heap0;
+				sh->rss_growth[rank] = harness_rss_bytes() - rss0;
 			}
 		}
 	}

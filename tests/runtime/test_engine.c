@@ -2068,53 +2068,6 @@ Test(engine, kill9_of_the_coordinator_fails_every_handle_naming_it, .timeout = 9
 /* ---- 7. start/stop cycles: memory, fds and threads stay flat ----------------------------------
  */
 
-static int count_fds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	int k = 0;
-
-	if (d == NULL)
-		return -1;
-	while (readdir(d) != NULL)
-		k++;
-	closedir(d);
-	return k;
-}
-
-static int count_threads(void)
-{
-	FILE *f = fopen("/proc/self/status", "r");
-	char line[256];
-	int k = -1;
-
-	if (f == NULL)
-		return -1;
-	while (fgets(line, sizeof(line), f) != NULL)
-		if (sscanf(line, "Threads: %d", &k) == 1)
-			break;
-	fclose(f);
-	return k;
-}
-
-static long long rss_bytes(void)
-{
-	FILE *f = fopen("/proc/self/statm", "r");
-	long long size = 0, res = 0;
-
-	if (f == NULL)
-		return -1;
-	if (fscanf(f, "%lld %lld", &size, &res) != 2)
-		res = -1;
-	fclose(f);
-	return res * sysconf(_SC_PAGESIZE);
-}
-
-static long long heap_bytes(void)
-{
-	struct mallinfo2 mi = mallinfo2();
-	return (long long)(mi.uordblks + mi.hblkhd);
-}
-
 #define CYCLES 200
 #define WARM 20
 
@@ -2169,14 +2122,14 @@ static int body_cycles(int rank, int n, khor_config *cfg, void *arg)
 		if (i == WARM || i == CYCLES - 1) {
 			int at = i == WARM ? 0 : 1;
 			malloc_trim(0);
-			sh->fds[rank][at] = count_fds();
-			sh->threads[rank][at] = count_threads();
+			sh->fds[rank][at] = harness_count_fds();
+			sh->threads[rank][at] = harness_count_threads();
 			if (at == 0) {
-				heap0 = heap_bytes();
-				rss0 = rss_bytes();
+				heap0 = harness_heap_bytes();
+				rss0 = harness_rss_bytes();
 			} else {
-				sh->heap_growth[rank] = heap_bytes() - heap0;
-				sh->rss_growth[rank] = rss_bytes() - rss0;
+				sh->heap_growth[rank] = harness_heap_bytes() - heap0;
+				sh->rss_growth[rank] = harness_rss_bytes() - rss0;
 			}
 		}
 	}
@@ -3012,6 +2965,8 @@ static int body_idle(int rank, int n, khor_config *cfg, void *arg)
 		return fail(sh, rank, 30, "idle/x: %s", khor_engine_error(eng));
 	khor_handle_free(h);
 	sleep_ms(100); /* past the spin that follows a cycle */
+	if (khor_barrier(world) != KHOR_SUCCESS)
+		return fail(sh, rank, 31, "barrier: %s", khor_comm_error(world));
 	uint64_t c0, c1;
 	khor_engine_stats(eng, 0, &c0, NULL, NULL);
 	double cpu0 = cpu_seconds(), t0 = mono();
@@ -3021,6 +2976,9 @@ static int body_idle(int rank, int n, khor_config *cfg, void *arg)
 	sh->secs[rank][0] = cpu;
 	sh->secs[rank][1] = wall;
 	sh->value[rank][0] = (int)(c1 - c0);
+	/* Nobody stops (a cycle of its own) before every rank has read its counters. */
+	if (khor_barrier(world) != KHOR_SUCCESS)
+		return fail(sh, rank, 31, "barrier: %s", khor_comm_error(world));
 	khor_engine_stop(eng);
 	khor_finalize(world);
 	return leak_check(sh, rank);
