@@ -327,7 +327,8 @@ KHOR_API khor_status khor_engine_start(khor_comm *comm, const khor_config *confi
  * Stops the engine (every member calls it): fails the handles still pending with "engine
  * stopped", then ends the threads and frees the engine and its process sets' own comms
  * (not the comms given to it). Handles not freed yet stay valid for the khor_handle_*
- * calls until freed.
+ * calls until freed. Call it before khor_finalize and before freeing a comm that is one
+ * of its process sets: those free the links and comms the engine's threads use.
  */
 KHOR_API khor_status khor_engine_stop(khor_engine *engine);
 /* The engine's last error (a failed enqueue, the sticky failure of a set), "" if none. */
