@@ -85,6 +85,18 @@ KHOR_API khor_status khor_engine_add_process_set(khor_engine *engine, khor_comm 
 	return KHOR_SUCCESS;
 }
 
+KHOR_API khor_status khor_engine_remove_process_set(khor_engine *engine, int set)
+{
+	kerr err;
+
+	if (engine == NULL)
+		return KHOR_ERR_INVALID_ARG;
+	kerr_clear(&err);
+	if (engine_remove_set(engine, set, &err) != KHOR_SUCCESS)
+		return failed(engine, &err);
+	return KHOR_SUCCESS;
+}
+
 KHOR_API int khor_engine_fd(const khor_engine *engine)
 {
 	return engine == NULL ? -1 : engine->efd;

@@ -336,6 +336,11 @@ KHOR_API const char *khor_engine_error(const khor_engine *engine);
 /* Adds comm as a process set (collective over comm's members); *set_out is its id. */
 KHOR_API khor_status khor_engine_add_process_set(khor_engine *engine, khor_comm *comm,
                                                  int *set_out);
+/*
+ * Removes process set `set` (not 0), collective over its members: its pending handles fail
+ * with "stopped", its thread ends and its own comms are freed (not the comm given to add).
+ */
+KHOR_API khor_status khor_engine_remove_process_set(khor_engine *engine, int set);
 /* A file descriptor that becomes readable when a handle completes (reading it clears it). */
 KHOR_API int khor_engine_fd(const khor_engine *engine);
 /* Timeline (Chrome trace-event JSON) from now on, into path; mark_cycles adds cycle marks. */

@@ -874,6 +874,39 @@ khor_status engine_start(khor_comm *comm, const khor_config *cfg, struct khor_en
 	return KHOR_SUCCESS;
 }
 
+khor_status engine_remove_set(struct khor_engine *e, int id, kerr *err)
+{
+	eset *s = NULL;
+	int at = -1;
+
+	if (id == 0)
+		return bad(err, "khor_engine_remove_process_set: set 0 is the engine's own comm; "
+		           "stop the engine instead");
+	pthread_mutex_lock(&e->mu);
+	for (int i = 0; i < e->nsets; i++) {
+		if (e->sets[i]->id == id) {
+			s = e->sets[i];
+			at = i;
+		}
+	}
+	if (s != NULL)
+		s->stop = true;
+	pthread_mutex_unlock(&e->mu);
+	if (s == NULL)
+		return bad(err, "khor_engine_remove_process_set: no process set %d", id);
+	/* The set's own negotiated stop: every member asks, then its thread ends. */
+	set_wake(s);
+	if (s->started)
+		pthread_join(s->thread, NULL);
+	pthread_mutex_lock(&e->mu);
+	for (int i = at; i + 1 < e->nsets; i++)
+		e->sets[i] = e->sets[i + 1];
+	e->nsets--;
+	pthread_mutex_unlock(&e->mu);
+	set_free(s);
+	return KHOR_SUCCESS;
+}
+
 khor_status engine_stop(struct khor_engine *e, kerr *err)
 {
 	bool free_it;

@@ -235,6 +235,7 @@ khor_status engine_start(khor_comm *comm, const khor_config *cfg, struct khor_en
                          kerr *err);
 khor_status engine_add_set(struct khor_engine *e, khor_comm *comm, int *id_out, kerr *err);
 khor_status engine_stop(struct khor_engine *e, kerr *err);
+khor_status engine_remove_set(struct khor_engine *e, int id, kerr *err);
 khor_status engine_wait(khor_handle *h);
 /* Timeline to path from now (NULL: stop it). */
 khor_status engine_timeline(struct khor_engine *e, const char *path, bool mark, kerr *err);

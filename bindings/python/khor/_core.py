@@ -1,0 +1,465 @@
+"""The job and the engine that every front end of this package shares: the world comm, the
+engine started on it, the process sets, and pending operations keyed by Horovod-style
+integer handles. Front ends (``khor`` for numpy and buffers, ``khor.torch``) describe their
+tensors as ``Buf`` (address, dtype code, shape, a reference that keeps the memory alive)
+and call the functions here; nothing here knows numpy or torch.
+"""
+
+import ctypes
+import threading
+
+from . import _lib
+from ._lib import KhorError
+
+# Horovod's reduction ops, same values (horovod/common/basics).
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+
+_OPS = {Average: _lib.AVG, Sum: _lib.SUM, Min: _lib.MIN, Max: _lib.MAX, Product: _lib.PROD}
+
+
+def khor_op(op):
+    if op == Adasum:
+        raise NotImplementedError(
+            "khor does not support the Adasum reduction; use Average or Sum")
+    try:
+        return _OPS[op]
+    except KeyError:
+        raise ValueError("unknown reduction op %r (use Average, Sum, Min, Max or Product)"
+                         % (op,)) from None
+
+
+class Buf:
+    """One tensor as the engine sees it: memory at ``ptr`` of ``shape`` and khor dtype
+    ``dtype``; ``keep`` is whatever owns the memory (it stays referenced until the
+    operation completes)."""
+
+    __slots__ = ("ptr", "dtype", "shape", "keep")
+
+    def __init__(self, ptr, dtype, shape, keep):
+        self.ptr = ptr
+        self.dtype = dtype
+        self.shape = tuple(int(d) for d in shape)
+        self.keep = keep
+
+    def dims(self):
+        return (ctypes.c_int64 * max(1, len(self.shape)))(*self.shape)
+
+
+class _State:
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.comm = None
+        self.engine = None
+        self.sets = {}          # id -> ProcessSet
+        self.pending = {}       # int handle -> _Pending
+        self.next_handle = 1
+        self.counters = {}      # op kind -> noname counter
+
+
+_state = _State()
+
+
+def _engine_error():
+    return _lib.text(_lib.khor_engine_error(_state.engine)) if _state.engine else ""
+
+
+def _comm_error(comm=None):
+    c = comm if comm is not None else _state.comm
+    return _lib.text(_lib.khor_comm_error(c)) if c else ""
+
+
+def require_init():
+    if _state.engine is None:
+        raise ValueError("khor has not been initialized; call init() first "
+                         "(Horovod: hvd.init())")
+
+
+class ProcessSet:
+    """A group of ranks that runs collectives of its own (Horovod's ProcessSet). Make one
+    with a list of world ranks and register it with add_process_set (every rank calls it,
+    in the same order) or give it to init(process_sets=...)."""
+
+    def __init__(self, ranks=None):
+        self.ranks = None if ranks is None else sorted(int(r) for r in ranks)
+        self.process_set_id = None
+        self._comm = None
+
+    def _invalid(self):
+        return self.process_set_id is None
+
+    def size(self):
+        return len(self.ranks) if self.ranks is not None else size()
+
+    def rank(self):
+        r = rank()
+        return self.ranks.index(r) if self.ranks is not None and r in self.ranks else \
+            (r if self.ranks is None else -1)
+
+    def included(self):
+        return self.ranks is None or rank() in self.ranks
+
+    def __repr__(self):
+        return "ProcessSet(process_set_id=%r, ranks=%r)" % (self.process_set_id, self.ranks)
+
+
+global_process_set = ProcessSet(None)
+
+
+def init(comm=None, process_sets=None, config=None):
+    """Joins the job (khor_init: khorrun's, torchrun's or Slurm's variables) and starts the
+    engine. ``comm`` is accepted for Horovod's signature; khor needs no MPI communicator and
+    refuses one. ``config``: extra KHOR_* settings as a dict."""
+    if comm is not None:
+        raise ValueError("khor runs without MPI: init() takes no communicator")
+    with _state.lock:
+        if _state.engine is not None:
+            return
+        cfg = ctypes.c_void_p()
+        _lib.check(_lib.khor_config_create(ctypes.byref(cfg)), lambda: "khor_config_create")
+        try:
+            for k, v in (config or {}).items():
+                _lib.check(_lib.khor_config_set(cfg, k.encode(), str(v).encode()),
+                           lambda: "unknown or bad setting %s=%r" % (k, v))
+            err = ctypes.create_string_buffer(2048)
+            world = ctypes.c_void_p()
+            _lib.check(_lib.khor_init(cfg, err, len(err), ctypes.byref(world)),
+                       lambda: _lib.text(err.value))
+        finally:
+            _lib.khor_config_destroy(cfg)
+        eng = ctypes.c_void_p()
+        st = _lib.khor_engine_start(world, None, ctypes.byref(eng))
+        if st != _lib.SUCCESS:
+            msg = _comm_error(world)
+            _lib.khor_finalize(world)
+            raise KhorError(msg, st)
+        _state.comm, _state.engine = world, eng
+        _state.sets = {0: global_process_set}
+        global_process_set.process_set_id = 0
+        global_process_set._comm = world
+        _state.counters = {}
+    if process_sets:
+        for ps in process_sets:
+            add_process_set(ps)
+
+
+def shutdown():
+    """Stops the engine and leaves the job. Pending operations fail; init() may follow."""
+    with _state.lock:
+        if _state.engine is None:
+            return
+        _lib.khor_engine_stop(_state.engine)
+        for pid, ps in list(_state.sets.items()):
+            if pid != 0 and ps._comm:
+                _lib.khor_comm_free(ps._comm)
+            ps._comm = None
+            ps.process_set_id = None
+        _lib.khor_finalize(_state.comm)
+        _state.comm = _state.engine = None
+        _state.sets = {}
+        _state.pending.clear()
+
+
+def is_initialized():
+    return _state.engine is not None
+
+
+def _get(fn):
+    require_init()
+    return fn(_state.comm)
+
+
+def rank():
+    return _get(_lib.khor_rank)
+
+
+def size():
+    return _get(_lib.khor_size)
+
+
+def local_rank():
+    return _get(_lib.khor_local_rank)
+
+
+def local_size():
+    return _get(_lib.khor_local_size)
+
+
+def cross_rank():
+    return _get(_lib.khor_cross_rank)
+
+
+def cross_size():
+    return _get(_lib.khor_cross_size)
+
+
+def is_homogeneous():
+    """True when every host runs the same number of ranks."""
+    require_init()
+    n = ctypes.c_int64(local_size())
+    mx = ctypes.c_int64(n.value)
+    _lib.check(_lib.khor_allreduce(_state.comm, ctypes.byref(n), ctypes.byref(mx), 1,
+                                   _lib.INT64, _lib.MAX), _comm_error)
+    mn = ctypes.c_int64(n.value)
+    _lib.check(_lib.khor_allreduce(_state.comm, ctypes.byref(n), ctypes.byref(mn), 1,
+                                   _lib.INT64, _lib.MIN), _comm_error)
+    return mx.value == mn.value
+
+
+def add_process_set(process_set):
+    """Registers a process set (a ProcessSet or a list of ranks); every rank of the job
+    calls it, in the same order. Returns the ProcessSet with its id."""
+    require_init()
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.ranks is None:
+        raise ValueError("the global process set is registered already")
+    n = size()
+    if not ps.ranks or ps.ranks[0] < 0 or ps.ranks[-1] >= n or len(set(ps.ranks)) != len(
+            ps.ranks):
+        raise ValueError("process set ranks %r: expected distinct ranks of 0..%d"
+                         % (ps.ranks, n - 1))
+    with _state.lock:
+        for other in _state.sets.values():
+            if other.ranks == ps.ranks:
+                raise ValueError("a process set with ranks %r exists already (id %d)"
+                                 % (ps.ranks, other.process_set_id))
+        me = rank()
+        member = me in ps.ranks
+        sub = ctypes.c_void_p()
+        _lib.check(_lib.khor_comm_split(_state.comm, 1 if member else -1, me,
+                                        ctypes.byref(sub)), _comm_error)
+        sid = ctypes.c_int(-1)
+        if member:
+            _lib.check(_lib.khor_engine_add_process_set(_state.engine, sub,
+                                                        ctypes.byref(sid)), _engine_error)
+        # Every rank learns the id (members have it; the others take the max).
+        v = ctypes.c_int64(sid.value)
+        _lib.check(_lib.khor_allreduce(_state.comm, ctypes.byref(v), ctypes.byref(v), 1,
+                                       _lib.INT64, _lib.MAX), _comm_error)
+        ps.process_set_id = int(v.value)
+        ps._comm = sub.value and sub or None
+        _state.sets[ps.process_set_id] = ps
+    return ps
+
+
+def remove_process_set(process_set):
+    """Unregisters a process set (every rank calls it). False when it was not registered."""
+    require_init()
+    ps = process_set
+    with _state.lock:
+        if ps is global_process_set or ps.process_set_id not in _state.sets:
+            return False
+        if ps._comm:
+            _lib.check(_lib.khor_engine_remove_process_set(_state.engine, ps.process_set_id),
+                       _engine_error)
+            _lib.khor_comm_free(ps._comm)
+        _lib.check(_lib.khor_barrier(_state.comm), _comm_error)
+        del _state.sets[ps.process_set_id]
+        ps.process_set_id = None
+        ps._comm = None
+    return True
+
+
+def set_id(process_set):
+    ps = process_set if process_set is not None else global_process_set
+    if ps.process_set_id is None or ps.process_set_id not in _state.sets:
+        raise ValueError("%r is not registered (add_process_set first)" % (ps,))
+    if not ps.included():
+        raise ValueError("rank %d is not in %r" % (rank(), ps))
+    return ps.process_set_id
+
+
+def auto_name(kind, name):
+    if name is not None:
+        return name
+    with _state.lock:
+        k = _state.counters.get(kind, 0)
+        _state.counters[kind] = k + 1
+    return "%s.noname.%d" % (kind, k)
+
+
+class _Pending:
+    """One enqueued operation: its khor_handle, what must stay alive, and how to produce
+    the result once it completes (``finish(pending)`` -> the front end's output)."""
+
+    __slots__ = ("h", "keep", "finish", "name", "result", "done")
+
+    def __init__(self, h, keep, finish, name):
+        self.h = h
+        self.keep = keep
+        self.finish = finish
+        self.name = name
+        self.result = None
+        self.done = False
+
+
+def _register(h, keep, finish, name):
+    with _state.lock:
+        hid = _state.next_handle
+        _state.next_handle += 1
+        _state.pending[hid] = _Pending(h, keep, finish, name)
+    return hid
+
+
+def _enqueue(fn, *args):
+    h = ctypes.c_void_p()
+    st = fn(_state.engine, *args, ctypes.byref(h))
+    if st != _lib.SUCCESS:
+        raise KhorError(_engine_error(), st)
+    return h
+
+
+def _names(names):
+    arr = (ctypes.c_char_p * len(names))(*[n.encode() for n in names])
+    return arr
+
+
+def _group_arrays(bufs):
+    n = len(bufs)
+    ptrs = (ctypes.c_void_p * n)(*[b.ptr for b in bufs])
+    dts = (ctypes.c_int * n)(*[b.dtype for b in bufs])
+    nds = (ctypes.c_int * n)(*[len(b.shape) for b in bufs])
+    flat = [d for b in bufs for d in b.shape]
+    dims = (ctypes.c_int64 * max(1, len(flat)))(*flat)
+    return ptrs, dts, nds, dims
+
+
+def enqueue_allreduce(name, ins, outs, op, prescale, postscale, process_set, finish, keep):
+    """ins/outs: lists of Buf (one = a plain allreduce, more = grouped)."""
+    require_init()
+    sid = set_id(process_set)
+    kop = khor_op(op)
+    if len(ins) == 1:
+        i, o = ins[0], outs[0]
+        h = _enqueue(_lib.khor_enqueue_allreduce, sid, name[0].encode(), i.ptr, o.ptr, i.dtype,
+                     len(i.shape), i.dims(), kop, float(prescale), float(postscale))
+    else:
+        ptrs, dts, nds, dims = _group_arrays(ins)
+        optrs = (ctypes.c_void_p * len(outs))(*[b.ptr for b in outs])
+        h = _enqueue(_lib.khor_enqueue_grouped_allreduce, sid, len(ins), _names(name), ptrs,
+                     optrs, dts, nds, dims, kop, float(prescale), float(postscale))
+    return _register(h, (ins, outs, keep), finish, name)
+
+
+def enqueue_reducescatter(name, ins, outs, op, prescale, postscale, process_set, finish, keep):
+    require_init()
+    sid = set_id(process_set)
+    kop = khor_op(op)
+    if len(ins) == 1:
+        i, o = ins[0], outs[0]
+        h = _enqueue(_lib.khor_enqueue_reducescatter, sid, name[0].encode(), i.ptr, o.ptr,
+                     i.dtype, len(i.shape), i.dims(), kop, float(prescale), float(postscale))
+    else:
+        ptrs, dts, nds, dims = _group_arrays(ins)
+        optrs = (ctypes.c_void_p * len(outs))(*[b.ptr for b in outs])
+        h = _enqueue(_lib.khor_enqueue_grouped_reducescatter, sid, len(ins), _names(name), ptrs,
+                     optrs, dts, nds, dims, kop, float(prescale), float(postscale))
+    return _register(h, (ins, outs, keep), finish, name)
+
+
+def enqueue_allgather(name, ins, process_set, finish, keep):
+    require_init()
+    sid = set_id(process_set)
+    if len(ins) == 1:
+        i = ins[0]
+        h = _enqueue(_lib.khor_enqueue_allgather, sid, name[0].encode(), i.ptr, i.dtype,
+                     len(i.shape), i.dims(), _lib.NULL_ALLOC, None)
+    else:
+        ptrs, dts, nds, dims = _group_arrays(ins)
+        h = _enqueue(_lib.khor_enqueue_grouped_allgather, sid, len(ins), _names(name), ptrs,
+                     dts, nds, dims, _lib.NULL_ALLOC, None)
+    return _register(h, (ins, keep), finish, name)
+
+
+def enqueue_broadcast(name, i, o, root, process_set, finish, keep):
+    require_init()
+    sid = set_id(process_set)
+    h = _enqueue(_lib.khor_enqueue_broadcast, sid, name.encode(), i.ptr, o.ptr, i.dtype,
+                 len(i.shape), i.dims(), int(root))
+    return _register(h, (i, o, keep), finish, [name])
+
+
+def enqueue_alltoall(name, i, splits, process_set, finish, keep):
+    require_init()
+    sid = set_id(process_set)
+    sp = None
+    if splits is not None:
+        sp = (ctypes.c_int64 * len(splits))(*[int(s) for s in splits])
+    h = _enqueue(_lib.khor_enqueue_alltoall, sid, name.encode(), i.ptr, i.dtype, len(i.shape),
+                 i.dims(), sp, _lib.NULL_ALLOC, None)
+    return _register(h, (i, sp, keep), finish, [name])
+
+
+def enqueue_barrier(process_set):
+    require_init()
+    h = _enqueue(_lib.khor_enqueue_barrier, set_id(process_set))
+    return _register(h, None, None, ["barrier"])
+
+
+def enqueue_join(process_set):
+    require_init()
+    h = _enqueue(_lib.khor_enqueue_join, set_id(process_set))
+    return _register(h, None, None, ["join"])
+
+
+def output(h, i):
+    """Tensor i's engine-allocated output: (address, dims)."""
+    data = ctypes.c_void_p()
+    nd = ctypes.c_int()
+    dims = (ctypes.c_int64 * 8)()
+    _lib.check(_lib.khor_handle_output(h, i, ctypes.byref(data), ctypes.byref(nd), dims),
+               lambda: "no output for tensor %d" % i)
+    return data.value, tuple(dims[k] for k in range(nd.value))
+
+
+def splits(h, n):
+    out = (ctypes.c_int64 * n)()
+    _lib.check(_lib.khor_handle_splits(h, out, n), lambda: "no splits")
+    return [int(x) for x in out]
+
+
+def join_rank(h):
+    return int(_lib.khor_handle_join_rank(h))
+
+
+def poll(handle):
+    """True when the operation has completed (successfully or not)."""
+    p = _state.pending.get(handle)
+    if p is None:
+        raise ValueError("unknown handle %r" % (handle,))
+    return p.done or _lib.khor_handle_test(p.h) != _lib.IN_PROGRESS
+
+
+def synchronize(handle):
+    """Waits for the operation and returns its result; raises KhorError with the engine's
+    text (rank, peer, tensor, cause) when it failed. After KHOR_TIMEOUT without completion
+    it raises with what the operation waits for, and the handle stays valid."""
+    p = _state.pending.get(handle)
+    if p is None:
+        raise ValueError("unknown handle %r (already synchronized?)" % (handle,))
+    st = _lib.khor_handle_wait(p.h)
+    if st == _lib.ERR_TIMEOUT:
+        raise KhorError(_lib.text(_lib.khor_handle_error(p.h)), st)
+    try:
+        if st != _lib.SUCCESS:
+            raise KhorError(_lib.text(_lib.khor_handle_error(p.h)), st)
+        return p.finish(p) if p.finish is not None else None
+    finally:
+        with _state.lock:
+            _state.pending.pop(handle, None)
+        _lib.khor_handle_free(p.h)
+
+
+def start_timeline(file_path, mark_cycles=False):
+    require_init()
+    _lib.check(_lib.khor_engine_timeline_start(_state.engine, file_path.encode(),
+                                               1 if mark_cycles else 0), _engine_error)
+
+
+def stop_timeline():
+    require_init()
+    _lib.check(_lib.khor_engine_timeline_stop(_state.engine), _engine_error)

@@ -1,0 +1,85 @@
+"""khor.torch: Horovod's torch API over khor (``import khor.torch as hvd``).
+
+Same names, arguments, defaults and exceptions as ``horovod.torch``: init, size, rank, the
+collectives (plain, in place, async, grouped), DistributedOptimizer, the broadcast helpers,
+SyncBatchNorm, process sets and the timeline. Nothing is compiled: the engine is libkhor's,
+reached through ctypes. CPU tensors only (the GPU path is a later piece of work), and no
+Adasum. HOROVOD_* settings (fusion threshold, cycle time, cache capacity, timeline, stall
+check, autotune) are read by the engine as aliases of its KHOR_* ones.
+"""
+
+from .. import _core
+from .._core import (Average, Sum, Adasum, Min, Max, Product, ProcessSet, global_process_set,
+                     add_process_set, remove_process_set, is_initialized, rank, size,
+                     local_rank, local_size, cross_rank, cross_size, is_homogeneous, poll,
+                     start_timeline, stop_timeline)
+from .._lib import KhorError
+from .compression import Compression
+from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                        broadcast_parameters)
+from .mpi_ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
+                      allreduce_async_, alltoall, alltoall_async, barrier, broadcast,
+                      broadcast_, broadcast_async, broadcast_async_, grouped_allgather,
+                      grouped_allgather_async, grouped_allreduce, grouped_allreduce_,
+                      grouped_allreduce_async, grouped_allreduce_async_,
+                      grouped_reducescatter, grouped_reducescatter_async, join, reducescatter,
+                      reducescatter_async, synchronize)
+from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
+
+# Horovod's exception for failures inside the runtime (a dead rank, a mismatch, a timeout).
+HorovodInternalError = KhorError
+
+
+def init(comm=None, process_sets=None):
+    """Joins the job and starts the engine (Horovod: hvd.init). Safe to call again after
+    shutdown()."""
+    _core.init(comm, process_sets)
+
+
+def shutdown():
+    _core.shutdown()
+
+
+# What this build has, truthfully: no MPI, no Gloo, no NCCL, no CUDA, no DDL, no oneCCL.
+def mpi_built(verbose=False):
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_threads_supported():
+    return False
+
+
+def gloo_built(verbose=False):
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def nccl_built(verbose=False):
+    return False
+
+
+def ddl_built(verbose=False):
+    return False
+
+
+def ccl_built(verbose=False):
+    return False
+
+
+def cuda_built(verbose=False):
+    return False
+
+
+def rocm_built(verbose=False):
+    return False
+
+
+__all__ = [n for n in dir() if not n.startswith("_")]
