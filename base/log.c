@@ -18,8 +18,16 @@ void klog_init_from_env(void)
 {
 	const char *v = getenv("KHOR_LOG");
 
+	/* Horovod's name for it; its levels (trace, debug, info, warning, error, fatal) are
+	 * ours, fatal aside, which shows errors. */
+	if (v == NULL || *v == '\0')
+		v = getenv("HOROVOD_LOG_LEVEL");
 	if (v == NULL || *v == '\0')
 		return;
+	if (strcasecmp(v, "fatal") == 0) {
+		klog_threshold = KLOG_ERROR;
+		return;
+	}
 	for (int i = 0; i < 5; i++) {
 		if (strcasecmp(v, level_names[i]) == 0) {
 			klog_threshold = i;

@@ -52,7 +52,7 @@ const struct config_var config_vars[] = {
 	{ "KHOR_AUTOTUNE_LOG", NULL, "Engine: CSV file of autotune's samples (alias HOROVOD_AUTOTUNE_LOG)" },
 	{ "KHOR_AUTOTUNE_WARMUP_SAMPLES", "3", "Engine: autotune windows discarded at the start (alias HOROVOD_AUTOTUNE_WARMUP_SAMPLES)" },
 	{ "KHOR_AUTOTUNE_STEPS_PER_SAMPLE", "10", "Engine: cycles with work per autotune window (alias HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE)" },
-	{ "KHOR_LOG", "warn", "Log level: error, warn, info, debug, trace" },
+	{ "KHOR_LOG", "warn", "Log level: error, warn, info, debug, trace (alias HOROVOD_LOG_LEVEL)" },
 };
 const int config_nvars = sizeof(config_vars) / sizeof(config_vars[0]);
 
