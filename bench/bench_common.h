@@ -56,9 +56,10 @@
 
 /* The benchmark's own dtype and op names; each backend maps them onto its library's. */
 enum bench_dtype {
-	BENCH_F32, BENCH_F64, BENCH_I32, BENCH_I64, BENCH_F16, BENCH_BF16, BENCH_I8, BENCH_U8
+	BENCH_F32, BENCH_F64, BENCH_I32, BENCH_I64, BENCH_F16, BENCH_BF16, BENCH_I8, BENCH_U8,
+	BENCH_I16
 };
-#define BENCH_NDTYPES 8
+#define BENCH_NDTYPES 9
 enum bench_op { BENCH_SUM, BENCH_AVG, BENCH_MIN, BENCH_MAX, BENCH_PROD };
 #define BENCH_MAX_ALGOS 8
 /* In comparison mode the timed calls run in this many rounds, each algorithm in turn. */
@@ -196,6 +197,7 @@ static const struct {
 	[BENCH_BF16] = {"bfloat16", 2, 256.0, -12345.0},
 	[BENCH_I8] = {"int8", 1, 127.0, -128.0},
 	[BENCH_U8] = {"uint8", 1, 254.0, 255.0}, /* 255 is kept for the sentinel */
+	[BENCH_I16] = {"int16", 2, 32767.0, -12345.0}, /* not in nccl-tests, named like int8 */
 };
 
 static inline size_t bench_dtype_size(enum bench_dtype d)
@@ -230,6 +232,7 @@ static inline int bench_parse_dtype(const char *s, enum bench_dtype *out)
 		{"bfloat16", BENCH_BF16}, {"bf16", BENCH_BF16},
 		{"int8", BENCH_I8}, {"i8", BENCH_I8}, {"char", BENCH_I8},
 		{"uint8", BENCH_U8}, {"u8", BENCH_U8},
+		{"int16", BENCH_I16}, {"i16", BENCH_I16}, {"short", BENCH_I16},
 	};
 	for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
 		if (strcmp(s, map[i].name) == 0) {
@@ -329,6 +332,7 @@ static inline void bench_set(void *buf, enum bench_dtype d, size_t i, double v)
 	case BENCH_BF16: ((uint16_t *)buf)[i] = bench_f32_to_bf16((float)v); break;
 	case BENCH_I8: ((int8_t *)buf)[i] = (int8_t)v; break;
 	case BENCH_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+	case BENCH_I16: ((int16_t *)buf)[i] = (int16_t)v; break;
 	}
 }
 
@@ -343,6 +347,7 @@ static inline double bench_get(const void *buf, enum bench_dtype d, size_t i)
 	case BENCH_BF16: return bench_bf16_to_f32(((const uint16_t *)buf)[i]);
 	case BENCH_I8: return ((const int8_t *)buf)[i];
 	case BENCH_U8: return ((const uint8_t *)buf)[i];
+	case BENCH_I16: return ((const int16_t *)buf)[i];
 	}
 	return 0;
 }
@@ -809,7 +814,7 @@ static inline void bench_usage(FILE *f, const char *prog, const char *extra)
 	           "                        timed ones (default), all in every call\n"
 	           "      --check           the same as -c all (only the call itself is timed)\n"
 	           "  -d, --datatype T      float, double, int32, int64, half, bfloat16, int8,\n"
-	           "                        uint8 (default float)\n"
+	           "                        uint8, int16 (default float)\n"
 	           "  -o, --op OP           sum, avg, min, max, prod (default sum)\n"
 	           "  -r, --root R          root of broadcast, reduce, gather, scatter (default 0)\n"
 	           "      --csv FILE        also write the rows as CSV to FILE (rank 0)\n"
@@ -971,7 +976,7 @@ static inline int bench_parse_args(int argc, char **argv, const char *prog, cons
 		case 'd':
 			dtype_given = 1;
 			if (bench_parse_dtype(optarg, &a->dtype))
-				need = "float, double, int32, int64, half, bfloat16, int8 or uint8";
+				need = "float, double, int32, int64, half, bfloat16, int8, uint8 or int16";
 			break;
 		case 'o':
 			op_given = 1;

@@ -36,7 +36,7 @@ struct dtype_info {
 static const struct dtype_info dtypes[] = {
 	{ KHOR_FLOAT32, "float", 4 },   { KHOR_FLOAT64, "double", 8 }, { KHOR_FLOAT16, "half", 2 },
 	{ KHOR_BFLOAT16, "bfloat16", 2 }, { KHOR_INT8, "int8", 1 },    { KHOR_UINT8, "uint8", 1 },
-	{ KHOR_INT32, "int32", 4 },     { KHOR_INT64, "int64", 8 },
+	{ KHOR_INT32, "int32", 4 },     { KHOR_INT64, "int64", 8 },  { KHOR_INT16, "int16", 2 },
 };
 #define NDTYPES (sizeof(dtypes) / sizeof(dtypes[0]))
 
@@ -89,6 +89,7 @@ static void fill(khor_dtype dtype, void *a, void *b, size_t bytes)
 	case KHOR_INT8: case KHOR_UINT8: memset(a, 1, bytes); break;
 	case KHOR_INT32: for (i = 0; i < bytes / 4; i++) ((int32_t *)a)[i] = 1; break;
 	case KHOR_INT64: for (i = 0; i < bytes / 8; i++) ((int64_t *)a)[i] = 1; break;
+	case KHOR_INT16: for (i = 0; i < bytes / 2; i++) ((int16_t *)a)[i] = 1; break;
 	default: memset(a, 0, bytes); break;
 	}
 }
@@ -142,7 +143,7 @@ static void usage(const char *prog)
 	fprintf(stderr,
 	        "usage: %s [-b minbytes] [-e maxbytes] [-f factor] [-d dtype|all] [-o op] [-r reps] [-p]\n"
 	        "  sizes are bytes of one operand (K, M, G suffixes); defaults -b 4K -e 64M -f 2\n"
-	        "  -d float, double, half, bfloat16, int8, uint8, int32, int64 or all (default)\n"
+	        "  -d float, double, half, bfloat16, int8, uint8, int32, int64, int16 or all (default)\n"
 	        "  -o sum (default), min, max or prod;  -r repetitions, best kept (default 5)\n"
 	        "  -p time the portable kernels instead of the ones dispatched for this CPU\n",
 	        prog);

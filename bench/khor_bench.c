@@ -50,6 +50,7 @@ static khor_dtype to_khor_dtype(enum bench_dtype d)
 	case BENCH_BF16: return KHOR_BFLOAT16;
 	case BENCH_I8: return KHOR_INT8;
 	case BENCH_U8: return KHOR_UINT8;
+	case BENCH_I16: return KHOR_INT16;
 	}
 	return KHOR_FLOAT32;
 }

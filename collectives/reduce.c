@@ -39,6 +39,11 @@
 
 #define OP_SUM(x, y) ((x) + (y))
 #define OP_PROD(x, y) ((x) * (y))
+/*
+ * Integer product: 1u first so that types narrower than int multiply as unsigned int; plain
+ * uint16_t operands would be promoted to int, and 65535 * 65535 overflows it (undefined).
+ */
+#define OP_WPROD(x, y) (1u * (x) * (y))
 #define OP_MIN(x, y) ((y) < (x) ? (y) : (x))
 #define OP_MAX(x, y) ((y) > (x) ? (y) : (x))
 /* b when it is smaller or NaN, else a: NaN from either side wins. `|` keeps it branch-free. */
@@ -150,7 +155,7 @@ uint16_t reduce_f32_to_bf16(float f) { return bf16_round(f); }
 /* Integer sum and product wrap: do them on the unsigned twin so overflow is defined. */
 #define DEFINE_INT_TYPE(sfx, T, UT)             \
 	DEFINE_KERNEL(sum_##sfx, UT, OP_SUM)    \
-	DEFINE_KERNEL(prod_##sfx, UT, OP_PROD)  \
+	DEFINE_KERNEL(prod_##sfx, UT, OP_WPROD) \
 	DEFINE_KERNEL(min_##sfx, T, OP_MIN)     \
 	DEFINE_KERNEL(max_##sfx, T, OP_MAX)
 
@@ -172,6 +177,7 @@ DEFINE_HALF_TYPE(f16, f16_widen, f16_round)
 DEFINE_HALF_TYPE(bf16, bf16_widen, bf16_round)
 DEFINE_INT_TYPE(i8, int8_t, uint8_t)
 DEFINE_INT_TYPE(u8, uint8_t, uint8_t)
+DEFINE_INT_TYPE(i16, int16_t, uint16_t)
 DEFINE_INT_TYPE(i32, int32_t, uint32_t)
 DEFINE_INT_TYPE(i64, int64_t, uint64_t)
 
@@ -187,6 +193,7 @@ static const reduce_fn portable[][5] = {
 	[KHOR_BFLOAT16] = ROW(bf16),
 	[KHOR_INT8] = ROW(i8),
 	[KHOR_UINT8] = ROW(u8),
+	[KHOR_INT16] = ROW(i16),
 };
 
 #if defined(__x86_64__)
@@ -408,6 +415,7 @@ DEFINE_AVG_FINISH(avg_i32, int32_t, int32_t)
 DEFINE_AVG_FINISH(avg_i64, int64_t, int64_t)
 DEFINE_AVG_FINISH(avg_i8, int8_t, int32_t)
 DEFINE_AVG_FINISH(avg_u8, uint8_t, int32_t)
+DEFINE_AVG_FINISH(avg_i16, int16_t, int32_t)
 DEFINE_HALF_AVG_FINISH(avg_f16, f16_widen, f16_round)
 DEFINE_HALF_AVG_FINISH(avg_bf16, bf16_widen, bf16_round)
 
@@ -422,6 +430,7 @@ void reduce_avg_finish(void *buf, size_t count, khor_dtype dtype, int n)
 	case KHOR_INT64: avg_i64(buf, count, n); break;
 	case KHOR_INT8: avg_i8(buf, count, n); break;
 	case KHOR_UINT8: avg_u8(buf, count, n); break;
+	case KHOR_INT16: avg_i16(buf, count, n); break;
 	case KHOR_BFLOAT16:
 #if defined(__x86_64__)
 		if (cpu_has_avx2()) {

@@ -16,7 +16,7 @@
  * - Integer sum and prod wrap around (two's complement, computed unsigned so it is defined).
  * - avg is sum followed by reduce_avg_finish: floats divide exactly rounded; integers
  *   truncate toward zero (C division) after the wrapping sum, so a sum that overflowed
- *   averages to garbage: int8/uint8 avg is only meaningful while the sum fits.
+ *   averages to garbage: int8/uint8/int16 avg is only meaningful while the sum fits.
  */
 #ifndef KHOR_REDUCE_H
 #define KHOR_REDUCE_H

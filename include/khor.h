@@ -78,7 +78,8 @@ typedef enum khor_dtype {
 	KHOR_BFLOAT16 = 5,
 	KHOR_INT8 = 6,
 	KHOR_UINT8 = 7,
-	KHOR_BOOL = 8
+	KHOR_BOOL = 8,
+	KHOR_INT16 = 9
 } khor_dtype;
 
 /* avg on integer types is the sum divided by the number of ranks, truncated toward zero. */

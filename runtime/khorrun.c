@@ -218,7 +218,10 @@ static void usage(FILE *f)
 	        "\n"
 	        "Each rank gets KHOR_RANK, KHOR_SIZE, KHOR_LOCAL_RANK, KHOR_LOCAL_SIZE,\n"
 	        "KHOR_CROSS_RANK, KHOR_CROSS_SIZE, KHOR_LOCAL_CPUS, KHOR_STORE_ADDR, KHOR_SECRET,\n"
-	        "KHOR_JOB_ID and KHOR_LAUNCHER=khorrun on top of khorrun's own environment.\n"
+	        "KHOR_JOB_ID and KHOR_LAUNCHER=khorrun on top of khorrun's own environment, and\n"
+	        "for Horovod scripts HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK,\n"
+	        "HOROVOD_LOCAL_SIZE, HOROVOD_CROSS_RANK, HOROVOD_CROSS_SIZE (the same values)\n"
+	        "and HOROVOD_HOSTNAME (KHOR_HOSTNAME as the ranks see it, else this host's name).\n"
 	        "Ranks read stdin from /dev/null. Exit status: the first failed rank's\n"
 	        "(128+signal if killed), 130/143 when interrupted by SIGINT/SIGTERM, 2 for a bad\n"
 	        "command line, 127 when the program is not found, 126 when it cannot be run.\n");
@@ -529,24 +532,95 @@ static bool env_has(char **env, size_t n, const char *def)
 }
 
 /*
- * The ranks' environment: khorrun's own, under the -x variables, under the launcher's
- * KHOR_* variables (which must win, or a stale KHOR_RANK in the shell would break the job).
- * Entries are added highest priority first and a name already present is skipped.
- * rank_slot and local_slot point at buffers the caller rewrites before each spawn.
+ * Every rank's identity goes out under two prefixes: KHOR_ for khor itself and HOROVOD_ for
+ * scripts written for horovodrun, which read HOROVOD_RANK and friends directly.
  */
-static char **build_env(const struct opts *o, char **fixed, size_t nfixed, char *rank_slot,
-                        char *local_slot)
+static const char *const id_prefixes[] = { "KHOR_", "HOROVOD_" };
+#define NPREFIXES (sizeof(id_prefixes) / sizeof(id_prefixes[0]))
+/* Rank and local rank under each prefix: the entries rewritten before each spawn. */
+#define NSLOTS (2 * NPREFIXES)
+#define SLOT_LEN 40
+/* The entries that are the same in every rank: see main. */
+#define MAX_FIXED 24
+
+/*
+ * Rank r's slots. Every rank of a khorrun job is on this host, so, as comm.c computes it
+ * from host names, its local rank is its rank (and, in main, local size the job's size,
+ * cross rank 0 of cross size 1).
+ */
+static void fill_slots(char (*slots)[SLOT_LEN], int r)
+{
+	for (size_t p = 0; p < NPREFIXES; p++) {
+		snprintf(slots[2 * p], SLOT_LEN, "%sRANK=%d", id_prefixes[p], r);
+		snprintf(slots[2 * p + 1], SLOT_LEN, "%sLOCAL_RANK=%d", id_prefixes[p], r);
+	}
+}
+
+/* Appends one printf-made "NAME=value" to fixed; false when out of memory or room. */
+static bool add_fixed(char **fixed, size_t *nfixed, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static bool add_fixed(char **fixed, size_t *nfixed, const char *fmt, ...)
+{
+	va_list ap;
+	int rc;
+
+	if (*nfixed >= MAX_FIXED)
+		return false;
+	va_start(ap, fmt);
+	rc = vasprintf(&fixed[*nfixed], fmt, ap);
+	va_end(ap);
+	if (rc < 0)
+		return false; /* vasprintf leaves the pointer undefined; it is not counted */
+	(*nfixed)++;
+	return true;
+}
+
+/*
+ * The host name the ranks go by, for HOROVOD_HOSTNAME: KHOR_HOSTNAME as the ranks will see
+ * it (the last -x, else khorrun's environment; empty means unset), else gethostname(), which
+ * is what runtime/config.c groups ranks into hosts by.
+ */
+static void rank_hostname(const struct opts *o, char *out, size_t len)
+{
+	const char *v = NULL;
+	bool from_x = false;
+
+	for (int i = o->nxvars - 1; i >= 0 && !from_x; i--) {
+		if (same_name(o->xvars[i], "KHOR_HOSTNAME=")) {
+			v = o->xvars[i] + strlen("KHOR_HOSTNAME=");
+			from_x = true;
+		}
+	}
+	if (!from_x)
+		v = getenv("KHOR_HOSTNAME");
+	if (v != NULL && *v != '\0') {
+		kstrlcpy(out, v, len);
+		return;
+	}
+	memset(out, 0, len);
+	if (gethostname(out, len - 1) != 0)
+		kstrlcpy(out, "localhost", len);
+}
+
+/*
+ * The ranks' environment: khorrun's own, under the -x variables, under the launcher's
+ * KHOR_* and HOROVOD_* variables (which must win, or a stale KHOR_RANK in the shell would
+ * break the job). Entries are added highest priority first and a name already present is
+ * skipped. slots are the NSLOTS buffers the caller rewrites before each spawn.
+ */
+static char **build_env(const struct opts *o, char **fixed, size_t nfixed,
+                        char (*slots)[SLOT_LEN])
 {
 	size_t nenv = 0, n = 0;
 	char **env;
 
 	while (environ != NULL && environ[nenv] != NULL)
 		nenv++;
-	env = calloc(nfixed + 2 + (size_t)o->nxvars + nenv + 1, sizeof(*env));
+	env = calloc(nfixed + NSLOTS + (size_t)o->nxvars + nenv + 1, sizeof(*env));
 	if (env == NULL)
 		return NULL;
-	env[n++] = rank_slot;
-	env[n++] = local_slot;
+	for (size_t i = 0; i < NSLOTS; i++)
+		env[n++] = slots[i];
 	for (size_t i = 0; i < nfixed; i++)
 		env[n++] = fixed[i];
 	for (int i = o->nxvars - 1; i >= 0; i--) {
@@ -1182,7 +1256,7 @@ static void unbind(const cpubind_cpus *cpus)
 static void spawn_all(struct job *j, const char *path, char **fixed, size_t nfixed,
                       const sigset_t *child_mask, const cpubind_cpus *cpus)
 {
-	char rank_slot[32], local_slot[40];
+	char slots[NSLOTS][SLOT_LEN];
 	char **env = NULL;
 	posix_spawnattr_t attr;
 	sigset_t def;
@@ -1198,9 +1272,8 @@ static void spawn_all(struct job *j, const char *path, char **fixed, size_t nfix
 		goto fail;
 	}
 	/* The slots are rewritten per rank, but build_env reads their names now. */
-	snprintf(rank_slot, sizeof(rank_slot), "KHOR_RANK=0");
-	snprintf(local_slot, sizeof(local_slot), "KHOR_LOCAL_RANK=0");
-	env = build_env(&j->o, fixed, nfixed, rank_slot, local_slot);
+	fill_slots(slots, 0);
+	env = build_env(&j->o, fixed, nfixed, slots);
 	if (env == NULL) {
 		err = ENOMEM;
 		say("out of memory building the ranks' environment");
@@ -1228,8 +1301,7 @@ static void spawn_all(struct job *j, const char *path, char **fixed, size_t nfix
 	}
 
 	for (int r = 0; r < j->o.np; r++) {
-		snprintf(rank_slot, sizeof(rank_slot), "KHOR_RANK=%d", r);
-		snprintf(local_slot, sizeof(local_slot), "KHOR_LOCAL_RANK=%d", r);
+		fill_slots(slots, r);
 		if (cpus != NULL)
 			bind_next(cpus, j->o.np, r);
 		err = spawn_rank(j, r, path, env, &attr, devnull);
@@ -1291,9 +1363,10 @@ int main(int argc, char **argv)
 {
 	struct job job;
 	struct job *j = &job;
-	char secret[65], job_id[80], store_addr[300];
-	char *fixed[16];
+	char secret[65], job_id[80], store_addr[300], hostname[256];
+	char *fixed[MAX_FIXED];
 	size_t nfixed = 0;
+	bool ok = true;
 	char *path = NULL;
 	sigset_t block, old_mask;
 	store_server *srv = NULL;
@@ -1429,19 +1502,23 @@ int main(int argc, char **argv)
 		}
 	}
 
-	if (asprintf(&fixed[nfixed++], "KHOR_SIZE=%d", j->o.np) < 0 ||
-	    asprintf(&fixed[nfixed++], "KHOR_LOCAL_SIZE=%d", j->o.np) < 0 ||
-	    asprintf(&fixed[nfixed++], "KHOR_CROSS_RANK=0") < 0 ||
-	    asprintf(&fixed[nfixed++], "KHOR_CROSS_SIZE=1") < 0 ||
-	    asprintf(&fixed[nfixed++], "KHOR_STORE_ADDR=%s", store_addr) < 0 ||
-	    asprintf(&fixed[nfixed++], "KHOR_SECRET=%s", secret) < 0 ||
-	    asprintf(&fixed[nfixed++], "KHOR_JOB_ID=%s", job_id) < 0 ||
-	    asprintf(&fixed[nfixed++], "KHOR_LAUNCHER=khorrun") < 0 ||
-	    (have_cpus && asprintf(&fixed[nfixed++], "KHOR_LOCAL_CPUS=%d", cpus.n) < 0) ||
-	    (j->o.timeout != NULL &&
-	     asprintf(&fixed[nfixed++], "KHOR_TIMEOUT=%s", j->o.timeout) < 0)) {
-		/* asprintf leaves the pointer undefined on failure; do not free it. */
-		nfixed--;
+	/* One host (see fill_slots): every rank is local, and the only one of its cross group. */
+	for (size_t p = 0; p < NPREFIXES && ok; p++) {
+		const char *pre = id_prefixes[p];
+
+		ok = add_fixed(fixed, &nfixed, "%sSIZE=%d", pre, j->o.np) &&
+		     add_fixed(fixed, &nfixed, "%sLOCAL_SIZE=%d", pre, j->o.np) &&
+		     add_fixed(fixed, &nfixed, "%sCROSS_RANK=0", pre) &&
+		     add_fixed(fixed, &nfixed, "%sCROSS_SIZE=1", pre);
+	}
+	rank_hostname(&j->o, hostname, sizeof(hostname));
+	if (!ok || !add_fixed(fixed, &nfixed, "HOROVOD_HOSTNAME=%s", hostname) ||
+	    !add_fixed(fixed, &nfixed, "KHOR_STORE_ADDR=%s", store_addr) ||
+	    !add_fixed(fixed, &nfixed, "KHOR_SECRET=%s", secret) ||
+	    !add_fixed(fixed, &nfixed, "KHOR_JOB_ID=%s", job_id) ||
+	    !add_fixed(fixed, &nfixed, "KHOR_LAUNCHER=khorrun") ||
+	    (have_cpus && !add_fixed(fixed, &nfixed, "KHOR_LOCAL_CPUS=%d", cpus.n)) ||
+	    (j->o.timeout != NULL && !add_fixed(fixed, &nfixed, "KHOR_TIMEOUT=%s", j->o.timeout))) {
 		say("out of memory building the ranks' environment");
 		goto out_free_fixed;
 	}

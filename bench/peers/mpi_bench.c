@@ -33,6 +33,7 @@ static MPI_Datatype to_mpi_dtype(enum bench_dtype d)
 	case BENCH_BF16: return MPI_UINT16_T;
 	case BENCH_I8: return MPI_INT8_T;
 	case BENCH_U8: return MPI_UINT8_T;
+	case BENCH_I16: return MPI_INT16_T;
 	}
 	return MPI_FLOAT;
 }
@@ -145,6 +146,7 @@ static void mb_divide(void *buf, size_t count, enum bench_dtype d, int n)
 		case BENCH_I64: ((int64_t *)buf)[i] /= n; break;
 		case BENCH_I8: ((int8_t *)buf)[i] = (int8_t)(((int8_t *)buf)[i] / n); break;
 		case BENCH_U8: ((uint8_t *)buf)[i] = (uint8_t)(((uint8_t *)buf)[i] / n); break;
+		case BENCH_I16: ((int16_t *)buf)[i] = (int16_t)(((int16_t *)buf)[i] / n); break;
 		case BENCH_F16:
 			((uint16_t *)buf)[i] =
 				bench_f32_to_f16(bench_f16_to_f32(((uint16_t *)buf)[i]) / (float)n);

@@ -1,7 +1,7 @@
 /*
  * test_allreduce.c -- multi-rank allreduce, broadcast and barrier over real TCP links.
  *
- * Every dtype (f16, bf16, f32, f64, i8, u8, i32, i64) x op x edge count (0, 1, n-1, n, n+1, primes, counts n does not divide), in
+ * Every dtype (f16, bf16, f32, f64, i8, u8, i16, i32, i64) x op x edge count (0, 1, n-1, n, n+1, primes, counts n does not divide), in
  * place and out of place, n = 1..8, for the ring and recursive doubling; tiny slices and
  * several sockets per link so pipelining and striping run on small buffers too. Inputs
  * are small integers so every result is exact and compared element by element with a
@@ -18,7 +18,8 @@
 #include <string.h>
 
 static const khor_dtype dtypes[] = { KHOR_FLOAT32, KHOR_FLOAT64, KHOR_INT32, KHOR_INT64,
-                                     KHOR_FLOAT16, KHOR_BFLOAT16, KHOR_INT8, KHOR_UINT8 };
+                                     KHOR_FLOAT16, KHOR_BFLOAT16, KHOR_INT8, KHOR_UINT8,
+                                     KHOR_INT16 };
 static const khor_op ops[] = { KHOR_SUM, KHOR_AVG, KHOR_MIN, KHOR_MAX, KHOR_PROD };
 
 /*
@@ -51,7 +52,8 @@ static double expect_of(int n, size_t i, khor_op op, khor_dtype dt)
 		}
 	}
 	if (op == KHOR_AVG) {
-		if (dt == KHOR_INT32 || dt == KHOR_INT64 || dt == KHOR_INT8 || dt == KHOR_UINT8)
+		if (dt == KHOR_INT32 || dt == KHOR_INT64 || dt == KHOR_INT8 || dt == KHOR_UINT8 ||
+		    dt == KHOR_INT16)
 			acc = trunc(acc / n);
 		else if (dt == KHOR_FLOAT32)
 			acc = (double)((float)acc / (float)n);
@@ -76,6 +78,7 @@ static void put(void *buf, khor_dtype dt, size_t i, double v)
 	case KHOR_BFLOAT16: ((uint16_t *)buf)[i] = reduce_f32_to_bf16((float)v); break;
 	case KHOR_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
 	case KHOR_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+	case KHOR_INT16: ((int16_t *)buf)[i] = (int16_t)v; break;
 	default: break;
 	}
 }
@@ -91,6 +94,7 @@ static double get(const void *buf, khor_dtype dt, size_t i)
 	case KHOR_BFLOAT16: return reduce_bf16_to_f32(((const uint16_t *)buf)[i]);
 	case KHOR_INT8: return ((const int8_t *)buf)[i];
 	case KHOR_UINT8: return ((const uint8_t *)buf)[i];
+	case KHOR_INT16: return ((const int16_t *)buf)[i];
 	default: return NAN;
 	}
 }

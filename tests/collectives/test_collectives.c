@@ -27,7 +27,7 @@
 
 static const khor_dtype dtypes[] = {
 	KHOR_FLOAT32, KHOR_FLOAT64, KHOR_INT32, KHOR_INT64,
-	KHOR_FLOAT16, KHOR_BFLOAT16, KHOR_INT8, KHOR_UINT8,
+	KHOR_FLOAT16, KHOR_BFLOAT16, KHOR_INT8, KHOR_UINT8, KHOR_INT16,
 };
 #define NDTYPES (sizeof(dtypes) / sizeof(dtypes[0]))
 static const khor_op ops[] = { KHOR_SUM, KHOR_AVG, KHOR_MIN, KHOR_MAX, KHOR_PROD };
@@ -50,6 +50,7 @@ static void put(void *buf, khor_dtype dt, size_t i, double v)
 	case KHOR_INT64: ((uint64_t *)buf)[i] = u; break;
 	case KHOR_FLOAT16: ((uint16_t *)buf)[i] = reduce_f32_to_f16((float)v); break;
 	case KHOR_BFLOAT16: ((uint16_t *)buf)[i] = reduce_f32_to_bf16((float)v); break;
+	case KHOR_INT16: ((uint16_t *)buf)[i] = (uint16_t)u; break;
 	case KHOR_INT8: case KHOR_UINT8: case KHOR_BOOL: ((uint8_t *)buf)[i] = (uint8_t)u; break;
 	}
 }
@@ -71,7 +72,8 @@ static bool is_unsigned(khor_dtype dt)
 
 static bool is_int(khor_dtype dt)
 {
-	return dt == KHOR_INT32 || dt == KHOR_INT64 || dt == KHOR_INT8 || is_unsigned(dt);
+	return dt == KHOR_INT32 || dt == KHOR_INT64 || dt == KHOR_INT8 || dt == KHOR_INT16 ||
+	       is_unsigned(dt);
 }
 
 /* Reduction input of rank r: small integers; for prod only -1, 1, 2 (1, 1, 2 unsigned). */

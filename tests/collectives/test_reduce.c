@@ -24,14 +24,15 @@
 #include <string.h>
 
 static const khor_dtype all_dtypes[] = { KHOR_FLOAT32, KHOR_FLOAT64, KHOR_FLOAT16, KHOR_BFLOAT16,
-	                                 KHOR_INT8,    KHOR_UINT8,   KHOR_INT32,   KHOR_INT64 };
+	                                 KHOR_INT8,    KHOR_UINT8,   KHOR_INT16,   KHOR_INT32,
+	                                 KHOR_INT64 };
 static const khor_op kernel_ops[] = { KHOR_SUM, KHOR_MIN, KHOR_MAX, KHOR_PROD };
 static const size_t lengths[] = { 0, 1, 7, 33, 1000003 };
 
 static const char *dtype_name(khor_dtype d)
 {
-	static const char *const names[] = { "f32", "f64", "i32", "i64", "f16", "bf16", "i8", "u8", "bool" };
-	return (unsigned)d < 9 ? names[d] : "?";
+	static const char *const names[] = { "f32", "f64", "i32", "i64", "f16", "bf16", "i8", "u8", "bool", "i16" };
+	return (unsigned)d < sizeof(names) / sizeof(names[0]) ? names[d] : "?";
 }
 
 static const char *op_name(khor_op op)
@@ -45,7 +46,7 @@ static size_t esize(khor_dtype d)
 	switch (d) {
 	case KHOR_FLOAT64: case KHOR_INT64: return 8;
 	case KHOR_FLOAT32: case KHOR_INT32: return 4;
-	case KHOR_FLOAT16: case KHOR_BFLOAT16: return 2;
+	case KHOR_FLOAT16: case KHOR_BFLOAT16: case KHOR_INT16: return 2;
 	default: return 1;
 	}
 }
@@ -159,6 +160,7 @@ static int64_t sext(uint64_t bits, khor_dtype d)
 {
 	switch (d) {
 	case KHOR_INT8: return (int8_t)bits;
+	case KHOR_INT16: return (int16_t)bits;
 	case KHOR_INT32: return (int32_t)bits;
 	case KHOR_INT64: return (int64_t)bits;
 	default: return (int64_t)bits; /* u8: already zero-extended */
@@ -216,7 +218,7 @@ static uint64_t edge_value(khor_dtype d)
 		                        0x7ff0000000000000ull, 0xfff0000000000000ull, 0x7ff8000000000000ull,
 		                        0x7ff0000000000001ull, 0x3ff0000000000000ull, 0x3ca0000000000000ull };
 	static const int64_t ints[] = { 0, 1, -1, 2, -2, INT64_MIN, INT64_MAX, INT32_MIN, INT32_MAX,
-		                        INT8_MIN, INT8_MAX, 255, 0x10000, 3 };
+		                        INT16_MIN, INT16_MAX, INT8_MIN, INT8_MAX, 255, 0x10000, 3 };
 	uint64_t r = rng();
 
 	switch (d) {
@@ -336,6 +338,7 @@ Test(reduce, f16) { check_dtype(KHOR_FLOAT16); }
 Test(reduce, bf16) { check_dtype(KHOR_BFLOAT16); }
 Test(reduce, i8) { check_dtype(KHOR_INT8); }
 Test(reduce, u8) { check_dtype(KHOR_UINT8); }
+Test(reduce, i16) { check_dtype(KHOR_INT16); }
 Test(reduce, i32) { check_dtype(KHOR_INT32); }
 Test(reduce, i64) { check_dtype(KHOR_INT64); }
 

@@ -374,6 +374,57 @@ Test(khorrun, env_per_rank, .timeout = 30)
 	proc_free(&p);
 }
 
+/*
+ * Runs `khorrun -np 3 -x HOROVOD_RANK=42 [-x KHOR_HOSTNAME=xhost]` with a stale HOROVOD_SIZE
+ * inherited and checks that every rank sees horovodrun's variables with khorrun's values,
+ * the same as its KHOR_* ones, and HOROVOD_HOSTNAME = want_host.
+ */
+static void check_horovod_env(const char *xhost, const char *want_host)
+{
+	char xhost_var[128];
+	const char *args[] = {
+		"-np", "3", "-x", "HOROVOD_RANK=42", "-x", xhost_var, "/bin/sh", "-c",
+		"echo \"hvd rank=$HOROVOD_RANK size=$HOROVOD_SIZE "
+		"local=$HOROVOD_LOCAL_RANK/$HOROVOD_LOCAL_SIZE "
+		"cross=$HOROVOD_CROSS_RANK/$HOROVOD_CROSS_SIZE host=$HOROVOD_HOSTNAME "
+		"khor=$KHOR_RANK/$KHOR_SIZE/$KHOR_LOCAL_RANK/$KHOR_LOCAL_SIZE/$KHOR_CROSS_RANK/"
+		"$KHOR_CROSS_SIZE end\"",
+		NULL
+	};
+	const char *env[] = { "HOROVOD_SIZE=9", "HOROVOD_LOCAL_RANK=7", NULL };
+	struct proc p;
+
+	/* Without a host to pretend, a harmless -x takes its place in args. */
+	if (xhost != NULL)
+		snprintf(xhost_var, sizeof(xhost_var), "KHOR_HOSTNAME=%s", xhost);
+	else
+		snprintf(xhost_var, sizeof(xhost_var), "KHORRUN_TEST_NO_HOST=1");
+	unsetenv("KHOR_HOSTNAME");
+	proc_start(&p, args, env);
+	proc_finish(&p, 20);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	for (int r = 0; r < 3; r++) {
+		char want[512];
+
+		snprintf(want, sizeof(want),
+		         "[%d] hvd rank=%d size=3 local=%d/3 cross=0/1 host=%s khor=%d/3/%d/3/0/1 end\n",
+		         r, r, r, want_host, r, r);
+		cr_assert_not_null(strstr(p.b[0].data, want), "no line '%s' in:\n%s", want,
+		                   p.b[0].data);
+	}
+	proc_free(&p);
+}
+
+Test(khorrun, horovod_env_per_rank, .timeout = 30)
+{
+	char host[256] = "";
+
+	cr_assert_eq(gethostname(host, sizeof(host) - 1), 0);
+	check_horovod_env(NULL, host);
+	/* A pretended host (KHOR_HOSTNAME, as test_hier uses) is the one khor groups by. */
+	check_horovod_env("pretend-node", "pretend-node");
+}
+
 Test(khorrun, store_listens_while_ranks_run_and_sigterm_stops_them, .timeout = 30)
 {
 	const char *args[] = { "--job-id", "myjob.1", "-np", "1", "/bin/sh", "-c",
@@ -669,6 +720,7 @@ Test(khorrun, help_and_version, .timeout = 30)
 
 	cr_assert_eq(exit_code(&p), 0);
 	cr_assert_not_null(strstr(p.b[0].data, "usage: khorrun -np N"));
+	cr_assert_not_null(strstr(p.b[0].data, "HOROVOD_CROSS_SIZE"), "%s", p.b[0].data);
 	proc_free(&p);
 	p = run(ver, 10);
 	cr_assert_eq(exit_code(&p), 0);
