@@ -27,6 +27,8 @@ from .mpi_ops import (allgather, allgather_async, allreduce, allreduce_, allredu
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
 
+__version__ = _core._lib.text(_core._lib.khor_version())
+
 # Horovod's exception for failures inside the runtime (a dead rank, a mismatch, a timeout).
 HorovodInternalError = KhorError
 
