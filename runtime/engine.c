@@ -416,8 +416,15 @@ static khor_status tensor_check(const eset *s, int kind, const eng_targ *a, bool
 		need_out = false;
 	else if (count > 0 && a->in == NULL)
 		return bad(err, "%s '%s': NULL input with %zu elements", fn, a->name, count);
-	if (need_out && count > 0 && a->out == NULL)
-		return bad(err, "%s '%s': NULL output with %zu elements", fn, a->name, count);
+	size_t out_count = count;
+	if (kind == EK_REDUCESCATTER && a->ndim > 0) {
+		/* Only this rank's rows land in the output: none when dim 0 < ranks here. */
+		size_t d0 = (size_t)a->dims[0], n = (size_t)s->size;
+		size_t rows = d0 / n + ((size_t)s->rank < d0 % n ? 1 : 0);
+		out_count = d0 > 0 ? count / d0 * rows : 0;
+	}
+	if (need_out && out_count > 0 && a->out == NULL)
+		return bad(err, "%s '%s': NULL output with %zu elements", fn, a->name, out_count);
 	memset(t, 0, sizeof(*t));
 	t->dtype = a->dtype;
 	t->ndim = a->ndim;

@@ -87,7 +87,7 @@ def allreduce_async(array, op=Average, name=None, prescale_factor=1.0, postscale
     if inplace and a is not array:
         raise ValueError("in-place allreduce needs a C-contiguous numpy array")
     out = a if inplace else _np().empty_like(a)
-    nm = _core.auto_name("allreduce", name)
+    nm = _core.auto_name("allreduce", name, process_set)
     return _core.enqueue_allreduce([nm], [_buf(a)], [_buf(out)], op, prescale_factor,
                                    postscale_factor, process_set, lambda p: out, None)
 
@@ -104,7 +104,7 @@ def allgather_async(array, name=None, process_set=global_process_set):
     a = _as_array(array)
     if a.ndim == 0:
         a = a.reshape(1)
-    nm = _core.auto_name("allgather", name)
+    nm = _core.auto_name("allgather", name, process_set)
     return _core.enqueue_allgather([nm], [_buf(a)], process_set,
                                    lambda p: _copy_out(*_core.output(p.h, 0), a.dtype), None)
 
@@ -117,7 +117,7 @@ def broadcast_async(array, root_rank, name=None, process_set=global_process_set)
     from . import _core
     a = _as_array(array)
     out = _np().empty_like(a)
-    nm = _core.auto_name("broadcast", name)
+    nm = _core.auto_name("broadcast", name, process_set)
     return _core.enqueue_broadcast(nm, _buf(a), _buf(out), root_rank, process_set,
                                    lambda p: out, None)
 
@@ -131,7 +131,7 @@ def alltoall(array, splits=None, name=None, process_set=global_process_set):
     from . import _core
     a = _as_array(array)
     n = process_set.size() if process_set is not None else size()
-    nm = _core.auto_name("alltoall", name)
+    nm = _core.auto_name("alltoall", name, process_set)
 
     def finish(p):
         return _copy_out(*_core.output(p.h, 0), a.dtype), _np().array(_core.splits(p.h, n))
@@ -150,7 +150,7 @@ def reducescatter(array, op=Average, name=None, prescale_factor=1.0, postscale_f
     d0 = a.shape[0]
     rows = d0 // n + (1 if r < d0 % n else 0)
     out = _np().empty((rows,) + a.shape[1:], dtype=a.dtype)
-    nm = _core.auto_name("reducescatter", name)
+    nm = _core.auto_name("reducescatter", name, process_set)
     return synchronize(_core.enqueue_reducescatter([nm], [_buf(a)], [_buf(out)], op,
                                                    prescale_factor, postscale_factor,
                                                    process_set, lambda p: out, None))

@@ -273,13 +273,17 @@ def set_id(process_set):
     return ps.process_set_id
 
 
-def auto_name(kind, name):
+def auto_name(kind, name, process_set=None):
+    """Horovod's automatic names ("allreduce.noname.3"), counted per kind and per process
+    set, so that unnamed calls on a set that some ranks are not in do not shift the names
+    of the others' later calls."""
     if name is not None:
         return name
+    sid = process_set.process_set_id if process_set is not None else 0
     with _state.lock:
-        k = _state.counters.get(kind, 0)
-        _state.counters[kind] = k + 1
-    return "%s.noname.%d" % (kind, k)
+        k = _state.counters.get((kind, sid), 0)
+        _state.counters[(kind, sid)] = k + 1
+    return "%s.noname.%d" % (kind, k) if not sid else "%s.set%d.noname.%d" % (kind, sid, k)
 
 
 class _Pending:
@@ -376,10 +380,17 @@ def enqueue_allgather(name, ins, process_set, finish, keep):
 
 
 def enqueue_broadcast(name, i, o, root, process_set, finish, keep):
+    """root is a world rank, as in Horovod (also on a process set)."""
     require_init()
     sid = set_id(process_set)
+    ps = process_set if process_set is not None else global_process_set
+    root = int(root)
+    if ps.ranks is not None:
+        if root not in ps.ranks:
+            raise ValueError("root_rank %d is not in %r" % (root, ps))
+        root = ps.ranks.index(root)
     h = _enqueue(_lib.khor_enqueue_broadcast, sid, name.encode(), i.ptr, o.ptr, i.dtype,
-                 len(i.shape), i.dims(), int(root))
+                 len(i.shape), i.dims(), root)
     return _register(h, (i, o, keep), finish, [name])
 
 

@@ -47,7 +47,7 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Pickles obj on root_rank and returns the same object on every rank."""
     name = name or "broadcast_object"
-    me = process_set.rank() if process_set is not None else _core.rank()
+    me = _core.rank()  # root_rank is a world rank, as in Horovod
     if me == root_rank:
         buf = io.BytesIO()
         torch.save(obj, buf, pickle_protocol=pickle.HIGHEST_PROTOCOL)

@@ -89,7 +89,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     _check_tensor(tensor, "allreduce")
     op = handle_average_backwards_compatibility(op, average)
     out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _allreduce_async([tensor], [out], _core.auto_name("allreduce", name), op,
+    return _allreduce_async([tensor], [out], _core.auto_name("allreduce", name, process_set), op,
                             prescale_factor, postscale_factor, process_set, "one")
 
 
@@ -98,7 +98,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     """Starts an in-place allreduce of tensor."""
     _check_tensor(tensor, "allreduce_")
     op = handle_average_backwards_compatibility(op, average)
-    return _allreduce_async([tensor], [tensor], _core.auto_name("allreduce", name), op,
+    return _allreduce_async([tensor], [tensor], _core.auto_name("allreduce", name, process_set), op,
                             prescale_factor, postscale_factor, process_set, "one")
 
 
@@ -133,9 +133,9 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                                         postscale_factor, process_set))
 
 
-def _group_names(kind, name, n):
+def _group_names(kind, name, n, process_set=None):
     if name is None:
-        base = _core.auto_name("grouped_" + kind, None)
+        base = _core.auto_name("grouped_" + kind, None, process_set)
     else:
         base = name
     return ["%s.%d" % (base, i) for i in range(n)]
@@ -148,7 +148,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
         _check_tensor(t, "grouped_allreduce")
     op = handle_average_backwards_compatibility(op, average)
     outs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-    return _allreduce_async(list(tensors), outs, _group_names("allreduce", name, len(tensors)),
+    return _allreduce_async(list(tensors), outs, _group_names("allreduce", name, len(tensors), process_set),
                             op, prescale_factor, postscale_factor, process_set, "group")
 
 
@@ -158,7 +158,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
         _check_tensor(t, "grouped_allreduce_")
     op = handle_average_backwards_compatibility(op, average)
     return _allreduce_async(list(tensors), list(tensors),
-                            _group_names("allreduce", name, len(tensors)), op, prescale_factor,
+                            _group_names("allreduce", name, len(tensors), process_set), op, prescale_factor,
                             postscale_factor, process_set, "group")
 
 
@@ -199,7 +199,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts an allgather: every rank's tensor concatenated along dim 0 (dim 0 may differ)."""
     _check_tensor(tensor, "allgather")
     t = _contig(tensor if tensor.dim() > 0 else tensor.reshape(1))
-    return _core.enqueue_allgather([_core.auto_name("allgather", name)], [_buf(t)], process_set,
+    return _core.enqueue_allgather([_core.auto_name("allgather", name, process_set)], [_buf(t)], process_set,
                                    lambda p: _from_engine(p.h, 0, t.dtype), None)
 
 
@@ -208,7 +208,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     for t in tensors:
         _check_tensor(t, "grouped_allgather")
         ts.append(_contig(t if t.dim() > 0 else t.reshape(1)))
-    names = _group_names("allgather", name, len(ts))
+    names = _group_names("allgather", name, len(ts), process_set)
     return _core.enqueue_allgather(
         names, [_buf(t) for t in ts], process_set,
         lambda p: [_from_engine(p.h, i, t.dtype) for i, t in enumerate(ts)], None)
@@ -249,7 +249,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     _check_tensor(tensor, "broadcast")
     t = _contig(tensor)
     out = torch.empty_like(t)
-    return _core.enqueue_broadcast(_core.auto_name("broadcast", name), _buf(t), _buf(out),
+    return _core.enqueue_broadcast(_core.auto_name("broadcast", name, process_set), _buf(t), _buf(out),
                                    root_rank, process_set, lambda p: out, None)
 
 
@@ -261,7 +261,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
         if t is not tensor:
             tensor.copy_(t)
         return tensor
-    return _core.enqueue_broadcast(_core.auto_name("broadcast", name), _buf(t), _buf(t),
+    return _core.enqueue_broadcast(_core.auto_name("broadcast", name, process_set), _buf(t), _buf(t),
                                    root_rank, process_set, finish, None)
 
 
@@ -274,8 +274,7 @@ class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         reduced = allreduce(grad_output, average=True, process_set=ctx.ps)
-        me = ctx.ps.rank() if ctx.ps is not None else rank()
-        if me != ctx.root:
+        if rank() != ctx.root:  # a world rank, as in Horovod
             reduced = reduced * 0
         return reduced, None, None, None
 
@@ -303,7 +302,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     def finish(p):
         return (_from_engine(p.h, 0, t.dtype),
                 torch.tensor(_core.splits(p.h, n), dtype=torch.int32))
-    return _core.enqueue_alltoall(_core.auto_name("alltoall", name), _buf(t), sp, process_set,
+    return _core.enqueue_alltoall(_core.auto_name("alltoall", name, process_set), _buf(t), sp, process_set,
                                   finish, None)
 
 
@@ -346,7 +345,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
         raise ValueError("reducescatter needs a tensor of at least one dimension")
     t = _contig(tensor)
     out = _rs_out(t, process_set)
-    return _core.enqueue_reducescatter([_core.auto_name("reducescatter", name)], [_buf(t)],
+    return _core.enqueue_reducescatter([_core.auto_name("reducescatter", name, process_set)], [_buf(t)],
                                        [_buf(out)], op, prescale_factor, postscale_factor,
                                        process_set, lambda p: out, None)
 
@@ -358,7 +357,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
         _check_tensor(t, "grouped_reducescatter")
         ts.append(_contig(t))
         outs.append(_rs_out(ts[-1], process_set))
-    names = _group_names("reducescatter", name, len(ts))
+    names = _group_names("reducescatter", name, len(ts), process_set)
     return _core.enqueue_reducescatter(names, [_buf(t) for t in ts], [_buf(o) for o in outs],
                                        op, prescale_factor, postscale_factor, process_set,
                                        lambda p: outs, None)

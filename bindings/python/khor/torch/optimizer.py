@@ -27,9 +27,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if named_parameters is not None:
             named_parameters = list(named_parameters)
         else:
-            named_parameters = [("allreduce.noname.%s" % i, v)
-                                for param_group in self.param_groups
-                                for i, v in enumerate(param_group["params"])]
+            named_parameters = [("allreduce.noname.%s.%s" % (i, j), v)
+                                for i, param_group in enumerate(self.param_groups)
+                                for j, v in enumerate(param_group["params"])]
         if any(not isinstance(p, tuple) for p in named_parameters):
             raise ValueError("named_parameters should be a sequence of tuples (name, "
                              "parameter), usually produced by model.named_parameters().")
@@ -193,7 +193,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             out = done[handle]
             self._allreduce_delay[p] = self.backward_passes_per_step
             if isinstance(ctx, list):
-                idx = self._groups[self._p_to_group[p]].index(p)
+                # by identity: list.index compares tensors with ==
+                idx = next(k for k, q in enumerate(self._groups[self._p_to_group[p]])
+                           if q is p)
                 t, c = ctx[idx]
                 p.grad.set_(self._compression.decompress(out[idx], c))
             else:
