@@ -178,5 +178,5 @@ def text(b):
 def check(status, message_fn):
     """Raises KhorError(message_fn()) unless status is SUCCESS."""
     if status != SUCCESS:
-        msg = message_fn() or text(khor_strerror(status))
+        msg = message_fn() or text(lib.khor_strerror(status))
         raise KhorError(msg, status)

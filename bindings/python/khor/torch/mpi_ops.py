@@ -13,8 +13,7 @@ import ctypes
 import torch
 
 from .. import _core, _lib
-from .._core import (Average, Sum, Adasum, Min, Max, Product, global_process_set, poll,
-                     rank, size)
+from .._core import Average, Sum, global_process_set, rank, size
 from .compression import Compression
 
 _DTYPES = {
@@ -89,8 +88,9 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     _check_tensor(tensor, "allreduce")
     op = handle_average_backwards_compatibility(op, average)
     out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _allreduce_async([tensor], [out], _core.auto_name("allreduce", name, process_set), op,
-                            prescale_factor, postscale_factor, process_set, "one")
+    nm = _core.auto_name("allreduce", name, process_set)
+    return _allreduce_async([tensor], [out], nm, op, prescale_factor, postscale_factor,
+                            process_set, "one")
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -98,8 +98,9 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     """Starts an in-place allreduce of tensor."""
     _check_tensor(tensor, "allreduce_")
     op = handle_average_backwards_compatibility(op, average)
-    return _allreduce_async([tensor], [tensor], _core.auto_name("allreduce", name, process_set), op,
-                            prescale_factor, postscale_factor, process_set, "one")
+    nm = _core.auto_name("allreduce", name, process_set)
+    return _allreduce_async([tensor], [tensor], nm, op, prescale_factor, postscale_factor,
+                            process_set, "one")
 
 
 class HorovodAllreduce(torch.autograd.Function):
@@ -148,8 +149,9 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
         _check_tensor(t, "grouped_allreduce")
     op = handle_average_backwards_compatibility(op, average)
     outs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-    return _allreduce_async(list(tensors), outs, _group_names("allreduce", name, len(tensors), process_set),
-                            op, prescale_factor, postscale_factor, process_set, "group")
+    names = _group_names("allreduce", name, len(tensors), process_set)
+    return _allreduce_async(list(tensors), outs, names, op, prescale_factor, postscale_factor,
+                            process_set, "group")
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -157,8 +159,8 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     for t in tensors:
         _check_tensor(t, "grouped_allreduce_")
     op = handle_average_backwards_compatibility(op, average)
-    return _allreduce_async(list(tensors), list(tensors),
-                            _group_names("allreduce", name, len(tensors), process_set), op, prescale_factor,
+    names = _group_names("allreduce", name, len(tensors), process_set)
+    return _allreduce_async(list(tensors), list(tensors), names, op, prescale_factor,
                             postscale_factor, process_set, "group")
 
 
@@ -199,7 +201,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts an allgather: every rank's tensor concatenated along dim 0 (dim 0 may differ)."""
     _check_tensor(tensor, "allgather")
     t = _contig(tensor if tensor.dim() > 0 else tensor.reshape(1))
-    return _core.enqueue_allgather([_core.auto_name("allgather", name, process_set)], [_buf(t)], process_set,
+    nm = _core.auto_name("allgather", name, process_set)
+    return _core.enqueue_allgather([nm], [_buf(t)], process_set,
                                    lambda p: _from_engine(p.h, 0, t.dtype), None)
 
 
@@ -249,8 +252,9 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     _check_tensor(tensor, "broadcast")
     t = _contig(tensor)
     out = torch.empty_like(t)
-    return _core.enqueue_broadcast(_core.auto_name("broadcast", name, process_set), _buf(t), _buf(out),
-                                   root_rank, process_set, lambda p: out, None)
+    nm = _core.auto_name("broadcast", name, process_set)
+    return _core.enqueue_broadcast(nm, _buf(t), _buf(out), root_rank, process_set,
+                                   lambda p: out, None)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
@@ -261,8 +265,8 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
         if t is not tensor:
             tensor.copy_(t)
         return tensor
-    return _core.enqueue_broadcast(_core.auto_name("broadcast", name, process_set), _buf(t), _buf(t),
-                                   root_rank, process_set, finish, None)
+    nm = _core.auto_name("broadcast", name, process_set)
+    return _core.enqueue_broadcast(nm, _buf(t), _buf(t), root_rank, process_set, finish, None)
 
 
 class HorovodBroadcast(torch.autograd.Function):
@@ -302,8 +306,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     def finish(p):
         return (_from_engine(p.h, 0, t.dtype),
                 torch.tensor(_core.splits(p.h, n), dtype=torch.int32))
-    return _core.enqueue_alltoall(_core.auto_name("alltoall", name, process_set), _buf(t), sp, process_set,
-                                  finish, None)
+    nm = _core.auto_name("alltoall", name, process_set)
+    return _core.enqueue_alltoall(nm, _buf(t), sp, process_set, finish, None)
 
 
 class HorovodAlltoall(torch.autograd.Function):
@@ -345,9 +349,9 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
         raise ValueError("reducescatter needs a tensor of at least one dimension")
     t = _contig(tensor)
     out = _rs_out(t, process_set)
-    return _core.enqueue_reducescatter([_core.auto_name("reducescatter", name, process_set)], [_buf(t)],
-                                       [_buf(out)], op, prescale_factor, postscale_factor,
-                                       process_set, lambda p: out, None)
+    nm = _core.auto_name("reducescatter", name, process_set)
+    return _core.enqueue_reducescatter([nm], [_buf(t)], [_buf(out)], op, prescale_factor,
+                                       postscale_factor, process_set, lambda p: out, None)
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
