@@ -143,14 +143,19 @@ def parse_args(argv):
 
 
 def join_gloo(hvd):
-    """torch.distributed on gloo over the ranks of the khor job, on rank 0's port."""
+    """torch.distributed on gloo over the ranks of the khor job, on rank 0's port. On the
+    namespace cluster (bench/cluster/netns_cluster.sh --exec) rank 0's host address comes
+    from CLUSTER_HOST_ADDR, and gloo uses that host's eth0."""
     port = int(os.environ.get("KHOR_BENCH_GLOO_PORT", "0"))
+    here = os.environ.get("CLUSTER_HOST_ADDR", "127.0.0.1")
     if port == 0 and hvd.rank() == 0:
         with socket.socket() as s:  # a free port; the tiny race with another binder is accepted
-            s.bind(("127.0.0.1", 0))
+            s.bind((here, 0))
             port = s.getsockname()[1]
-    port = hvd.broadcast_object(port, root_rank=0)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    port, addr = hvd.broadcast_object((port, here), root_rank=0)
+    if "CLUSTER_HOST_ADDR" in os.environ:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")
+    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port),
                       RANK=str(hvd.rank()), WORLD_SIZE=str(hvd.size()))
     dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size(),
                             timeout=datetime.timedelta(seconds=120))

@@ -58,6 +58,7 @@ BW_ARGS="-b 128K -f 2 -n 5 -w 1"
 CHECK=1
 LAT_REPEAT=3
 TIMEOUT=900
+EXEC_CMD=
 PREFIX=khor-
 BENCH=${KHOR_BENCH:-$REPO/build/khor-bench}
 OUT=
@@ -97,6 +98,10 @@ bound (markdown table + CSV) and removes everything again.
   --target PCT       ring must reach PCT% of the bound at its largest size (default $TARGET_PCT)
   --no-checks        do not judge the targets (exit 0 whatever the numbers)
   --bench PATH       khor-bench binary (default \$KHOR_BENCH or build/khor-bench)
+  --exec CMD         instead of the khor-bench phases, run CMD (a shell command line) once as
+                     every rank, with KHOR_RANK/KHOR_SIZE/MASTER_ADDR/... and --env set; rank
+                     0's output is printed (e.g. python3 bench/torch_step.py; CLUSTER_HOST_ADDR
+                     holds the rank's host address for a second rendezvous such as gloo's)
   --prefix NAME      namespace prefix (default $PREFIX): hosts NAMEh0.., switch NAMEsw
   --cleanup          remove every namespace with the prefix (leftovers of a crash) and exit
 Exit: 0 ok, 1 a run failed or a result was wrong, 2 usage or environment, 3 a target missed.
@@ -127,6 +132,7 @@ while [ $# -gt 0 ]; do
 	--target) TARGET_PCT=${2:?}; shift 2 ;;
 	--no-checks) DO_CHECKS=0; shift ;;
 	--bench) BENCH=${2:?}; shift 2 ;;
+	--exec) EXEC_CMD=${2:?--exec needs a command}; shift 2 ;;
 	--prefix) PREFIX=${2:?}; shift 2 ;;
 	--cleanup) MODE=cleanup; shift ;;
 	-h|--help) usage; exit 0 ;;
@@ -284,15 +290,21 @@ run_job() {
 		h=$((r / PPN))
 		log="$OUT/logs/$name.rank$r.log"
 		local args=("$@")
-		[ $r -eq 0 ] && args+=(--csv "$csv")
+		[ $r -eq 0 ] && [ -n "$csv" ] && args+=(--csv "$csv")
+		if [ -n "$EXEC_CMD" ]; then
+			CMD=(bash -c "$EXEC_CMD")
+		else
+			CMD=("$BENCH" allreduce "${args[@]}")
+		fi
 		timeout -k 5 "$TIMEOUT" ip netns exec "$(host_ns $h)" \
 			env -i PATH="$PATH" HOME="${HOME:-/root}" \
 			KHOR_RANK=$r KHOR_SIZE=$n MASTER_ADDR=198.18.0.1 MASTER_PORT=$port \
 			KHOR_JOB_ID="cluster-$$-$RUN_NO" KHOR_SECRET="$secret" \
 			KHOR_SOCKET_IFNAME=198.18.0.0/15 KHOR_HOSTNAME="$(host_ns $h)" \
 			KHOR_ALGO="$algo" KHOR_TIMEOUT="${TIMEOUT}s" \
+			CLUSTER_HOST_ADDR="198.18.0.$((h + 1))" \
 			"${EXTRA_ENV[@]+"${EXTRA_ENV[@]}"}" \
-			"$BENCH" allreduce "${args[@]}" >"$log" 2>&1 &
+			"${CMD[@]}" >"$log" 2>&1 &
 		PIDS+=($!)
 	done
 	t0=$SECONDS
@@ -370,6 +382,13 @@ build_cluster || { echo "$PROG: building the cluster failed" >&2; exit 2; }
 
 FAILED=0
 START=$SECONDS
+if [ -n "$EXEC_CMD" ]; then
+	say "exec on $((K * PPN)) ranks: $EXEC_CMD"
+	run_job exec "" auto
+	rc=$?
+	cat "$OUT/logs/exec.rank0.log"
+	exit $rc
+fi
 for algo in ${ALGOS//,/ }; do
 	for phase in lat bw; do
 		if [ $phase = lat ]; then a=$LAT_ARGS; reps=$LAT_REPEAT; else a=$BW_ARGS; reps=1; fi
