@@ -133,10 +133,8 @@ static bool next_cand(struct autotune *a)
 	}
 }
 
-bool autotune_cycle(struct autotune *a, uint64_t bytes, uint64_t ns, uint64_t *fusion,
-                    double *cycle_ms)
+bool autotune_cycle(struct autotune *a, uint64_t bytes, uint64_t *fusion, double *cycle_ms)
 {
-	(void)ns;
 	if (a->phase == 3)
 		return false;
 	uint64_t now = kclock_ns();

@@ -300,9 +300,10 @@ void engine_complete_locked(struct khor_engine *e, khor_handle *h, khor_status s
 		return;
 	handle_forget_locked(h);
 	h->status = st;
-	if (st != KHOR_SUCCESS) {
-		kerr_set(&h->err, st, "%s", msg != NULL ? msg : khor_strerror(st));
-	}
+	/* Every caller passes its sentence; the fallback only keeps the text from being empty
+	 * (khor_strerror lives in the bindings, above this layer). */
+	if (st != KHOR_SUCCESS)
+		kerr_set(&h->err, st, "%s", msg != NULL ? msg : "failed");
 	h->done = true;
 	atomic_store_explicit(&h->done_flag, true, memory_order_release);
 	/* Waiters and the fd hear once per batch of completions (engine_signal_locked). */

@@ -173,13 +173,12 @@ typedef struct eset {
 	bool stop;                        /* khor_engine_stop was called */
 	bool failed;
 	kerr err;                         /* the set's sticky failure */
-	uint32_t barriers;
 	/* The set thread's own. */
 	atomic_bool woken;
 	pthread_cond_t cv;                /* one-rank sets sleep here */
 	uint32_t cycle;
 	ecache cache;
-	bool joined, stop_sent;
+	bool stop_sent;
 	uint8_t *fusion;
 	size_t fusion_len;
 	uint64_t last_cycle_ns;
@@ -257,6 +256,13 @@ void negotiate_free(eset *s);
 /* The descriptor of a handle (what every rank must agree on) and its parse. */
 khor_status desc_make(khor_handle *h, kerr *err);
 khor_status desc_parse(const uint8_t *d, size_t len, eitem *it, kerr *err);
+/* The key (names joined by '\n') of a descriptor, malloc'd; NULL when malformed. */
+char *desc_key(const uint8_t *d, size_t len);
+/* The parsers of the cycle's two payloads, exposed for tests/runtime/test_negotiate.c:
+ * rank r's report into the coordinator's table, and a response applied on this rank
+ * (false when the set is to end, e.g. on malformed bytes, which fail the set). */
+khor_status coord_merge(eset *s, int r, const uint8_t *p, size_t len, kerr *err);
+bool apply_response(eset *s, const uint8_t *p, size_t len);
 
 /* execute.c: runs a cycle's items in order (fusing allreduces); completes the handles. */
 void execute_items(eset *s, eitem *items, int n);
@@ -277,7 +283,6 @@ bool timeline_on(struct khor_engine *e);
 struct autotune *autotune_create(const eng_settings *s, int rank, kerr *err);
 void autotune_free(struct autotune *a);
 /* After each cycle with work (set 0's coordinator): maybe new values to agree on. */
-bool autotune_cycle(struct autotune *a, uint64_t bytes, uint64_t ns, uint64_t *fusion,
-                    double *cycle_ms);
+bool autotune_cycle(struct autotune *a, uint64_t bytes, uint64_t *fusion, double *cycle_ms);
 
 #endif

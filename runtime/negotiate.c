@@ -43,6 +43,7 @@
 
 #define MSG_MAGIC 0x4b4e4547u /* "KNEG" */
 #define MSG_INLINE 240
+#define MSG_MAX (256u << 20) /* a report or response: 4-byte slots or descriptors, far less */
 
 enum { M_REQ = 1, M_GO, M_RESP, M_ABORT };
 
@@ -67,7 +68,7 @@ typedef struct bbuf {
 
 static void bput(bbuf *b, const void *v, size_t n)
 {
-	if (b->oom)
+	if (b->oom || n == 0)
 		return;
 	if (b->len + n > b->cap) {
 		size_t cap = b->cap < 256 ? 256 : b->cap;
@@ -191,11 +192,16 @@ khor_status desc_parse(const uint8_t *d, size_t len, eitem *it, kerr *err)
 		r.off += nl;
 		t->dtype = (khor_dtype)bget_u8(&r);
 		t->ndim = bget_u8(&r);
-		if (t->ndim > ENG_MAX_DIMS || kdtype_size(t->dtype) == 0)
+		size_t esz = kdtype_size(t->dtype);
+		if (t->ndim > ENG_MAX_DIMS || esz == 0)
 			goto bad_free;
 		t->count = 1;
 		for (int k = 0; k < t->ndim; k++) {
 			t->dims[k] = (int64_t)bget_u64(&r);
+			/* In bytes too: the count sizes buffers. */
+			if (t->dims[k] < 0 || (t->dims[k] > 0 &&
+			                       t->count > SIZE_MAX / esz / (size_t)t->dims[k]))
+				goto bad_free;
 			t->count *= (size_t)t->dims[k];
 		}
 	}
@@ -209,7 +215,7 @@ bad:
 }
 
 /* The key (names joined by '\n') of a descriptor, malloc'd; NULL when malformed. */
-static char *desc_key(const uint8_t *d, size_t len)
+char *desc_key(const uint8_t *d, size_t len)
 {
 	brd r = { d, len, 0, false };
 	bbuf k = { 0 };
@@ -465,6 +471,9 @@ static khor_status check_hdr(const eset *s, const msg_hdr *h, int peer, kerr *er
 	if (h->magic != MSG_MAGIC || h->cycle != s->cycle || h->type < M_REQ || h->type > M_ABORT)
 		return kerr_set(err, KHOR_ERR_PROTOCOL, "negotiation cycle %u: a malformed message "
 		                "from rank %d (type %u, cycle %u)", s->cycle, peer, h->type, h->cycle);
+	if (h->len > MSG_MAX)
+		return kerr_set(err, KHOR_ERR_PROTOCOL, "negotiation cycle %u: rank %d announces a "
+		                "%u-byte message (at most %u)", s->cycle, peer, h->len, MSG_MAX);
 	return KHOR_SUCCESS;
 }
 
@@ -485,7 +494,6 @@ static bool build_report(eset *s, bbuf *b)
 		if (h->kind == EK_JOIN) {
 			h->next = NULL;
 			bput_u8(b, 'J');
-			s->joined = true;
 			continue;
 		}
 		int slot = cache_hit(&s->cache, h);
@@ -597,7 +605,7 @@ static void items_free(eitem *items, int n)
  * Applies a response payload: the cache updates, the join and tuning records, then runs
  * the items in order. Returns false when the set is to stop (every rank asked to).
  */
-static bool apply_response(eset *s, const uint8_t *p, size_t len)
+bool apply_response(eset *s, const uint8_t *p, size_t len)
 {
 	struct khor_engine *e = s->e;
 	brd r = { p, len, 0, false };
@@ -622,7 +630,7 @@ static bool apply_response(eset *s, const uint8_t *p, size_t len)
 		}
 		if (rec == 'C') {
 			uint32_t slot = bget_u32(&r);
-			if (r.bad || (int)slot >= s->cache.n) {
+			if (r.bad || slot >= (uint32_t)s->cache.n) {
 				kerr_set(&err, KHOR_ERR_PROTOCOL, "negotiation cycle %u: the response "
 				         "names cache slot %u of %d", s->cycle, slot, s->cache.n);
 				break;
@@ -711,7 +719,6 @@ static bool apply_response(eset *s, const uint8_t *p, size_t len)
 				engine_signal_locked(e);
 			}
 			pthread_mutex_unlock(&e->mu);
-			s->joined = false;
 		} else if (rec == 'T') {
 			uint64_t fb = bget_u64(&r), cu = bget_u64(&r);
 			atomic_store(&e->fusion_bytes, fb);
@@ -961,7 +968,7 @@ static khor_status coord_add(eset *s, int r, const char *key, const uint8_t *d, 
 }
 
 /* Takes in rank r's report. */
-static khor_status coord_merge(eset *s, int r, const uint8_t *p, size_t len, kerr *err)
+khor_status coord_merge(eset *s, int r, const uint8_t *p, size_t len, kerr *err)
 {
 	brd b = { p, len, 0, false };
 	uint64_t now = kclock_ns();
@@ -984,7 +991,7 @@ static khor_status coord_merge(eset *s, int r, const uint8_t *p, size_t len, ker
 			uint32_t nh = bget_u32(&b);
 			for (uint32_t i = 0; i < nh && !b.bad; i++) {
 				uint32_t slot = bget_u32(&b);
-				if (b.bad || (int)slot >= s->cache.n) {
+				if (b.bad || slot >= (uint32_t)s->cache.n) {
 					b.bad = true;
 					break;
 				}
@@ -1370,25 +1377,21 @@ static khor_status coord_respond(eset *s, bbuf *out, kerr *err)
 			bput(out, c->desc[ref], c->desc_len[ref]);
 			bput_u8(out, cacheable(kind) && s->njoined == 0 ? 1 : 0);
 			if (kind == EK_ALLGATHER) {
-				eitem it[1];
-				for (int r = 0; r < s->size; r++) {
-					if (desc_parse(c->desc[r], c->desc_len[r], it, err) != KHOR_SUCCESS) {
-						free(msg.p);
-						return err->status;
-					}
-					if (r == 0) {
-						/* per tensor, every rank: written below in tensor-major order */
-					}
-					item_free_tensors(it);
-				}
 				/* tensor-major: [tensor * size + r] */
 				eitem *all = calloc((size_t)s->size, sizeof(*all));
 				if (all == NULL) {
 					free(msg.p);
 					return kerr_set(err, KHOR_ERR_NO_MEMORY, "negotiation: out of memory");
 				}
-				for (int r = 0; r < s->size; r++)
-					desc_parse(c->desc[r], c->desc_len[r], &all[r], err);
+				for (int r = 0; r < s->size; r++) {
+					if (desc_parse(c->desc[r], c->desc_len[r], &all[r], err) != KHOR_SUCCESS) {
+						for (int q = 0; q < r; q++)
+							item_free_tensors(&all[q]);
+						free(all);
+						free(msg.p);
+						return err->status;
+					}
+				}
 				for (int i = 0; i < all[ref].n; i++)
 					for (int r = 0; r < s->size; r++)
 						bput_u64(out, (uint64_t)all[r].t[i].dims[0]);
@@ -1680,7 +1683,7 @@ bool negotiate_coord_cycle(eset *s)
 	if (e->at != NULL && s->id == 0 && s->cycles > 0) {
 		uint64_t fb;
 		double cm;
-		if (autotune_cycle(e->at, s->bytes_done, s->negotiate_ns, &fb, &cm)) {
+		if (autotune_cycle(e->at, s->bytes_done, &fb, &cm)) {
 			bput_u8(&resp, 'T');
 			bput_u64(&resp, fb);
 			bput_u64(&resp, (uint64_t)(cm * 1000.0));

@@ -89,9 +89,6 @@ class ProcessSet:
         self.process_set_id = None
         self._comm = None
 
-    def _invalid(self):
-        return self.process_set_id is None
-
     def size(self):
         return len(self.ranks) if self.ranks is not None else size()
 
