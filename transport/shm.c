@@ -8,23 +8,19 @@
  * so a peer on another host, or in another network namespace (where our abstract socket
  * cannot be reached), is refused at once instead of after a connect timeout. The connector (the lower rank)
  * makes the link's segment with memfd_create, seals it against shrinking and growing, and
- * hands the descriptor over inside an authenticated handshake (SCM_RIGHTS); both sides
- * then close their descriptors and keep only the mapping:
+ * hands the descriptor over inside the authenticated handshake of handshake.h (HELLO,
+ * CHALLENGE, PROOF, RESULT), with the descriptor attached to the PROOF (SCM_RIGHTS); both
+ * sides then close their descriptors and keep only the mapping. Our aux words: the HELLO's
+ * carry the ring size and where nonce_c lives in the connector (SHM_AUX_*), the
+ * CHALLENGE's where nonce_s lives in the acceptor (each side reads the other's nonce back
+ * to probe CMA), the PROOF's and the RESULT's whether that read worked (cma_ok).
  *
- *     connector                                       acceptor
- *     HELLO {magic, version, job id, from, to, ring size, nonce_c, &nonce_c}  --->
- *                                              <---  CHALLENGE {status, nonce_s, &nonce_s,
- *                                                     HMAC(secret, "acceptor"|HELLO|nonce_s)}
- *     PROOF {HMAC(secret, "connector"|HELLO|nonce_s|nonce_c), cma_ok} + memfd  --->
- *                                              <---  RESULT {status, cma_ok}
- *
- * As in tcp.c the acceptor proves itself first, and a stranger is refused and logged while
- * the job goes on; SEQPACKET delivers each message whole, so there is no partial-read
- * state. Why a memfd passed over a socket: it has no name in any file system, so a kill -9
- * at any moment leaves nothing behind (shm_open + shm_unlink leaves a /dev/shm name between
- * the two calls, for ever if the process dies there), and it needs no ptrace rights
- * (opening /proc/<pid>/fd/<n> does, and races with the owner closing it). Why keep the
- * socket: it is the side channel. A byte on it wakes a rank asleep in progress(); its EOF
+ * A stranger is refused and logged while the job goes on; SEQPACKET delivers each message
+ * whole, so there is no partial-read state. Why a memfd passed over a socket: it has no
+ * name in any file system, so a kill -9 at any moment leaves nothing behind (shm_open +
+ * shm_unlink leaves a /dev/shm name between the two calls, for ever if the process dies
+ * there), and it needs no ptrace rights (opening /proc/<pid>/fd/<n> does, and races with
+ * the owner closing it). Why keep the socket: it is the side channel. A byte on it wakes a rank asleep in progress(); its EOF
  * tells at once that the peer died, however it died, with no pid polling (pids are
  * reused). Abstract names vanish with their process, so no socket file is left either.
  *
@@ -105,6 +101,7 @@
  */
 #include "shm.h"
 
+#include "handshake.h"
 #include "../base/auth.h"
 #include "../base/log.h"
 #include "../base/parse.h"
@@ -126,10 +123,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define SHM_MAGIC 0x4d48534bu     /* "KSHM": handshake messages and the segment header */
+#define SHM_MAGIC 0x4d48534bu     /* "KSHM": the segment header */
 #define SHM_REC_MAGIC 0x43455253u /* "SREC": every ring record */
-#define SHM_VERSION 1
-#define SHM_JOB_MAX 64
+#define SHM_VERSION 2             /* 2: the shared handshake of handshake.h */
 #define SHM_LINE 64
 /* Tunables; the -D overrides exist to measure other choices (see the numbers above). */
 #ifndef SHM_RING_BYTES
@@ -151,13 +147,9 @@
 #define SHM_RETRY_NS 5000000ull     /* connect retry interval while the peer starts */
 #define SHM_HS_MSG_MAX 256
 
-enum hs_status { HS_OK = 0, HS_BAD_VERSION, HS_BAD_JOB, HS_BAD_TARGET, HS_BAD_AUTH, HS_DUPLICATE,
-                 HS_BAD_SEGMENT };
-
-static const char *const hs_status_text[] = {
-	"ok", "protocol version differs", "job id differs", "addressed to another rank",
-	"wrong job secret", "duplicate connection", "unusable shared-memory segment",
-};
+/* The HELLO's aux words (handshake.h): the ring size, and the address of the connector's
+ * nonce_c for the CMA probe. */
+enum { SHM_AUX_RING_BYTES = 0, SHM_AUX_NONCE_ADDR = 1 };
 
 /* ---- what lives in the segment ------------------------------------------------------- */
 
@@ -209,42 +201,6 @@ struct rec_hdr {
 
 _Static_assert(sizeof(struct rec_hdr) == SHM_LINE, "a record header is one cache line");
 
-/* ---- handshake messages (SOCK_SEQPACKET: each arrives whole or not at all) ------------ */
-
-struct hs_hello {
-	uint32_t magic;
-	uint16_t version;
-	uint16_t pad;
-	int32_t from_rank;
-	int32_t to_rank;
-	uint32_t ring_bytes;
-	uint32_t pad2;
-	uint64_t nonce_addr; /* where nonce_c lives in the connector: the CMA probe reads it */
-	char job_id[SHM_JOB_MAX];
-	uint8_t nonce_c[KAUTH_NONCE_LEN];
-};
-
-struct hs_challenge {
-	uint32_t magic;
-	uint32_t status;
-	uint64_t nonce_addr; /* where nonce_s lives in the acceptor */
-	uint8_t nonce_s[KAUTH_NONCE_LEN];
-	uint8_t mac_s[KAUTH_MAC_LEN];
-};
-
-struct hs_proof { /* travels with the segment's fd (SCM_RIGHTS) */
-	uint32_t magic;
-	uint32_t cma_ok; /* the connector could read the acceptor's memory */
-	uint8_t mac_c[KAUTH_MAC_LEN];
-};
-
-struct hs_result {
-	uint32_t magic;
-	uint32_t status;
-	uint32_t cma_ok; /* the acceptor could read the connector's memory */
-	uint32_t pad;
-};
-
 /* ---- process-local state ------------------------------------------------------------- */
 
 struct rlist {
@@ -285,7 +241,7 @@ struct tp_link {
 	uint64_t retry_at;
 	struct sockaddr_un peer_sa;
 	socklen_t peer_sa_len;
-	struct hs_hello hello;
+	hs_hello hello; /* ours (connector) or the peer's (acceptor), kept for the MACs */
 	uint8_t nonce_s[KAUTH_NONCE_LEN];
 	uint8_t out[SHM_HS_MSG_MAX]; /* a handshake message the socket did not take yet */
 	uint32_t out_len;
@@ -318,9 +274,8 @@ struct pollset {
 
 struct tp_ctx {
 	int rank, size;
-	char job_id[SHM_JOB_MAX];
+	hs_self hs;         /* who we are in handshakes; its secret is ours below */
 	char *secret;
-	size_t secret_len;
 	int64_t hs_timeout_ms;
 	bool cma_enabled;
 	int listen_fd;
@@ -507,7 +462,8 @@ fail_close:
  * still be buggy, and a short or unsealed file could SIGBUS this process later. */
 static bool seg_map_peer(tp_link *l, int fd, const char **why)
 {
-	size_t len = SHM_SEG_HDR + 2 * (size_t)l->hello.ring_bytes;
+	uint64_t ring_bytes = l->hello.aux[SHM_AUX_RING_BYTES]; /* checked by acc_hello */
+	size_t len = SHM_SEG_HDR + 2 * (size_t)ring_bytes;
 	struct stat st;
 	int seals;
 	void *base;
@@ -528,7 +484,7 @@ static bool seg_map_peer(tp_link *l, int fd, const char **why)
 	}
 	struct shm_seg *s = base;
 	if (s->magic != SHM_MAGIC || s->version != SHM_VERSION ||
-	    s->ring_bytes != l->hello.ring_bytes) {
+	    s->ring_bytes != ring_bytes) {
 		munmap(base, len);
 		*why = "the segment header is wrong";
 		return false;
@@ -1123,12 +1079,6 @@ static int hs_recv(tp_link *l, void *buf, size_t want, int *fd_out, const char *
 	return 1;
 }
 
-static bool mac_of(tp_ctx *ctx, const char *label, const struct hs_hello *h, const uint8_t *b,
-                   size_t b_len, uint8_t out[KAUTH_MAC_LEN])
-{
-	return kauth_mac(ctx->secret, ctx->secret_len, label, h, sizeof(*h), b, b_len, out);
-}
-
 /*
  * Can we read the peer's memory? The peer told us where its nonce lives; reading it back
  * through process_vm_readv proves both that CMA is allowed here (ptrace permission, no
@@ -1184,15 +1134,10 @@ static void acc_drop(tp_link *l, const char *fmt, ...)
 	l->state = LS_DEAD;
 }
 
-static void acc_refuse(tp_link *l, uint32_t status)
+/* Best effort: tell a refused peer why before dropping it. */
+static void acc_send_last(tp_link *l, const void *msg, size_t len)
 {
-	struct hs_challenge c;
-
-	memset(&c, 0, sizeof(c));
-	c.magic = SHM_MAGIC;
-	c.status = status;
-	/* Best effort: tell the stranger why before dropping it. */
-	if (send(l->fd, &c, sizeof(c), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+	if (send(l->fd, msg, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
 		/* nothing more to do for a refused peer */
 	}
 }
@@ -1200,43 +1145,33 @@ static void acc_refuse(tp_link *l, uint32_t status)
 static bool acc_hello(tp_link *l)
 {
 	tp_ctx *ctx = l->ctx;
-	struct hs_hello *h = &l->hello;
-	struct hs_challenge c;
-	uint32_t status = HS_OK;
+	hs_hello *h = &l->hello;
+	hs_challenge c;
+	uint64_t ring = h->aux[SHM_AUX_RING_BYTES];
+	uint32_t status;
 
 	l->refused = true; /* until the checks pass */
-	if (h->magic != SHM_MAGIC) {
+	status = hs_hello_check(&ctx->hs, h);
+	if (status == HS_NOT_KHOR) {
 		acc_drop(l, "bad magic 0x%08x (not a khor peer)", h->magic);
 		return true;
 	}
-	h->job_id[SHM_JOB_MAX - 1] = '\0';
-	for (char *q = h->job_id; *q != '\0'; q++)
-		if (*q < 0x20 || *q > 0x7e)
-			*q = '?'; /* a stranger's bytes go into our log: keep them printable */
-	if (h->version != SHM_VERSION)
-		status = HS_BAD_VERSION;
-	else if (strcmp(h->job_id, ctx->job_id) != 0)
-		status = HS_BAD_JOB;
-	else if (h->to_rank != ctx->rank || h->from_rank < 0 || h->from_rank >= ctx->size ||
-	         h->from_rank == ctx->rank)
-		status = HS_BAD_TARGET;
-	else if (h->ring_bytes < 65536 || h->ring_bytes > (64u << 20) ||
-	         (h->ring_bytes & (h->ring_bytes - 1)) != 0)
-		status = HS_BAD_SEGMENT;
+	if (status == HS_OK && (ring < 65536 || ring > (64u << 20) || (ring & (ring - 1)) != 0))
+		status = HS_BAD_PARAMS;
 	if (status != HS_OK) {
-		acc_refuse(l, status);
-		acc_drop(l, "it claims rank %d of job '%s', protocol %u: %s", h->from_rank, h->job_id,
-		         h->version, hs_status_text[status]);
+		hs_refusal(status, &c);
+		acc_send_last(l, &c, sizeof(c));
+		if (status == HS_BAD_PARAMS)
+			acc_drop(l, "it claims rank %d of job '%s', protocol %u: a ring of %llu bytes "
+			         "(must be a power of two from 64 KiB to 64 MiB)", h->from_rank,
+			         h->job_id, h->version, (unsigned long long)ring);
+		else
+			acc_drop(l, "it claims rank %d of job '%s', protocol %u: %s", h->from_rank,
+			         h->job_id, h->version, hs_status_str(status));
 		return true;
 	}
 	l->refused = false;
-	memset(&c, 0, sizeof(c));
-	c.magic = SHM_MAGIC;
-	c.status = HS_OK;
-	kauth_random(l->nonce_s, sizeof(l->nonce_s));
-	memcpy(c.nonce_s, l->nonce_s, sizeof(c.nonce_s));
-	c.nonce_addr = (uint64_t)(uintptr_t)l->nonce_s;
-	mac_of(ctx, "khor-shm-acceptor", h, l->nonce_s, sizeof(l->nonce_s), c.mac_s);
+	hs_challenge_make(&ctx->hs, h, (uint64_t)(uintptr_t)l->nonce_s, l->nonce_s, &c);
 	if (!hs_send(l, &c, sizeof(c), -1)) {
 		acc_drop(l, "sending the challenge: %s", errstr(errno));
 		return true;
@@ -1245,23 +1180,17 @@ static bool acc_hello(tp_link *l)
 	return true;
 }
 
-static bool acc_proof(tp_link *l, const struct hs_proof *p, int seg_fd)
+static bool acc_proof(tp_link *l, const hs_proof *p, int seg_fd)
 {
 	tp_ctx *ctx = l->ctx;
-	struct hs_hello *h = &l->hello;
-	uint8_t both[2 * KAUTH_NONCE_LEN], want[KAUTH_MAC_LEN];
-	struct hs_result r = { SHM_MAGIC, HS_OK, 0, 0 };
+	hs_hello *h = &l->hello;
+	hs_result r;
 	const char *why = NULL;
 
-	memcpy(both, l->nonce_s, KAUTH_NONCE_LEN);
-	memcpy(both + KAUTH_NONCE_LEN, h->nonce_c, KAUTH_NONCE_LEN);
-	mac_of(ctx, "khor-shm-connector", h, both, sizeof(both), want);
-	if (p->magic != SHM_MAGIC || !kauth_equal(want, p->mac_c, KAUTH_MAC_LEN)) {
+	if (!hs_proof_check(&ctx->hs, h, l->nonce_s, p)) {
 		l->refused = true;
-		r.status = HS_BAD_AUTH;
-		if (send(l->fd, &r, sizeof(r), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-			/* refused peer; nothing to report */
-		}
+		hs_result_make(HS_BAD_AUTH, 0, &r);
+		acc_send_last(l, &r, sizeof(r));
 		acc_drop(l, "it claims rank %d of job '%s' but failed the job secret check (a "
 		         "stranger, or its KHOR_SECRET differs)", h->from_rank, h->job_id);
 		return true;
@@ -1269,68 +1198,46 @@ static bool acc_proof(tp_link *l, const struct hs_proof *p, int seg_fd)
 	l->peer = h->from_rank;
 	if (ctx->incoming[l->peer] != NULL) {
 		l->refused = true;
-		r.status = HS_DUPLICATE;
-		if (send(l->fd, &r, sizeof(r), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-			/* refused peer; nothing to report */
-		}
+		hs_result_make(HS_DUPLICATE, 0, &r);
+		acc_send_last(l, &r, sizeof(r));
 		acc_drop(l, "rank %d already has a shared-memory link to this rank", l->peer);
 		return true;
 	}
 	if (seg_fd < 0 || !seg_map_peer(l, seg_fd, &why)) {
 		l->refused = true;
-		r.status = HS_BAD_SEGMENT;
-		if (send(l->fd, &r, sizeof(r), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-			/* refused peer; nothing to report */
-		}
+		hs_result_make(HS_BAD_PARAMS, 0, &r);
+		acc_send_last(l, &r, sizeof(r));
 		acc_drop(l, "rank %d: %s", l->peer, seg_fd < 0 ? "no segment came with its proof" : why);
 		return true;
 	}
-	r.cma_ok = cma_probe(l, h->nonce_addr, h->nonce_c);
+	hs_result_make(HS_OK, cma_probe(l, h->aux[SHM_AUX_NONCE_ADDR], h->nonce_c), &r);
 	if (!hs_send(l, &r, sizeof(r), -1)) {
 		acc_drop(l, "rank %d: sending the handshake result: %s", l->peer, errstr(errno));
 		return true;
 	}
 	ctx->incoming[l->peer] = l;
-	link_ready(l, p->cma_ok != 0);
+	link_ready(l, p->aux != 0);
 	return true;
 }
 
-static bool conn_challenge(tp_link *l, const struct hs_challenge *c)
+static bool conn_challenge(tp_link *l, const hs_challenge *c)
 {
-	uint8_t want[KAUTH_MAC_LEN], both[2 * KAUTH_NONCE_LEN];
-	struct hs_proof p;
+	hs_proof p;
+	kerr e;
+	khor_status st;
 
-	if (c->magic != SHM_MAGIC) {
-		link_fail(l, KHOR_ERR_PROTOCOL, "handshake: the peer answered with bad magic 0x%08x",
-		          c->magic);
-		return true;
-	}
-	if (c->status != HS_OK) {
-		link_fail(l, c->status == HS_BAD_AUTH ? KHOR_ERR_AUTH : KHOR_ERR_PROTOCOL,
-		          "handshake refused by the peer: %s",
-		          c->status < sizeof(hs_status_text) / sizeof(hs_status_text[0])
-		                  ? hs_status_text[c->status] : "unknown reason");
-		return true;
-	}
-	mac_of(l->ctx, "khor-shm-acceptor", &l->hello, c->nonce_s, sizeof(c->nonce_s), want);
-	if (!kauth_equal(want, c->mac_s, KAUTH_MAC_LEN)) {
-		/* Answer with a proof that cannot pass (and no segment), so the other side logs
-		 * a secret mismatch instead of a connection that merely went away. */
-		memset(&p, 0, sizeof(p));
-		p.magic = SHM_MAGIC;
-		if (send(l->fd, &p, sizeof(p), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+	st = hs_challenge_check(&l->ctx->hs, &l->hello, c, 0, &p, &e);
+	if (st != KHOR_SUCCESS) {
+		/* An acceptor that failed to prove the secret gets a proof that cannot pass (and no
+		 * segment), so it logs a secret mismatch instead of a connection that went away. */
+		if (c->magic == HS_MAGIC && c->status == HS_OK &&
+		    send(l->fd, &p, sizeof(p), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
 			/* it is refused either way */
 		}
-		link_fail(l, KHOR_ERR_AUTH, "handshake: the peer could not prove the job secret "
-		          "(a stranger at that address, or its KHOR_SECRET differs)");
+		link_fail(l, st, "%s", e.text);
 		return true;
 	}
-	memset(&p, 0, sizeof(p));
-	p.magic = SHM_MAGIC;
-	memcpy(both, c->nonce_s, KAUTH_NONCE_LEN);
-	memcpy(both + KAUTH_NONCE_LEN, l->hello.nonce_c, KAUTH_NONCE_LEN);
-	mac_of(l->ctx, "khor-shm-connector", &l->hello, both, sizeof(both), p.mac_c);
-	p.cma_ok = cma_probe(l, c->nonce_addr, c->nonce_s);
+	p.aux = cma_probe(l, c->aux, c->nonce_s);
 	if (!hs_send(l, &p, sizeof(p), l->seg_fd)) {
 		link_fail(l, KHOR_ERR_REMOTE, "handshake: sending the segment: %s", errstr(errno));
 		return true;
@@ -1339,21 +1246,20 @@ static bool conn_challenge(tp_link *l, const struct hs_challenge *c)
 	return true;
 }
 
-static bool conn_result(tp_link *l, const struct hs_result *r)
+static bool conn_result(tp_link *l, const hs_result *r)
 {
-	if (r->magic != SHM_MAGIC || r->status != HS_OK) {
-		link_fail(l, r->status == HS_BAD_AUTH ? KHOR_ERR_AUTH : KHOR_ERR_PROTOCOL,
-		          "handshake refused by the peer: %s",
-		          r->magic == SHM_MAGIC &&
-		                          r->status < sizeof(hs_status_text) / sizeof(hs_status_text[0])
-		                  ? hs_status_text[r->status] : "malformed answer");
+	kerr e;
+	khor_status st = hs_result_check(r, &e);
+
+	if (st != KHOR_SUCCESS) {
+		link_fail(l, st, "%s", e.text);
 		return true;
 	}
 	/* The peer mapped the segment: our descriptor has done its job. From now on only the
 	 * two mappings keep the memory alive, and both die with their processes. */
 	close(l->seg_fd);
 	l->seg_fd = -1;
-	link_ready(l, r->cma_ok != 0);
+	link_ready(l, r->aux != 0);
 	return true;
 }
 
@@ -1407,7 +1313,7 @@ static bool hs_step(tp_link *l)
 			if (rc > 0)
 				return acc_hello(l);
 		} else {
-			struct hs_proof p;
+			hs_proof p;
 			int fd = -1;
 			bool moved;
 			rc = hs_recv(l, &p, sizeof(p), &fd, &why);
@@ -1427,12 +1333,12 @@ static bool hs_step(tp_link *l)
 		return false;
 	}
 	if (l->hs_phase == 0) {
-		struct hs_challenge c;
+		hs_challenge c;
 		rc = hs_recv(l, &c, sizeof(c), NULL, &why);
 		if (rc > 0)
 			return conn_challenge(l, &c);
 	} else {
-		struct hs_result r;
+		hs_result r;
 		rc = hs_recv(l, &r, sizeof(r), NULL, &why);
 		if (rc > 0)
 			return conn_result(l, &r);
@@ -1691,9 +1597,9 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	khor_status st;
 	socklen_t sl;
 
-	if (strlen(opt->job_id) >= SHM_JOB_MAX)
+	if (strlen(opt->job_id) >= HS_JOB_MAX)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "job id '%s' is longer than %d bytes",
-		                opt->job_id, SHM_JOB_MAX - 1);
+		                opt->job_id, HS_JOB_MAX - 1);
 	if (opt->size < 1 || opt->rank < 0 || opt->rank >= opt->size)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "shm transport: rank %d of %d is not valid",
 		                opt->rank, opt->size);
@@ -1703,9 +1609,11 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	ctx->rank = opt->rank;
 	ctx->size = opt->size;
 	ctx->listen_fd = -1;
-	kstrlcpy(ctx->job_id, opt->job_id, sizeof(ctx->job_id));
 	ctx->secret = strdup(opt->secret ? opt->secret : "");
-	ctx->secret_len = ctx->secret ? strlen(ctx->secret) : 0;
+	ctx->hs = (hs_self){ .transport = HS_TP_SHM, .version = SHM_VERSION, .rank = opt->rank,
+	                     .size = opt->size, .name = "shm", .secret = ctx->secret,
+	                     .secret_len = ctx->secret ? strlen(ctx->secret) : 0 };
+	kstrlcpy(ctx->hs.job_id, opt->job_id, sizeof(ctx->hs.job_id));
 	ctx->hs_timeout_ms = opt->handshake_timeout_ms > 0 ? opt->handshake_timeout_ms : 30000;
 	ctx->meta = opt->meta;
 	kmutex_init(&ctx->mu);
@@ -1834,14 +1742,10 @@ static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr, 
 		link_fail_text(l, st, err->text);
 		l->state = LS_DEAD;
 	} else {
-		l->hello.magic = SHM_MAGIC;
-		l->hello.version = SHM_VERSION;
-		l->hello.from_rank = ctx->rank;
-		l->hello.to_rank = peer;
-		l->hello.ring_bytes = l->ring_bytes;
-		l->hello.nonce_addr = (uint64_t)(uintptr_t)l->hello.nonce_c;
-		kstrlcpy(l->hello.job_id, ctx->job_id, sizeof(l->hello.job_id));
-		kauth_random(l->hello.nonce_c, sizeof(l->hello.nonce_c));
+		/* The CMA probe reads nonce_c where hs_hello_make puts it: in l->hello. */
+		uint64_t aux[4] = { [SHM_AUX_RING_BYTES] = l->ring_bytes,
+		                    [SHM_AUX_NONCE_ADDR] = (uint64_t)(uintptr_t)l->hello.nonce_c };
+		hs_hello_make(&ctx->hs, peer, aux, &l->hello);
 		l->state = LS_CONNECTING;
 		hs_step(l);
 	}
@@ -1871,15 +1775,12 @@ static bool link_ready_locked(const tp_link *l)
 	return l->state == LS_READY && l->err.status == KHOR_SUCCESS;
 }
 
-static khor_status shm_reg_mr(tp_ctx *ctx, void *buf, size_t len, tp_mr **mr_out, kerr *err)
+/* Nothing to pin or flush: CMA and memcpy take any mapped host memory. */
+static void shm_caps(const tp_ctx *ctx, tp_caps *out)
 {
-	/* Nothing to pin: CMA and memcpy take any mapped memory. */
-	*mr_out = (tp_mr *)buf;
-	return KHOR_SUCCESS;
-}
-
-static void shm_dereg_mr(tp_ctx *ctx, tp_mr *mr)
-{
+	(void)ctx;
+	*out = (tp_caps){ .needs_reg = false, .reg_min = 0, .device_mem = false,
+	                  .one_sided = false, .needs_flush = false };
 }
 
 static tp_req *req_get(tp_ctx *ctx)
@@ -2074,6 +1975,14 @@ static bool shm_link_ready(const tp_link *l)
 	return ready;
 }
 
+static void shm_describe(const tp_link *l, char *buf, size_t len)
+{
+	kmutex_lock(&l->ctx->mu);
+	snprintf(buf, len, "pid %d, large messages by %s", (int)l->peer_pid,
+	         l->cma_send ? "process_vm_readv" : "the ring");
+	kmutex_unlock(&l->ctx->mu);
+}
+
 static khor_status shm_isend(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
                              tp_req **req_out, kerr *err)
 {
@@ -2194,15 +2103,20 @@ static void shm_wake(tp_ctx *ctx)
 
 const struct transport_ops shm_transport_ops = {
 	.name = "shm",
+	.version = TP_VERSION,
 	.create = shm_create,
 	.address = shm_address,
+	.caps = shm_caps,
 	.connect = shm_connect,
 	.accept = shm_accept,
 	.link_ready = shm_link_ready,
-	.reg_mr = shm_reg_mr,
-	.dereg_mr = shm_dereg_mr,
+	.describe = shm_describe,
+	.reg_mr = NULL, /* caps.needs_reg is false */
+	.dereg_mr = NULL,
+	.mr_key = NULL,
 	.isend = shm_isend,
 	.irecv = shm_irecv,
+	.flush = NULL,
 	.test = shm_test,
 	.progress = shm_progress,
 	.cancel = shm_cancel,

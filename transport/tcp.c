@@ -41,27 +41,19 @@
  * Threads: every op takes the instance's lock. progress() lets go of it while it sleeps in
  * epoll_wait, and only one thread sleeps there at a time (base/sleeper.h).
  *
- * Handshake, on every socket, all non-blocking and bounded by handshake_timeout_ms:
- *
- *     connector                                   acceptor
- *     HELLO {magic, version, job id, from, to,
- *            socket index, nsocks, nonce_c}  --->
- *                                           <---  CHALLENGE {status, nonce_s,
- *                                                  HMAC(secret, "acceptor"|HELLO|nonce_s)}
- *     PROOF {HMAC(secret, "connector"|HELLO|nonce_s|nonce_c)} --->
- *                                           <---  RESULT {status}
- *
- * The acceptor proves itself first so a connector never sends data to an impostor; the
- * connector's proof covers both nonces so it cannot be replayed. A stranger (bad magic,
- * wrong job, wrong secret, wrong target rank) is refused and logged, and the listener goes
- * on serving the real ranks.
+ * Handshake: every socket runs the shared one of handshake.h (HELLO, CHALLENGE, PROOF,
+ * RESULT), non-blocking and bounded by handshake_timeout_ms; this file only moves its bytes
+ * over the stream. The HELLO's aux words are the socket's index and the link's socket count
+ * (TCP_AUX_*), which the acceptor checks itself. A stranger (bad magic, another transport,
+ * wrong job, wrong secret, wrong target rank, impossible socket count) is refused and logged,
+ * and the listener goes on serving the real ranks.
  *
  * Sockets are registered edge-triggered; rd_ready/wr_ready remember readiness until a call
  * returns EAGAIN, so no syscall is made on a socket that cannot move bytes.
  */
 #include "transport.h"
 
-#include "../base/auth.h"
+#include "handshake.h"
 #include "../base/log.h"
 #include "../base/sleeper.h"
 #include "../base/sock.h"
@@ -78,12 +70,12 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define TCP_MAGIC 0x524f484bu /* "KHOR" little-endian */
 #define TCP_FRAME_MAGIC 0x4d52464bu
-#define TCP_VERSION 3 /* 2: 64-byte frame headers, frames padded to 64 bytes; 3: rendezvous */
+/* 2: 64-byte frame headers, frames padded to 64 bytes; 3: rendezvous; 4: the shared
+ * handshake of handshake.h */
+#define TCP_VERSION 4
 #define TCP_FRAME_ALIGN 64
 #define TCP_MAX_SOCKS 16
-#define TCP_JOB_MAX 64
 /* Bytes of unexpected frames a link holds before it leaves the rest in the kernel. */
 #define TCP_UNEXPECTED_MAX (8u << 20)
 /* Chunks above this go by rendezvous; below, they go at once (eager). */
@@ -91,12 +83,8 @@
 
 enum frame_kind { FRAME_EAGER = 0, FRAME_RTS = 1, FRAME_CTS = 2, FRAME_DATA = 3 };
 
-enum hs_status { HS_OK = 0, HS_BAD_VERSION, HS_BAD_JOB, HS_BAD_TARGET, HS_BAD_AUTH, HS_DUPLICATE };
-
-static const char *const hs_status_text[] = {
-	"ok", "protocol version differs", "job id differs", "addressed to another rank",
-	"wrong job secret", "duplicate connection",
-};
+/* The HELLO's aux words (handshake.h): which socket of how many this connection is. */
+enum { TCP_AUX_SOCK_IDX = 0, TCP_AUX_NSOCKS = 1 };
 
 struct frame_hdr {
 	uint32_t magic;
@@ -118,34 +106,6 @@ static inline uint32_t frame_pad(uint64_t len)
 }
 
 static const uint8_t frame_zeros[TCP_FRAME_ALIGN];
-
-struct hs_hello {
-	uint32_t magic;
-	uint16_t version;
-	uint16_t sock_idx;
-	int32_t from_rank;
-	int32_t to_rank;
-	uint32_t nsocks;
-	uint32_t pad;
-	char job_id[TCP_JOB_MAX];
-	uint8_t nonce_c[KAUTH_NONCE_LEN];
-};
-
-struct hs_challenge {
-	uint32_t magic;
-	uint32_t status;
-	uint8_t nonce_s[KAUTH_NONCE_LEN];
-	uint8_t mac_s[KAUTH_MAC_LEN];
-};
-
-struct hs_proof {
-	uint8_t mac_c[KAUTH_MAC_LEN];
-};
-
-struct hs_result {
-	uint32_t magic;
-	uint32_t status;
-};
 
 enum sock_state {
 	SS_CONNECTING,  /* connector: waiting for connect() to finish */
@@ -204,7 +164,7 @@ struct tsock {
 	uint8_t hs_in[128];
 	uint32_t hs_in_need, hs_in_got;
 	int hs_phase;
-	struct hs_hello hello; /* the HELLO of this socket, kept for the MACs */
+	hs_hello hello;        /* the HELLO of this socket, kept for the MACs */
 	uint8_t nonce_s[KAUTH_NONCE_LEN];
 	/* send queue (FIFO) */
 	struct chunk *sq_head, *sq_tail;
@@ -223,6 +183,10 @@ struct tsock {
 	struct tsock *next_all;
 };
 
+_Static_assert(sizeof(hs_hello) <= sizeof(((struct tsock *)0)->hs_in) &&
+               sizeof(hs_challenge) <= sizeof(((struct tsock *)0)->hs_out),
+               "a handshake message must fit the socket's buffers");
+
 struct tp_link {
 	tp_ctx *ctx;
 	int peer;
@@ -238,9 +202,8 @@ struct tp_link {
 
 struct tp_ctx {
 	int rank, size;
-	char job_id[TCP_JOB_MAX];
+	hs_self hs;           /* who we are in handshakes; its secret is ours below */
 	char *secret;
-	size_t secret_len;
 	int nsocks;
 	uint64_t min_stripe;
 	int bufsize;
@@ -400,12 +363,6 @@ static void hs_queue(struct tsock *s, const void *p, uint32_t n)
 	s->hs_out_off = 0;
 }
 
-static bool mac_of(tp_ctx *ctx, const char *label, const struct hs_hello *h, const uint8_t *b,
-                   size_t b_len, uint8_t out[KAUTH_MAC_LEN])
-{
-	return kauth_mac(ctx->secret, ctx->secret_len, label, h, sizeof(*h), b, b_len, out);
-}
-
 static void link_sock_ready(tp_link *l, struct tsock *s)
 {
 	s->state = SS_DATA;
@@ -417,74 +374,67 @@ static void link_sock_ready(tp_link *l, struct tsock *s)
 		           l->nsocks);
 }
 
-/* Acceptor got a complete HELLO: check it and attach the socket to the peer's link. */
+/* Best effort: a refused peer hears why (or a connector's failed proof is seen), then goes. */
+static void hs_send_last(struct tsock *s, const void *msg, size_t len)
+{
+	if (send(s->fd, msg, len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+		/* nothing more to do for a refused peer */
+	}
+}
+
+/* Acceptor got a complete HELLO: check it (handshake.h, then our aux words). */
 static void hs_acc_hello(struct tsock *s)
 {
 	tp_ctx *ctx = s->ctx;
-	struct hs_hello *h = &s->hello;
-	struct hs_challenge c;
-	uint32_t status = HS_OK;
+	hs_hello *h = &s->hello;
+	hs_challenge c;
+	uint32_t status;
 
 	memcpy(h, s->hs_in, sizeof(*h));
-	if (h->magic != TCP_MAGIC) {
+	status = hs_hello_check(&ctx->hs, h);
+	if (status == HS_NOT_KHOR) {
 		KLOG_WARN("refused connection from %s: bad magic 0x%08x (not a khor peer)",
 		          s->peer_str, h->magic);
 		sock_close_fd(s);
 		return;
 	}
-	h->job_id[TCP_JOB_MAX - 1] = '\0';
-	for (char *q = h->job_id; *q != '\0'; q++)
-		if (*q < 0x20 || *q > 0x7e)
-			*q = '?'; /* a stranger's bytes go into our log: keep them printable */
-	if (h->version != TCP_VERSION)
-		status = HS_BAD_VERSION;
-	else if (strcmp(h->job_id, ctx->job_id) != 0)
-		status = HS_BAD_JOB;
-	else if (h->to_rank != ctx->rank || h->from_rank < 0 || h->from_rank >= ctx->size ||
-	         h->from_rank == ctx->rank)
-		status = HS_BAD_TARGET;
-	else if (h->nsocks < 1 || h->nsocks > TCP_MAX_SOCKS || h->sock_idx >= h->nsocks)
-		status = HS_BAD_TARGET;
-	memset(&c, 0, sizeof(c));
-	c.magic = TCP_MAGIC;
-	c.status = status;
+	if (status == HS_OK &&
+	    (h->aux[TCP_AUX_NSOCKS] < 1 || h->aux[TCP_AUX_NSOCKS] > TCP_MAX_SOCKS ||
+	     h->aux[TCP_AUX_SOCK_IDX] >= h->aux[TCP_AUX_NSOCKS]))
+		status = HS_BAD_PARAMS;
 	if (status != HS_OK) {
 		KLOG_WARN("refused connection from %s (claims rank %d of job '%s', protocol %u): %s",
-		          s->peer_str, h->from_rank, h->job_id, h->version, hs_status_text[status]);
-		/* Best effort: tell the stranger why, then drop it. */
-		if (send(s->fd, &c, sizeof(c), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
-			/* nothing more to do for a refused peer */
-		}
+		          s->peer_str, h->from_rank, h->job_id, h->version,
+		          status == HS_BAD_PARAMS ? "impossible socket index or count"
+		                                  : hs_status_str(status));
+		hs_refusal(status, &c);
+		hs_send_last(s, &c, sizeof(c));
 		sock_close_fd(s);
 		return;
 	}
-	kauth_random(s->nonce_s, sizeof(s->nonce_s));
-	memcpy(c.nonce_s, s->nonce_s, sizeof(c.nonce_s));
-	mac_of(ctx, "khor-link-acceptor", h, s->nonce_s, sizeof(s->nonce_s), c.mac_s);
+	hs_challenge_make(&ctx->hs, h, 0, s->nonce_s, &c);
 	hs_queue(s, &c, sizeof(c));
-	hs_expect(s, sizeof(struct hs_proof));
+	hs_expect(s, sizeof(hs_proof));
 	s->hs_phase = 1;
 }
 
+/* Acceptor got the PROOF: check it and attach the socket to the peer's link. */
 static void hs_acc_proof(struct tsock *s)
 {
 	tp_ctx *ctx = s->ctx;
-	struct hs_hello *h = &s->hello;
-	uint8_t both[2 * KAUTH_NONCE_LEN], want[KAUTH_MAC_LEN];
-	struct hs_result r = { TCP_MAGIC, HS_OK };
+	hs_hello *h = &s->hello;
+	int nsocks = (int)h->aux[TCP_AUX_NSOCKS], idx = (int)h->aux[TCP_AUX_SOCK_IDX];
+	hs_proof p;
+	hs_result r;
 	tp_link *l;
 
-	memcpy(both, s->nonce_s, KAUTH_NONCE_LEN);
-	memcpy(both + KAUTH_NONCE_LEN, h->nonce_c, KAUTH_NONCE_LEN);
-	mac_of(ctx, "khor-link-connector", h, both, sizeof(both), want);
-	if (!kauth_equal(want, s->hs_in, KAUTH_MAC_LEN)) {
+	memcpy(&p, s->hs_in, sizeof(p));
+	if (!hs_proof_check(&ctx->hs, h, s->nonce_s, &p)) {
 		KLOG_WARN("refused connection from %s (claims rank %d of job '%s'): it failed the "
 		          "job secret check (a stranger, or its KHOR_SECRET differs)",
 		          s->peer_str, h->from_rank, h->job_id);
-		r.status = HS_BAD_AUTH;
-		if (send(s->fd, &r, sizeof(r), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
-			/* refused peer; nothing to report */
-		}
+		hs_result_make(HS_BAD_AUTH, 0, &r);
+		hs_send_last(s, &r, sizeof(r));
 		sock_close_fd(s);
 		return;
 	}
@@ -497,23 +447,22 @@ static void hs_acc_proof(struct tsock *s)
 		}
 		l->ctx = ctx;
 		l->peer = h->from_rank;
-		l->nsocks = (int)h->nsocks;
+		l->nsocks = nsocks;
 		kstrlcpy(l->peer_addr, s->peer_str, sizeof(l->peer_addr));
 		ctx->incoming[h->from_rank] = l;
 	}
-	if ((int)h->nsocks != l->nsocks || l->socks[h->sock_idx] != NULL) {
-		KLOG_WARN("refused connection from %s (rank %d, socket %u): duplicate or "
-		          "inconsistent socket count", s->peer_str, h->from_rank, h->sock_idx);
-		r.status = HS_DUPLICATE;
-		if (send(s->fd, &r, sizeof(r), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
-			/* refused peer; nothing to report */
-		}
+	if (nsocks != l->nsocks || l->socks[idx] != NULL) {
+		KLOG_WARN("refused connection from %s (rank %d, socket %d): duplicate or "
+		          "inconsistent socket count", s->peer_str, h->from_rank, idx);
+		hs_result_make(HS_DUPLICATE, 0, &r);
+		hs_send_last(s, &r, sizeof(r));
 		sock_close_fd(s);
 		return;
 	}
 	s->link = l;
-	s->idx = h->sock_idx;
+	s->idx = idx;
 	l->socks[s->idx] = s;
+	hs_result_make(HS_OK, 0, &r);
 	hs_queue(s, &r, sizeof(r));
 	s->hs_phase = 2; /* finish sending RESULT, then data */
 	hs_expect(s, 0);
@@ -521,48 +470,36 @@ static void hs_acc_proof(struct tsock *s)
 
 static void hs_conn_challenge(struct tsock *s)
 {
-	tp_ctx *ctx = s->ctx;
-	struct hs_challenge c;
-	struct hs_proof p;
-	uint8_t want[KAUTH_MAC_LEN], both[2 * KAUTH_NONCE_LEN];
+	hs_challenge c;
+	hs_proof p;
+	kerr e;
+	khor_status st;
 
 	memcpy(&c, s->hs_in, sizeof(c));
-	if (c.magic != TCP_MAGIC) {
-		sock_fail(s, KHOR_ERR_PROTOCOL, "handshake: the peer answered with bad magic 0x%08x "
-		          "(is another program listening at that address?)", c.magic);
+	st = hs_challenge_check(&s->ctx->hs, &s->hello, &c, 0, &p, &e);
+	if (st != KHOR_SUCCESS) {
+		/* An acceptor that failed to prove the secret gets a proof that cannot pass, so
+		 * that it logs a secret mismatch rather than a connection that went away. */
+		if (c.magic == HS_MAGIC && c.status == HS_OK)
+			hs_send_last(s, &p, sizeof(p));
+		sock_fail(s, st, "%s", e.text);
 		return;
 	}
-	if (c.status != HS_OK) {
-		sock_fail(s, c.status == HS_BAD_AUTH ? KHOR_ERR_AUTH : KHOR_ERR_PROTOCOL,
-		          "handshake refused by the peer: %s",
-		          c.status < sizeof(hs_status_text) / sizeof(hs_status_text[0])
-		                  ? hs_status_text[c.status] : "unknown reason");
-		return;
-	}
-	mac_of(ctx, "khor-link-acceptor", &s->hello, c.nonce_s, sizeof(c.nonce_s), want);
-	if (!kauth_equal(want, c.mac_s, KAUTH_MAC_LEN)) {
-		sock_fail(s, KHOR_ERR_AUTH, "handshake: the peer could not prove the job secret "
-		          "(a stranger at that address, or its KHOR_SECRET differs)");
-		return;
-	}
-	memcpy(both, c.nonce_s, KAUTH_NONCE_LEN);
-	memcpy(both + KAUTH_NONCE_LEN, s->hello.nonce_c, KAUTH_NONCE_LEN);
-	mac_of(ctx, "khor-link-connector", &s->hello, both, sizeof(both), p.mac_c);
 	hs_queue(s, &p, sizeof(p));
-	hs_expect(s, sizeof(struct hs_result));
+	hs_expect(s, sizeof(hs_result));
 	s->hs_phase = 1;
 }
 
 static void hs_conn_result(struct tsock *s)
 {
-	struct hs_result r;
+	hs_result r;
+	kerr e;
+	khor_status st;
 
 	memcpy(&r, s->hs_in, sizeof(r));
-	if (r.magic != TCP_MAGIC || r.status != HS_OK) {
-		sock_fail(s, r.status == HS_BAD_AUTH ? KHOR_ERR_AUTH : KHOR_ERR_PROTOCOL,
-		          "handshake refused by the peer: %s",
-		          r.magic == TCP_MAGIC && r.status < sizeof(hs_status_text) / sizeof(char *)
-		                  ? hs_status_text[r.status] : "malformed answer");
+	st = hs_result_check(&r, &e);
+	if (st != KHOR_SUCCESS) {
+		sock_fail(s, st, "%s", e.text);
 		return;
 	}
 	link_sock_ready(s->link, s);
@@ -587,7 +524,7 @@ static bool hs_drive(struct tsock *s)
 		}
 		s->state = SS_HS_CONN;
 		hs_queue(s, &s->hello, sizeof(s->hello));
-		hs_expect(s, sizeof(struct hs_challenge));
+		hs_expect(s, sizeof(hs_challenge));
 		s->hs_phase = 0;
 		moved = true;
 	}
@@ -1167,9 +1104,9 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	if (opt->nsocks < 1 || opt->nsocks > TCP_MAX_SOCKS)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_SOCKET_NSOCKS=%d: must be 1 to %d",
 		                opt->nsocks, TCP_MAX_SOCKS);
-	if (strlen(opt->job_id) >= TCP_JOB_MAX)
+	if (strlen(opt->job_id) >= HS_JOB_MAX)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "job id '%s' is longer than %d bytes",
-		                opt->job_id, TCP_JOB_MAX - 1);
+		                opt->job_id, HS_JOB_MAX - 1);
 	st = ksock_pick_address(opt->ifname_spec, opt->hint_addr, &local, ifname, sizeof(ifname),
 	                        err);
 	if (st != KHOR_SUCCESS)
@@ -1179,9 +1116,11 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp transport: out of memory");
 	ctx->rank = opt->rank;
 	ctx->size = opt->size;
-	kstrlcpy(ctx->job_id, opt->job_id, sizeof(ctx->job_id));
 	ctx->secret = strdup(opt->secret ? opt->secret : "");
-	ctx->secret_len = strlen(ctx->secret);
+	ctx->hs = (hs_self){ .transport = HS_TP_TCP, .version = TCP_VERSION, .rank = opt->rank,
+	                     .size = opt->size, .name = "tcp", .secret = ctx->secret,
+	                     .secret_len = ctx->secret ? strlen(ctx->secret) : 0 };
+	kstrlcpy(ctx->hs.job_id, opt->job_id, sizeof(ctx->hs.job_id));
 	ctx->nsocks = opt->nsocks;
 	ctx->min_stripe = opt->min_stripe_bytes;
 	ctx->bufsize = opt->sock_bufsize;
@@ -1297,14 +1236,9 @@ static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr,
 		s->idx = i;
 		kstrlcpy(s->peer_str, peer_addr, sizeof(s->peer_str));
 		l->socks[i] = s;
-		s->hello.magic = TCP_MAGIC;
-		s->hello.version = TCP_VERSION;
-		s->hello.sock_idx = (uint16_t)i;
-		s->hello.from_rank = ctx->rank;
-		s->hello.to_rank = peer;
-		s->hello.nsocks = (uint32_t)l->nsocks;
-		kstrlcpy(s->hello.job_id, ctx->job_id, sizeof(s->hello.job_id));
-		kauth_random(s->hello.nonce_c, sizeof(s->hello.nonce_c));
+		uint64_t aux[4] = { [TCP_AUX_SOCK_IDX] = (uint64_t)i,
+		                    [TCP_AUX_NSOCKS] = (uint64_t)l->nsocks };
+		hs_hello_make(&ctx->hs, peer, aux, &s->hello);
 	}
 	*link_out = l;
 	return KHOR_SUCCESS;
@@ -1345,15 +1279,20 @@ static bool tcp_link_ready(const tp_link *l)
 	return ready;
 }
 
-static khor_status tcp_reg_mr(tp_ctx *ctx, void *buf, size_t len, tp_mr **mr_out, kerr *err)
+static void tcp_describe(const tp_link *l, char *buf, size_t len)
 {
-	/* Sockets need no registration; a non-NULL token keeps callers' code uniform. */
-	*mr_out = (tp_mr *)buf;
-	return KHOR_SUCCESS;
+	kmutex_lock(&l->ctx->mu);
+	snprintf(buf, len, "%s, %d socket%s", l->peer_addr[0] ? l->peer_addr : "address unknown",
+	         l->nsocks, l->nsocks == 1 ? "" : "s");
+	kmutex_unlock(&l->ctx->mu);
 }
 
-static void tcp_dereg_mr(tp_ctx *ctx, tp_mr *mr)
+/* Sockets take any memory as it is: nothing to register, nothing to flush. */
+static void tcp_caps(const tp_ctx *ctx, tp_caps *out)
 {
+	(void)ctx;
+	*out = (tp_caps){ .needs_reg = false, .reg_min = 0, .device_mem = false,
+	                  .one_sided = false, .needs_flush = false };
 }
 
 /* The queued unexpected frame of this tag that no receive has claimed yet. */
@@ -1615,7 +1554,7 @@ static void accept_new(tp_ctx *ctx)
 			continue;
 		}
 		sock_peer_str(s);
-		hs_expect(s, sizeof(struct hs_hello));
+		hs_expect(s, sizeof(hs_hello));
 		s->hs_phase = 0;
 	}
 }
@@ -1783,15 +1722,20 @@ static void tcp_wake(tp_ctx *ctx)
 
 const struct transport_ops tcp_transport_ops = {
 	.name = "tcp",
+	.version = TP_VERSION,
 	.create = tcp_create,
 	.address = tcp_address,
+	.caps = tcp_caps,
 	.connect = tcp_connect,
 	.accept = tcp_accept,
 	.link_ready = tcp_link_ready,
-	.reg_mr = tcp_reg_mr,
-	.dereg_mr = tcp_dereg_mr,
+	.describe = tcp_describe,
+	.reg_mr = NULL, /* caps.needs_reg is false */
+	.dereg_mr = NULL,
+	.mr_key = NULL,
 	.isend = tcp_isend,
 	.irecv = tcp_irecv,
+	.flush = NULL,
 	.test = tcp_test,
 	.progress = tcp_progress,
 	.cancel = tcp_cancel,

@@ -8,7 +8,8 @@
  *
  *   clang -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -DKHOR_BUILDING_LIBRARY -Iinclude \
  *         -I. tests/transport/fuzz_tcp.c base/err.c base/clock.c base/log.c base/auth.c \
- *         base/sock.c transport/transport.c -lcrypto -o fuzz_tcp
+ *         base/sock.c base/sleeper.c base/parse.c transport/transport.c transport/shm.c \
+ *         transport/handshake.c -lcrypto -o fuzz_tcp
  *   ./fuzz_tcp -max_total_time=60
  */
 #include "../../transport/tcp.c"
@@ -41,7 +42,7 @@ static void fuzz_handshake(const uint8_t *d, size_t n, int sv[2])
 
 	CHECK(s != NULL);
 	kstrlcpy(s->peer_str, "fuzzer", sizeof(s->peer_str));
-	hs_expect(s, sizeof(struct hs_hello));
+	hs_expect(s, sizeof(hs_hello));
 	if (n > 0 && write(sv[1], d, n) < 0)
 		return;
 	shutdown(sv[1], SHUT_WR);

@@ -83,8 +83,18 @@ Test(tcp, send_receive_sizes_and_out_of_order_tags)
 	tp_link *la, *lb;
 	kerr e;
 	size_t sizes[] = { 0, 1, 63, 4096, 12289, 1 << 20 };
+	tp_caps caps;
+	char d[128];
 
 	link_up(a, b, &la, &lb);
+	/* Table version 2: no registration, and one line per link for KHOR_LOG=info. */
+	cr_assert_eq(tp->version, TP_VERSION);
+	cr_assert(tp->reg_mr == NULL && tp->dereg_mr == NULL && tp->mr_key == NULL &&
+	          tp->flush == NULL);
+	tp->caps(a, &caps);
+	cr_assert(!caps.needs_reg && !caps.device_mem && !caps.one_sided && !caps.needs_flush);
+	tp->describe(la, d, sizeof(d));
+	cr_assert(strstr(d, tp->address(b)) != NULL && strstr(d, ", 3 sockets") != NULL, "%s", d);
 	for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
 		size_t len = sizes[k];
 		uint8_t *x = malloc(len + 1), *y = malloc(len + 1), *z = malloc(len + 1);
