@@ -10,12 +10,68 @@
 #include <stdarg.h>
 #include <string.h>
 
+/* Whether [p, p + len) lies inside [lo, lo + n). */
+static bool inside(uintptr_t p, size_t len, const void *lo, size_t n)
+{
+	return lo != NULL && p >= (uintptr_t)lo && p - (uintptr_t)lo <= n &&
+	       len <= n - (p - (uintptr_t)lo);
+}
+
+/*
+ * The registration for a message of len bytes at buf on transport t: the whole buffer it
+ * is a slice of (coll.h: coll_reg_call), so that the other slices hit; the slice alone,
+ * once, when the buffer is a temp of the schedule's. Every buffer gets the same access:
+ * a receive buffer of one step is the send buffer of the next.
+ */
+static khor_status post_reg(coll_comm *cc, const coll_tp *t, void *buf, size_t len,
+                            regcache_entry **reg_out, kerr *err)
+{
+	const uintptr_t p = (uintptr_t)buf;
+	tp_reg_desc d = {
+		.buf = buf, .len = len, .kind = TP_MEM_HOST, .dmabuf_fd = -1,
+		.access = TP_ACCESS_LOCAL_WRITE | TP_ACCESS_REMOTE_WRITE | TP_ACCESS_REMOTE_READ,
+	};
+	uint64_t scope = REGCACHE_ONESHOT;
+	const coll_reg_call *rc = cc->reg_call;
+
+	if (inside(p, len, cc->scratch, cc->scratch_len)) {
+		d.buf = cc->scratch;
+		d.len = cc->scratch_len;
+		scope = REGCACHE_KEEP;
+	} else if (cc->big != NULL && inside(p, len, *cc->big, *cc->big_len)) {
+		d.buf = *cc->big;
+		d.len = *cc->big_len;
+		scope = REGCACHE_KEEP;
+	} else {
+		for (int i = 0; rc != NULL && i < rc->n; i++) {
+			if (inside(p, len, (const void *)rc->buf[i].lo, rc->buf[i].len)) {
+				d.buf = (void *)rc->buf[i].lo;
+				d.len = rc->buf[i].len;
+				scope = rc->buf[i].scope;
+				break;
+			}
+		}
+	}
+	khor_status st = regcache_get(t->cache, &d, scope, reg_out, err);
+	if (st != KHOR_SUCCESS && d.buf != buf) {
+		/* The whole buffer would not register (beyond what this rank may lock?): try the
+		 * message alone, which is all this post needs. */
+		kerr ignore;
+		d.buf = buf;
+		d.len = len;
+		if (regcache_get(t->cache, &d, REGCACHE_ONESHOT, reg_out, &ignore) == KHOR_SUCCESS)
+			st = KHOR_SUCCESS;
+	}
+	return st;
+}
+
 khor_status coll_post(coll_comm *cc, coll_xfer *x, int peer, bool is_send, void *buf,
                       size_t len, tp_tag tag, kdeadline dl, kerr *err)
 {
 	tp_link *link;
 	khor_status st;
 	int tpi;
+	tp_mr *mr = NULL;
 
 	if (cc->map != NULL)
 		peer = cc->map[peer]; /* links belong to the world comm; groups share them */
@@ -25,9 +81,27 @@ khor_status coll_post(coll_comm *cc, coll_xfer *x, int peer, bool is_send, void 
 	x->peer = peer;
 	x->is_send = is_send;
 	x->tpi = tpi;
+	x->reg = NULL;
+	const coll_tp *t = &cc->tps[tpi];
+	if (t->cache != NULL && len > t->caps.reg_min) {
+		st = post_reg(cc, t, buf, len, &x->reg, err);
+		if (st != KHOR_SUCCESS) {
+			kerr_prefix(err, "%s %zu B %s rank %d (comm %u, seq %u, step %u) over %s",
+			            is_send ? "sending" : "receiving", len, is_send ? "to" : "from", peer,
+			            tag.comm, tag.seq, tag.step, t->ops->name);
+			return st;
+		}
+		mr = regcache_mr(x->reg);
+	}
 	if (is_send)
-		return cc->tps[tpi].ops->isend(link, buf, len, tag, NULL, &x->req, err);
-	return cc->tps[tpi].ops->irecv(link, buf, len, tag, NULL, &x->req, err);
+		st = t->ops->isend(link, buf, len, tag, mr, &x->req, err);
+	else
+		st = t->ops->irecv(link, buf, len, tag, mr, &x->req, err);
+	if (st != KHOR_SUCCESS && x->reg != NULL) {
+		regcache_put(t->cache, x->reg);
+		x->reg = NULL;
+	}
+	return st;
 }
 
 bool coll_done(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
@@ -38,8 +112,13 @@ bool coll_done(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
 	if (x->req == NULL)
 		return true;
 	s = cc->tps[x->tpi].ops->test(x->req, &done, err);
-	if (done)
+	if (done) {
 		x->req = NULL;
+		if (x->reg != NULL) {
+			regcache_put(cc->tps[x->tpi].cache, x->reg);
+			x->reg = NULL;
+		}
+	}
 	if (s != KHOR_SUCCESS && *st == KHOR_SUCCESS)
 		*st = s;
 	return done;
@@ -51,6 +130,8 @@ void *coll_big(coll_comm *cc, size_t len)
 		void *p = malloc(len);
 		if (p == NULL)
 			return NULL;
+		for (int i = 0; i < cc->ntps; i++)
+			regcache_invalidate(cc->tps[i].cache, *cc->big, *cc->big_len);
 		free(*cc->big);
 		*cc->big = p;
 		*cc->big_len = len;
@@ -233,6 +314,10 @@ void coll_drain(coll_comm *cc, coll_xfer *xs, int nxs)
 		if (xs[i].req != NULL) {
 			cc->tps[xs[i].tpi].ops->cancel(xs[i].req);
 			xs[i].req = NULL;
+			if (xs[i].reg != NULL) {
+				regcache_put(cc->tps[xs[i].tpi].cache, xs[i].reg);
+				xs[i].reg = NULL;
+			}
 		}
 	}
 }

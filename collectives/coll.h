@@ -7,6 +7,7 @@
 #ifndef KHOR_COLL_H
 #define KHOR_COLL_H
 
+#include "../transport/regcache.h"
 #include "../transport/transport.h"
 
 #include <stdbool.h>
@@ -54,7 +55,7 @@ static inline uint32_t coll_meta_sched(uint32_t meta, unsigned sched)
  */
 extern const tp_meta_rules coll_meta_rules;
 
-#define COLL_MAX_TP 2
+#define COLL_MAX_TP 4 /* ib, tcp, shm and one to spare */
 
 /* The choices KHOR_LOG=debug shows once per power-of-two size (allreduce: auto's and forced). */
 enum { LOGGED_AUTO, LOGGED_FORCED, LOGGED_BCAST, LOGGED_ALLGATHER, LOGGED_RS, COLL_LOGGED_KINDS };
@@ -74,11 +75,31 @@ typedef struct cost_model {
 	double cache;
 } cost_model;
 
-/* One transport instance the comm's links come from (tcp, shm). */
+/* One transport instance the comm's links come from (ib, tcp, shm). */
 typedef struct coll_tp {
 	const struct transport_ops *ops;
 	tp_ctx *ctx;
+	tp_caps caps;
+	tp_regcache *cache; /* when caps.needs_reg: the context's, for this instance; else NULL */
 } coll_tp;
+
+/*
+ * The buffers of the collective call running now, for registration (coll_post): a slice
+ * of one of them is registered as the whole buffer, once per call (or once for all calls,
+ * scope REGCACHE_KEEP, under KHOR_REG_CACHE_USER=1), so the schedule's slices hit the
+ * cache. Temp buffers that are none of these, nor the comm's scratch or big buffer, get
+ * REGCACHE_ONESHOT registrations: nobody reports their free. Set by the runtime around
+ * each call; scope is REGCACHE_ONESHOT and n 0 outside calls.
+ */
+typedef struct coll_reg_call {
+	uint64_t scope;
+	int n;
+	struct {
+		uintptr_t lo;
+		size_t len;
+		uint64_t scope;
+	} buf[2];
+} coll_reg_call;
 
 typedef struct coll_comm {
 	int rank, size;
@@ -122,6 +143,7 @@ typedef struct coll_comm {
 	size_t scratch_len;
 	void **big;           /* grow-only temp buffer shared by the comm's groups (coll_big) */
 	size_t *big_len;
+	coll_reg_call *reg_call; /* shared by the comm's groups; NULL when nothing registers */
 } coll_comm;
 
 /* One in-flight transfer a collective is waiting for, kept for progress and timeouts. */
@@ -130,11 +152,13 @@ typedef struct coll_xfer {
 	int peer;     /* world rank, for messages */
 	int tpi;      /* which of cc->tps the request belongs to */
 	bool is_send;
+	regcache_entry *reg; /* the registration req uses (put when it is done), or NULL */
 } coll_xfer;
 
 /*
  * A temp buffer of at least len bytes that lives as long as the comm: large temp buffers
- * allocated per call cost a page fault per 4 KiB, which at 64 MiB is milliseconds.
+ * allocated per call cost a page fault per 4 KiB, which at 64 MiB is milliseconds. Its
+ * registrations are kept (REGCACHE_KEEP) and invalidated when it grows.
  */
 void *coll_big(coll_comm *cc, size_t len);
 
@@ -146,7 +170,11 @@ void *coll_big(coll_comm *cc, size_t len);
 khor_status coll_progress(coll_comm *cc, int timeout_ms, unsigned sleep_mask, bool *moved,
                           kerr *err);
 
-/* Posts a send/receive and records it in x (req NULL means "nothing pending"). */
+/*
+ * Posts a send/receive and records it in x (req NULL means "nothing pending"). On a
+ * transport that registers memory (coll_tp.cache), a message above caps.reg_min goes with
+ * an mr from the cache, held in x until coll_done or coll_drain.
+ */
 khor_status coll_post(coll_comm *cc, coll_xfer *x, int peer, bool is_send, void *buf,
                       size_t len, tp_tag tag, kdeadline dl, kerr *err);
 /* Tests x; true when it has completed (x->req becomes NULL). Errors come back in *st. */

@@ -3,13 +3,16 @@
  *
  * Bootstrap, through the store, under "<job>/<generation>/" (generation k for a rank's k-th
  * init in the job, counted in "<job>/0/inits/<rank>"):
- *   1. every rank publishes "addr/<rank>" (its transport address) and "host/<rank>";
+ *   1. every rank publishes "addr/<transport>/<rank>" for each transport it created,
+ *      "tps/<rank>" (their names, "ib,tcp,shm": a peer tells "not created" from "not yet
+ *      published" by it) and "host/<rank>";
  *   2. it adds 1 to "joined"; the rank that brings it to n sets "ready";
  *   3. everyone waits for "ready" until KHOR_INIT_TIMEOUT; on timeout the error lists the
- *      ranks whose "addr/<rank>" never appeared.
+ *      ranks whose "tps/<rank>" never appeared.
  * Links are made lazily, on first use by a collective: the lower rank connects (reading
  * only that one peer's address from the store), the higher rank accepts. So a rank reads
- * the addresses of the peers its algorithms talk to, not all n.
+ * the addresses of the peers its algorithms talk to, not all n. Both ends pick the link's
+ * transport by the same rule from the same facts (choose_transport), so they agree.
  *
  * Comms: the world and every comm made from it (split.c) share the context's links; a comm
  * only maps its ranks to world ranks, so making one opens no socket. A link is made by
@@ -27,6 +30,7 @@
 
 #include "../base/log.h"
 #include "../base/sock.h"
+#include "../collectives/algos.h"
 #include "../collectives/rd.h"
 #include "../collectives/ring.h"
 #include "../collectives/select.h"
@@ -103,7 +107,7 @@ static void name_missing(kctx *c, char *out, size_t len)
 		void *v;
 		size_t vl;
 		kerr e;
-		snprintf(key, sizeof(key), "addr/tcp/%d", r);
+		snprintf(key, sizeof(key), "tps/%d", r);
 		if (store_get(c->store, key, now, &v, &vl, &e) == KHOR_SUCCESS) {
 			free(v);
 			continue;
@@ -584,6 +588,8 @@ khor_status comm_create(kctx *x, const khor_comm *parent, const int *members, in
 	c->cc.map = c->world_ranks;
 	c->cc.big = &c->big;
 	c->cc.big_len = &c->big_len;
+	c->reg_call.scope = REGCACHE_ONESHOT;
+	c->cc.reg_call = x->ncaches > 0 ? &c->reg_call : NULL;
 	c->cc.comm_id = id;
 	c->cc.owner = c;
 	c->cc.get_link = comm_get_link;
@@ -622,6 +628,10 @@ fail:
  */
 static void comm_free_fields(khor_comm *c)
 {
+	if (c->ctx != NULL) {
+		comm_reg_invalidate(c->ctx, c->big, c->big_len);
+		comm_reg_invalidate(c->ctx, c->cc.scratch, c->cc.scratch_len);
+	}
 	free(c->world_ranks);
 	free(c->big);
 	free(c->node_map);
@@ -670,8 +680,10 @@ static void ctx_destroy(kctx *x)
 {
 	if (x->store != NULL)
 		store_close(x->store);
-	for (int i = 0; i < x->ntps; i++)
+	for (int i = 0; i < x->ntps; i++) {
+		regcache_destroy(x->tps[i].cache);
 		x->tps[i].ops->destroy(x->tps[i].ctx);
+	}
 	if (x->server != NULL)
 		store_server_stop(x->server);
 	free(x->links);
@@ -684,24 +696,42 @@ static void ctx_destroy(kctx *x)
 	free(x);
 }
 
-/* The transports, their addresses in the store, and the link tables. */
+int comm_tp_index(const kctx *x, const char *name)
+{
+	for (int i = 0; i < x->ntps; i++)
+		if (strcmp(x->tps[i].ops->name, name) == 0)
+			return i;
+	return -1;
+}
+
+/* Why a transport is not in this library, for KHOR_TRANSPORT=<it>. */
+static const char *missing_why(const char *name)
+{
+	if (strcmp(name, "ib") == 0)
+		return "it was built without infiniband/verbs.h (install libibverbs-dev and rebuild)";
+	return "it was built without it";
+}
+
+/*
+ * Creates the transports: under KHOR_TRANSPORT=auto every one compiled in (one that cannot
+ * run here, such as ib without rdma-core or an active port, is left out with the reason at
+ * KLOG_INFO; tcp, everyone's fallback, must start); under KHOR_TRANSPORT=X only X, which
+ * then carries every link. Publishes each one's address, then "tps/<rank>", and makes the
+ * registration caches and the link tables.
+ */
 static khor_status start_transports(kctx *x, kerr *err)
 {
 	const settings *s = &x->cfg;
 	khor_status st;
-	char key[32];
-	bool want_shm = strcmp(s->transport, "tcp") != 0;
+	char key[48], list[64] = "";
+	const bool any = strcmp(s->transport, "auto") == 0;
+	int n;
+	const struct transport_ops *const *all = transport_list(&n);
 
-	if (strcmp(s->transport, "tcp") != 0 && strcmp(s->transport, "shm") != 0 &&
-	    strcmp(s->transport, "auto") != 0)
-		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_TRANSPORT='%s': expected tcp, shm or "
-		                "auto", s->transport);
-	if (want_shm && transport_find("shm") == NULL) {
-		if (strcmp(s->transport, "shm") == 0)
-			return kerr_set(err, KHOR_ERR_NOT_SUPPORTED, "KHOR_TRANSPORT=shm, but this library "
-			                "was built without the shared-memory transport");
-		want_shm = false;
-	}
+	if (!any && transport_find(s->transport) == NULL)
+		return kerr_set(err, KHOR_ERR_NOT_SUPPORTED, "KHOR_TRANSPORT=%s, but this library "
+		                "has no %s transport: %s", s->transport, s->transport,
+		                missing_why(s->transport));
 	ksockaddr hint;
 	kerr ignore;
 	bool have_hint = ksock_resolve(s->store_host, s->store_port, &hint, &ignore) == KHOR_SUCCESS;
@@ -710,27 +740,51 @@ static khor_status start_transports(kctx *x, kerr *err)
 		.ifname_spec = s->ifname[0] ? s->ifname : NULL, .hint_addr = have_hint ? &hint : NULL,
 		.nsocks = s->nsocks, .min_stripe_bytes = s->min_stripe,
 		.sock_bufsize = s->sock_bufsize, .handshake_timeout_ms = 30000,
-		.meta = &coll_meta_rules,
+		.meta = &coll_meta_rules, .hostname = s->hostname,
+		.ib_hca = s->ib_hca, .ib_gid_index = s->ib_gid_index, .ib_qps = s->ib_qps,
+		.ib_timeout = s->ib_timeout, .ib_retry_cnt = s->ib_retry_cnt, .ib_max_wr = s->ib_max_wr,
+		.ib_flush_always = s->ib_flush_always,
 	};
-	const char *names[2] = { "tcp", want_shm ? "shm" : NULL };
-	for (int i = 0; i < 2 && names[i] != NULL; i++) {
+	for (int i = 0; i < n && x->ntps < COLL_MAX_TP; i++) {
+		const struct transport_ops *ops = all[i];
+		if (!any && strcmp(ops->name, s->transport) != 0)
+			continue;
 		coll_tp *t = &x->tps[x->ntps];
-		t->ops = transport_find(names[i]);
-		st = t->ops->create(&o, &t->ctx, err);
+		memset(t, 0, sizeof(*t));
+		st = ops->create(&o, &t->ctx, err);
+		if (st == KHOR_ERR_NOT_SUPPORTED && any && strcmp(ops->name, "tcp") != 0) {
+			KLOG_INFO("%s transport unavailable: %s", ops->name, err->text);
+			kerr_clear(err);
+			continue;
+		}
 		if (st != KHOR_SUCCESS) {
-			t->ops = NULL;
+			if (!any)
+				kerr_prefix(err, "KHOR_TRANSPORT=%s", s->transport);
 			return st;
 		}
-		if (i == 0)
-			x->tcp_i = x->ntps;
-		else
-			x->shm_i = x->ntps;
+		t->ops = ops;
 		x->ntps++;
-		const char *addr = t->ops->address(t->ctx);
-		snprintf(key, sizeof(key), "addr/%s/%d", names[i], x->rank);
+		if (ops->caps != NULL)
+			ops->caps(t->ctx, &t->caps);
+		if (t->caps.needs_reg) {
+			regcache_limits lim = { .max_entries = s->reg_entries,
+			                        .max_bytes = (size_t)s->reg_bytes };
+			if ((st = regcache_create(ops, t->ctx, &lim, &t->cache, err)) != KHOR_SUCCESS)
+				return st;
+			x->ncaches++;
+		}
+		const char *addr = ops->address(t->ctx);
+		snprintf(key, sizeof(key), "addr/%s/%d", ops->name, x->rank);
 		if ((st = store_set(x->store, key, addr, strlen(addr), err)))
 			return st;
+		size_t l = strlen(list);
+		snprintf(list + l, sizeof(list) - l, "%s%s", l ? "," : "", ops->name);
+		l = strlen(x->tp_names);
+		snprintf(x->tp_names + l, sizeof(x->tp_names) - l, "%s%s", l ? "+" : "", ops->name);
 	}
+	snprintf(key, sizeof(key), "tps/%d", x->rank);
+	if ((st = store_set(x->store, key, list, strlen(list), err)))
+		return st;
 	x->links = calloc((size_t)x->size, sizeof(tp_link *));
 	x->link_tp = malloc((size_t)x->size);
 	x->ready = calloc((size_t)x->size, sizeof(*x->ready));
@@ -753,7 +807,6 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory");
 	pthread_mutex_init(&x->link_mu, NULL);
 	pthread_mutex_init(&x->comms_mu, NULL);
-	x->tcp_i = x->shm_i = -1;
 	st = config_parse(cfg, &x->cfg, err);
 	if (st != KHOR_SUCCESS) {
 		ctx_destroy(x);
@@ -836,12 +889,16 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	          1e-9 / x->inner.gamma, x->inner.cache / (1 << 20), x->nhosts,
 	          c->hier_ok ? "possible" : "off", x->on_machine, shared_cores(x),
 	          c->cc.spin_yield ? ", yielding while spinning" : "");
-	KLOG_INFO("joined job '%s' as rank %d of %d (local %d/%d, cross %d/%d) via %s; "
-	          "transports: %s at %s%s%s", s->job_id, x->rank, x->size, c->local_rank,
-	          c->local_size, c->cross_rank, c->cross_size, s->source, "tcp",
-	          x->tps[x->tcp_i].ops->address(x->tps[x->tcp_i].ctx),
-	          x->shm_i >= 0 ? ", shm at " : "",
-	          x->shm_i >= 0 ? x->tps[x->shm_i].ops->address(x->tps[x->shm_i].ctx) : "");
+	if (klog_threshold >= KLOG_INFO) {
+		char tps[4 * (TP_ADDR_MAX + 16)] = "";
+		size_t off = 0;
+		for (int i = 0; i < x->ntps && off < sizeof(tps); i++)
+			off += (size_t)snprintf(tps + off, sizeof(tps) - off, "%s%s at %s", i ? ", " : "",
+			                        x->tps[i].ops->name, x->tps[i].ops->address(x->tps[i].ctx));
+		KLOG_INFO("joined job '%s' as rank %d of %d (local %d/%d, cross %d/%d) via %s; "
+		          "transports: %s", s->job_id, x->rank, x->size, c->local_rank,
+		          c->local_size, c->cross_rank, c->cross_size, s->source, tps);
+	}
 	*comm_out = c;
 	return KHOR_SUCCESS;
 
@@ -855,26 +912,42 @@ fail:
 	return st;
 }
 
+/* Whether the comma list l (a "tps/<rank>" value) names transport name. */
+static bool list_has(const char *l, const char *name)
+{
+	size_t n = strlen(name);
+
+	for (const char *p = l; *p != '\0'; p += strcspn(p, ",") + (p[strcspn(p, ",")] != '\0')) {
+		if (strncmp(p, name, n) == 0 && (p[n] == ',' || p[n] == '\0'))
+			return true;
+	}
+	return false;
+}
+
 /*
- * Which transport carries the link to peer: shm when both share a host (and the job allows
- * it), tcp otherwise. The peer's host name is read from the store once, on first use.
- * Under link_mu.
+ * Which transport carries the link to peer. Under KHOR_TRANSPORT=X the one this rank made
+ * (shm refuses a peer on another host here, with the reason). Under auto: shm when both
+ * share a host and both made shm; else ib when both made it; else tcp. Both ends apply
+ * this rule to the same facts ("host/<rank>", "tps/<rank>"), so they pick alike. Read from
+ * the store once per peer, on first use. Under link_mu.
  */
 static khor_status choose_transport(kctx *c, int peer, kdeadline dl, int *tpi_out, kerr *err)
 {
 	char key[32];
-	void *host;
+	void *host = NULL, *theirs = NULL;
 	size_t len;
 	khor_status st;
-	bool same;
+	const int shm = comm_tp_index(c, "shm"), ib = comm_tp_index(c, "ib");
+	const bool forced = strcmp(c->cfg.transport, "auto") != 0;
+	int tpi;
 
 	if (c->link_tp[peer] >= 0) {
 		*tpi_out = c->link_tp[peer];
 		return KHOR_SUCCESS;
 	}
-	if (c->shm_i < 0) {
-		c->link_tp[peer] = (int8_t)c->tcp_i;
-		*tpi_out = c->tcp_i;
+	if (c->ntps == 1 && (!forced || shm < 0)) {
+		c->link_tp[peer] = 0;
+		*tpi_out = 0;
 		return KHOR_SUCCESS;
 	}
 	snprintf(key, sizeof(key), "host/%d", peer);
@@ -882,18 +955,42 @@ static khor_status choose_transport(kctx *c, int peer, kdeadline dl, int *tpi_ou
 	if (st != KHOR_SUCCESS)
 		return st;
 	((char *)host)[strcspn(host, "\t")] = '\0';
-	same = strcmp(host, c->cfg.hostname) == 0;
-	if (!same && strcmp(c->cfg.transport, "shm") == 0) {
-		st = kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_TRANSPORT=shm, but rank %d is on host "
-		              "'%s' and this rank on '%s': shared memory reaches only the same host",
-		              peer, (char *)host, c->cfg.hostname);
-		free(host);
-		return st;
+	const bool same = strcmp(host, c->cfg.hostname) == 0;
+	if (forced) {
+		/* KHOR_TRANSPORT=shm: the only transport made, and it reaches this host only. */
+		if (!same) {
+			st = kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_TRANSPORT=shm, but rank %d is on "
+			              "host '%s' and this rank on '%s': shared memory reaches only the "
+			              "same host (use auto, tcp or ib)", peer, (char *)host,
+			              c->cfg.hostname);
+			goto out;
+		}
+		tpi = 0;
+	} else {
+		snprintf(key, sizeof(key), "tps/%d", peer);
+		if ((st = store_get(c->store, key, dl, &theirs, &len, err)) != KHOR_SUCCESS)
+			goto out;
+		if (same && shm >= 0 && list_has(theirs, "shm"))
+			tpi = shm;
+		else if (ib >= 0 && list_has(theirs, "ib"))
+			tpi = ib;
+		else
+			tpi = comm_tp_index(c, "tcp");
+		if (tpi < 0 || !list_has(theirs, c->tps[tpi].ops->name)) {
+			st = kerr_set(err, KHOR_ERR_INVALID_ARG, "no transport in common with rank %d "
+			              "on host '%s': it made %s, this rank %s (is KHOR_TRANSPORT the "
+			              "same on every rank?)", peer, (char *)host,
+			              ((char *)theirs)[0] ? (char *)theirs : "none", c->tp_names);
+			err->peer = peer;
+			goto out;
+		}
 	}
+	c->link_tp[peer] = (int8_t)tpi;
+	*tpi_out = tpi;
+out:
 	free(host);
-	c->link_tp[peer] = (int8_t)(same ? c->shm_i : c->tcp_i);
-	*tpi_out = c->link_tp[peer];
-	return KHOR_SUCCESS;
+	free(theirs);
+	return st;
 }
 
 /*
@@ -938,7 +1035,13 @@ static khor_status make_link(khor_comm *owner, int peer, kdeadline dl, tp_link *
 		if (l != NULL && (st = ops->link_error(l, err)) != KHOR_SUCCESS)
 			return st;
 		if (l != NULL && ops->link_ready(l)) {
-			KLOG_INFO("link to rank %d uses %s", peer, ops->name);
+			if (klog_threshold >= KLOG_INFO) {
+				char what[256] = "";
+				if (ops->describe != NULL)
+					ops->describe(l, what, sizeof(what));
+				KLOG_INFO("link to rank %d uses %s: %s", peer, ops->name,
+				          what[0] ? what : "ready");
+			}
 			atomic_store_explicit(&c->ready[peer], l, memory_order_release);
 			*link_out = l;
 			*tp_out = tpi;
@@ -1068,4 +1171,127 @@ void comm_finalize(khor_comm *c)
 	}
 	comm_free_fields(c);
 	ctx_destroy(x);
+}
+
+/* The extent in bytes of v-form counts and displacements (elements) of n ranks. */
+static size_t extent(const size_t *counts, const size_t *displs, int n, size_t esz)
+{
+	size_t hi = 0;
+
+	for (int q = 0; q < n; q++)
+		if (counts[q] > 0 && displs[q] + counts[q] > hi)
+			hi = displs[q] + counts[q];
+	return hi * esz;
+}
+
+static void reg_add(coll_reg_call *rc, const void *buf, size_t len, uint64_t scope)
+{
+	uintptr_t lo = (uintptr_t)buf;
+
+	if (buf == NULL || len == 0)
+		return;
+	/* In place, or send and receive buffers that meet: one registration for both. */
+	for (int i = 0; i < rc->n; i++) {
+		uintptr_t a = rc->buf[i].lo, b = a + rc->buf[i].len;
+		if (lo <= b && a <= lo + len) {
+			uintptr_t nlo = a < lo ? a : lo, nhi = b > lo + len ? b : lo + len;
+			rc->buf[i].lo = nlo;
+			rc->buf[i].len = nhi - nlo;
+			return;
+		}
+	}
+	rc->buf[rc->n].lo = lo;
+	rc->buf[rc->n].len = len;
+	rc->buf[rc->n].scope = scope;
+	rc->n++;
+}
+
+void comm_reg_begin(khor_comm *c, const struct khor_request *r)
+{
+	coll_reg_call *rc = c->cc.reg_call;
+	kctx *x = c->ctx;
+
+	if (rc == NULL)
+		return;
+	rc->scope = atomic_fetch_add(&x->reg_scopes, 1) + 1;
+	if (rc->scope == REGCACHE_ONESHOT) /* after 2^64 calls, but never mistake one */
+		rc->scope = atomic_fetch_add(&x->reg_scopes, 2) + 2;
+	rc->n = 0;
+	const uint64_t user = r->reg_policy == REG_POLICY_KEEP ||
+	                      (r->reg_policy == REG_POLICY_USER && x->cfg.reg_user)
+	                      ? REGCACHE_KEEP : rc->scope;
+	/*
+	 * The bytes of the user's buffers this rank's schedules touch, no more: registering
+	 * past the end of an allocation would fail (or pin a stranger's pages). Where a size is
+	 * not known here, slices register on their own (coll.c), which is only slower.
+	 */
+	const size_t esz = kdtype_size(r->dtype), n = (size_t)c->size, bytes = r->count * esz;
+	const bool root = r->root == c->rank;
+	size_t off, len;
+	switch (r->kind) {
+	case COLL_ALLREDUCE:
+		reg_add(rc, r->sendbuf, bytes, user);
+		reg_add(rc, r->recvbuf, bytes, user);
+		break;
+	case COLL_REDUCE:
+		reg_add(rc, r->sendbuf, bytes, user);
+		if (root)
+			reg_add(rc, r->recvbuf, bytes, user);
+		break;
+	case COLL_BROADCAST:
+		reg_add(rc, r->recvbuf, bytes, user);
+		break;
+	case COLL_ALLGATHER:
+		reg_add(rc, r->sendbuf, bytes, user);
+		reg_add(rc, r->recvbuf, r->rcounts != NULL ? extent(r->rcounts, r->rdispls, c->size, esz)
+		                                           : bytes * n, user);
+		break;
+	case COLL_REDUCESCATTER:
+		coll_block(r->count, c->size, c->rank, &off, &len);
+		reg_add(rc, r->sendbuf, bytes, user);
+		reg_add(rc, r->recvbuf, len * esz, user);
+		break;
+	case COLL_ALLTOALL:
+		if (r->scounts != NULL) {
+			reg_add(rc, r->sendbuf, extent(r->scounts, r->sdispls, c->size, esz), user);
+			reg_add(rc, r->recvbuf, extent(r->rcounts, r->rdispls, c->size, esz), user);
+		} else {
+			reg_add(rc, r->sendbuf, bytes * n, user);
+			reg_add(rc, r->recvbuf, bytes * n, user);
+		}
+		break;
+	case COLL_GATHER:
+		reg_add(rc, r->sendbuf, bytes, user);
+		if (root)
+			reg_add(rc, r->recvbuf, bytes * n, user);
+		break;
+	case COLL_SCATTER:
+		if (root)
+			reg_add(rc, r->sendbuf, bytes * n, user);
+		reg_add(rc, r->recvbuf, bytes, user);
+		break;
+	default:
+		break;
+	}
+}
+
+void comm_reg_end(khor_comm *c)
+{
+	coll_reg_call *rc = c->cc.reg_call;
+	kctx *x = c->ctx;
+
+	if (rc == NULL)
+		return;
+	for (int i = 0; i < x->ntps; i++)
+		regcache_invalidate_scope(x->tps[i].cache, rc->scope);
+	rc->scope = REGCACHE_ONESHOT;
+	rc->n = 0;
+}
+
+void comm_reg_invalidate(kctx *x, const void *buf, size_t len)
+{
+	if (x == NULL || x->ncaches == 0 || buf == NULL)
+		return;
+	for (int i = 0; i < x->ntps; i++)
+		regcache_invalidate(x->tps[i].cache, buf, len);
 }

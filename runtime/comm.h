@@ -13,6 +13,18 @@
 
 #include <pthread.h>
 
+/*
+ * How long the registrations of a call's buffers last, on transports that register memory
+ * (ib). A user may free a buffer and get the same address back on other pages, where a
+ * kept registration would move the old pages' bytes; so by default they end with the call.
+ */
+enum comm_reg_policy {
+	REG_POLICY_USER = 0, /* KHOR_REG_CACHE_USER decides: kept across calls when 1 */
+	REG_POLICY_CALL,     /* ended with the call whatever the setting (the engine's tensors) */
+	REG_POLICY_KEEP,     /* kept: the runtime owns the buffer and invalidates it when it
+	                      * frees it (the engine's fusion buffer) */
+};
+
 /* One collective call, as queued for the comm's collective thread or run inline. */
 struct khor_request {
 	struct khor_request *next;
@@ -30,6 +42,7 @@ struct khor_request {
 	int8_t algo, hier;   /* the comm's KHOR_ALGO and KHOR_HIER when the call was made */
 	int color, key;      /* COLL_SPLIT: this rank's arguments */
 	khor_comm *newcomm;  /* COLL_SPLIT: the result */
+	uint8_t reg_policy;  /* enum comm_reg_policy: how long its buffers stay registered */
 	bool done;
 	bool heap;           /* made by an i* call; freed by khor_request_free */
 	khor_status status;
@@ -49,9 +62,11 @@ typedef struct kctx {
 	store *store;         /* thread-safe (store.h) */
 	char store_addr[300];
 	int generation; /* this init's store generation: the rank's count of inits in the job */
-	int tcp_i, shm_i;     /* index of each transport in tps, -1 when not used */
-	coll_tp tps[COLL_MAX_TP];
+	coll_tp tps[COLL_MAX_TP]; /* every transport this rank created (transport_list order) */
 	int ntps;
+	char tp_names[32];    /* their names joined by '+' ("ib+tcp+shm"), for the timeline */
+	int ncaches;          /* of tps with a registration cache (tps[i].cache) */
+	_Atomic uint64_t reg_scopes; /* the last regcache scope given to a call (comm_reg_begin) */
 	pthread_mutex_t link_mu;
 	tp_link **links;      /* per world peer, once made */
 	int8_t *link_tp;      /* per world peer: index in tps, -1 = not chosen yet */
@@ -100,6 +115,7 @@ struct khor_comm {
 	uint32_t trial_seq;    /* sequence numbers of trial calls, under the trial comm id */
 	void *big;            /* coll_big's buffer, shared by cc, node_cc and cross_cc */
 	size_t big_len;
+	coll_reg_call reg_call; /* the running call's buffers (coll.h), for cc.reg_call */
 
 	/* Execution order: seq numbers are given at call time; one collective runs at a time. */
 	pthread_mutex_t mu;
@@ -155,5 +171,17 @@ khor_status comm_create_group(khor_comm *parent, const int *ranks, int nranks,
                               khor_comm **newcomm_out, kerr *err);
 /* khor_comm_free's work: takes c out of its context's list and destroys it. */
 void comm_free(khor_comm *c);
+
+/* The index in ctx->tps of the transport called name; -1 when this rank has none. */
+int comm_tp_index(const kctx *x, const char *name);
+/*
+ * Registration of a call's buffers (coll.h: coll_reg_call): begin before the call's schedule
+ * runs, end after it returned, on the thread that runs it. End drops the call's own
+ * registrations. Nothing is done when no transport of the context registers memory.
+ */
+void comm_reg_begin(khor_comm *c, const struct khor_request *r);
+void comm_reg_end(khor_comm *c);
+/* The memory [buf, buf + len) is about to be freed: drops its registrations everywhere. */
+void comm_reg_invalidate(kctx *x, const void *buf, size_t len);
 
 #endif

@@ -40,7 +40,17 @@ const struct config_var config_vars[] = {
 	{ "KHOR_COST_BETA_GBPS", NULL, "Cost model: link bandwidth in GB/s" },
 	{ "KHOR_COST_GAMMA_GBPS", NULL, "Cost model: reduction speed in GB/s" },
 	{ "KHOR_SPIN_US", "300", "Busy-poll this many microseconds before sleeping in a wait (0 = sleep at once)" },
-	{ "KHOR_TRANSPORT", "auto", "Links: tcp, shm (same-host peers only) or auto (shm within a host, tcp across)" },
+	{ "KHOR_TRANSPORT", "auto", "Links: ib (verbs, every peer), tcp, shm (same-host peers only) or auto (shm within a host; ib across where both ranks have it, else tcp)" },
+	{ "KHOR_IB_HCA", NULL, "ib: devices and ports to use, as NCCL_IB_HCA: name prefixes (mlx5), =exact names, ^excluded, :port (mlx5_0:1); unset = the first active port" },
+	{ "KHOR_IB_GID_INDEX", NULL, "ib: GID table index (RoCE); unset = the RoCE v2 GID of the interface KHOR_SOCKET_IFNAME (or the store's route) selects" },
+	{ "KHOR_IB_QPS_PER_CONN", "2", "ib: reliable-connected queue pairs per link; large messages are split over them (1-8)" },
+	{ "KHOR_IB_TIMEOUT", "14", "ib: QP ack timeout exponent, 4.096 us x 2^N per retry (1-31)" },
+	{ "KHOR_IB_RETRY_CNT", "7", "ib: QP retries before a link fails with retry-exceeded (0-7)" },
+	{ "KHOR_IB_MAX_WR_BYTES", "0", "ib: largest RDMA write per work request (0 = the ports' max_msg_sz)" },
+	{ "KHOR_IB_FLUSH", "auto", "ib: flush after receives into registered memory: auto (device memory only) or always" },
+	{ "KHOR_REG_CACHE_ENTRIES", "64", "ib: unused memory registrations kept for reuse, at most this many (0 = none kept)" },
+	{ "KHOR_REG_CACHE_MB", "1024", "ib: ... and at most this many MiB registered in all (the locked-memory limit, ulimit -l, also bounds it)" },
+	{ "KHOR_REG_CACHE_USER", "0", "ib: 1 = keep user buffers registered across calls (the application never frees a buffer it passed, as MPI's leave_pinned); 0 = drop them at the end of each call" },
 	{ "KHOR_FUSION_THRESHOLD", "64M", "Engine: allreduces ready in one cycle are packed into one buffer up to this many bytes (0 = no fusion; alias HOROVOD_FUSION_THRESHOLD)" },
 	{ "KHOR_CYCLE_TIME", "0", "Engine: least ms between the starts of two negotiation cycles (0 = start one as soon as work arrives; alias HOROVOD_CYCLE_TIME)" },
 	{ "KHOR_CACHE_CAPACITY", "1024", "Engine: response cache entries per process set (0 = off; alias HOROVOD_CACHE_CAPACITY)" },
@@ -304,13 +314,49 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	kstrlcpy(s->ifname, p ? p : "", sizeof(s->ifname));
 	p = config_lookup(cfg, "KHOR_TRANSPORT");
 	kstrlcpy(s->transport, p ? p : "auto", sizeof(s->transport));
-	if (strcmp(s->transport, "ib") == 0)
-		return kerr_set(err, KHOR_ERR_NOT_SUPPORTED, "KHOR_TRANSPORT=ib: the InfiniBand verbs "
-		                "transport is not built yet; use tcp, shm or auto");
-	if (strcmp(s->transport, "tcp") != 0 && strcmp(s->transport, "shm") != 0 &&
-	    strcmp(s->transport, "auto") != 0)
-		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_TRANSPORT='%s': expected tcp, shm or "
-		                "auto", s->transport);
+	if (strcmp(s->transport, "ib") != 0 && strcmp(s->transport, "tcp") != 0 &&
+	    strcmp(s->transport, "shm") != 0 && strcmp(s->transport, "auto") != 0)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_TRANSPORT='%s': expected ib, tcp, shm "
+		                "or auto", s->transport);
+	p = config_lookup(cfg, "KHOR_IB_HCA");
+	kstrlcpy(s->ib_hca, p ? p : "", sizeof(s->ib_hca));
+	p = config_lookup(cfg, "KHOR_IB_FLUSH");
+	if (p != NULL && strcmp(p, "auto") != 0 && strcmp(p, "always") != 0)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_IB_FLUSH='%s': expected auto or always",
+		                p);
+	s->ib_flush_always = p != NULL && strcmp(p, "always") == 0;
+	{
+		int64_t rv;
+		bool given;
+		if ((st = get_int(cfg, "KHOR_IB_GID_INDEX", NULL, 0, 1 << 16, &rv, &given, err)))
+			return st;
+		s->ib_gid_index = given ? (int)rv : -1;
+		if ((st = get_int(cfg, "KHOR_IB_QPS_PER_CONN", NULL, 1, 8, &rv, &given, err)))
+			return st;
+		s->ib_qps = (int)(given ? rv : atoll(config_default("KHOR_IB_QPS_PER_CONN")));
+		if ((st = get_int(cfg, "KHOR_IB_TIMEOUT", NULL, 1, 31, &rv, &given, err)))
+			return st;
+		s->ib_timeout = (int)(given ? rv : atoll(config_default("KHOR_IB_TIMEOUT")));
+		if ((st = get_int(cfg, "KHOR_IB_RETRY_CNT", NULL, 0, 7, &rv, &given, err)))
+			return st;
+		s->ib_retry_cnt = (int)(given ? rv : atoll(config_default("KHOR_IB_RETRY_CNT")));
+		if ((st = get_int(cfg, "KHOR_IB_MAX_WR_BYTES", NULL, 0, 1 << 30, &rv, &given, err)))
+			return st;
+		s->ib_max_wr = (uint32_t)(given ? rv : atoll(config_default("KHOR_IB_MAX_WR_BYTES")));
+	}
+	{
+		int64_t rv;
+		bool given;
+		if ((st = get_int(cfg, "KHOR_REG_CACHE_ENTRIES", NULL, 0, 1 << 20, &rv, &given, err)))
+			return st;
+		s->reg_entries = given ? (int)rv : atoi(config_default("KHOR_REG_CACHE_ENTRIES"));
+		if ((st = get_int(cfg, "KHOR_REG_CACHE_MB", NULL, 0, 1 << 24, &rv, &given, err)))
+			return st;
+		s->reg_bytes = (uint64_t)(given ? rv : atoll(config_default("KHOR_REG_CACHE_MB"))) << 20;
+		if ((st = get_int(cfg, "KHOR_REG_CACHE_USER", NULL, 0, 1, &rv, &given, err)))
+			return st;
+		s->reg_user = given && rv == 1;
+	}
 
 	if ((st = get_duration(cfg, "KHOR_TIMEOUT", config_default("KHOR_TIMEOUT"), &s->timeout_ms,
 	                       err)))

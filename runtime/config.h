@@ -57,6 +57,14 @@ typedef struct settings {
 	int auto_trials;        /* KHOR_AUTO_TRIALS: timed calls per close schedule and size */
 	int hier;               /* 0 off, 1 on, 2 auto */
 	double cost[3];         /* alpha s, beta s/B, gamma s/B from config; 0 = measure */
+	int reg_entries;        /* KHOR_REG_CACHE_ENTRIES */
+	uint64_t reg_bytes;     /* KHOR_REG_CACHE_MB, in bytes */
+	bool reg_user;          /* KHOR_REG_CACHE_USER=1 */
+	char ib_hca[256];       /* KHOR_IB_HCA, "" = any */
+	int ib_gid_index;       /* -1 = automatic */
+	int ib_qps, ib_timeout, ib_retry_cnt;
+	uint32_t ib_max_wr;     /* 0 = the ports' limit */
+	bool ib_flush_always;
 } settings;
 
 /* Looks up name in cfg, then the environment; NULL when unset or empty. */

@@ -733,8 +733,10 @@ static void set_free(eset *s)
 	if (s == NULL)
 		return;
 	negotiate_free(s);
-	if (s->data != NULL)
+	if (s->data != NULL) {
+		comm_reg_invalidate(s->data->ctx, s->fusion, s->fusion_len);
 		comm_free(s->data);
+	}
 	if (s->ctl != NULL)
 		comm_free(s->ctl);
 	emap_free(&s->names);

@@ -564,7 +564,10 @@ static khor_status run_one(khor_comm *c, struct khor_request *r)
 	/* One collective runs at a time, so the groups can take this call's settings. */
 	c->cc.algo = c->node_cc.algo = c->cross_cc.algo = r->algo;
 	c->run_hier = r->hier;
+	/* Registration of the call's buffers (comm.h: comm_reg_policy) starts and ends here. */
+	comm_reg_begin(c, r);
 	st = dispatch(c, r, &err);
+	comm_reg_end(c);
 	if (st == KHOR_ERR_TIMEOUT && err.peer >= 0 && c->ctx->store != NULL)
 		blame_timeout(c, &err);
 	if (st == KHOR_ERR_REMOTE && c->ctx->store != NULL &&

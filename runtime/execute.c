@@ -67,6 +67,7 @@ static void *fusion(eset *s, size_t len)
 		void *p = malloc(len);
 		if (p == NULL)
 			return NULL;
+		comm_reg_invalidate(s->data->ctx, s->fusion, s->fusion_len);
 		free(s->fusion);
 		s->fusion = p;
 		s->fusion_len = len;
@@ -80,16 +81,21 @@ static const char *transport_name(const eset *s)
 
 	if (x->ntps == 1)
 		return x->tps[0].ops->name;
-	if (s->data->nhosts <= 1 && x->shm_i >= 0)
+	if (s->data->nhosts <= 1 && comm_tp_index(x, "shm") >= 0)
 		return "shm";
-	return "tcp+shm";
+	return x->tp_names;
 }
 
 /* One collective on the data comm; the error (named) in err. */
 static khor_status run(eset *s, struct khor_request *r, kerr *err)
 {
-	khor_status st = comm_run(s->data, r);
+	khor_status st;
 
+	/* Tensors are the framework's, freed without telling us: registered for the call only.
+	 * The fusion buffer is ours, invalidated when it is reallocated or freed. */
+	r->reg_policy = r->sendbuf == s->fusion && r->recvbuf == s->fusion ? REG_POLICY_KEEP
+	                                                                   : REG_POLICY_CALL;
+	st = comm_run(s->data, r);
 	if (st != KHOR_SUCCESS)
 		*err = r->err;
 	return st;
