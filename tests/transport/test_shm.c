@@ -15,6 +15,7 @@
  * entry, no memfd, no socket) is left behind, also after kill -9.
  */
 #include "../../collectives/coll.h"
+#include "../../transport/ib/ib.h"
 #include "../../transport/shm.h"
 #include "../../base/log.h"
 
@@ -121,8 +122,12 @@ static uint64_t now_ns(void)
 
 static tp_ctx *make_ctx(struct rank_env *env, const char *secret)
 {
+	/* ib's bootstrap goes where the device is (KHOR_SOCKET_IFNAME in the VM). */
+	const char *ifname = env->tp == &tcp_transport_ops || env->tp == &shm_transport_ops ||
+	                             getenv("KHOR_SOCKET_IFNAME") == NULL
+	                     ? "lo" : getenv("KHOR_SOCKET_IFNAME");
 	tp_options o = { .rank = env->rank, .size = 2, .job_id = env->job->job_id,
-	                 .secret = secret ? secret : "test-secret", .ifname_spec = "lo",
+	                 .secret = secret ? secret : "test-secret", .ifname_spec = ifname,
 	                 .nsocks = 2, .min_stripe_bytes = 65536, .handshake_timeout_ms = 5000,
 	                 .meta = &coll_meta_rules };
 	tp_ctx *c = NULL;
@@ -157,6 +162,16 @@ static tp_link *link_up_ctx(struct rank_env *env, tp_ctx *c)
 			CHECK(tp->accept(c, 0, &l, &e) == KHOR_SUCCESS, "accept: %s", e.text);
 		}
 	}
+	char d[128];
+	tp->describe(l, d, sizeof(d));
+	if (tp == &shm_transport_ops)
+		CHECK(strncmp(d, "pid ", 4) == 0 && strstr(d, ", large messages by ") != NULL,
+		      "describe: %s", d);
+	else if (tp == &tcp_transport_ops)
+		CHECK(strstr(d, ", 2 sockets") != NULL, "describe: %s", d);
+	else
+		CHECK(strstr(d, " port ") != NULL && strstr(d, "GID") != NULL &&
+		      strstr(d, "QP") != NULL, "describe: %s", d);
 	return l;
 }
 
@@ -375,12 +390,36 @@ static struct job job_of(const struct transport_ops *tp, const char *cma, rank_b
 	return j;
 }
 
-/* One test body, run over shm (ring only), shm with CMA for large messages, and tcp. */
+#ifdef KHOR_HAVE_IB
+/* ib runs where a device is (the soft-RoCE VM, tests/ib/); elsewhere its cases skip. */
+static void need_ib(void)
+{
+	tp_options o = { .rank = 0, .size = 2, .job_id = "probe", .secret = "", .nsocks = 1,
+	                 .handshake_timeout_ms = 1000 };
+	tp_ctx *c;
+	kerr e;
+
+	if (ib_transport_ops.create(&o, &c, &e) != KHOR_SUCCESS)
+		cr_skip_test("no usable RDMA device here: %s", e.text);
+	ib_transport_ops.destroy(c);
+}
+#define IB_CASE(name, secs)                                                               \
+	Test(ib, name, .timeout = 4 * (secs))                                             \
+	{                                                                                 \
+		need_ib();                                                                \
+		name##_run(&ib_transport_ops, NULL);                                      \
+	}
+#else
+#define IB_CASE(name, secs)
+#endif
+
+/* One test body, run over shm (ring only), shm with CMA for large messages, tcp and ib. */
 #define TRANSPORT_TEST(name, secs)                                                        \
 	static void name##_run(const struct transport_ops *tp, const char *cma);          \
 	Test(shm, name, .timeout = secs) { name##_run(&shm_transport_ops, NULL); }        \
 	Test(shm_cma, name, .timeout = secs) { name##_run(&shm_transport_ops, "1"); }     \
 	Test(tcp, name, .timeout = secs) { name##_run(&tcp_transport_ops, NULL); }        \
+	IB_CASE(name, secs)                                                               \
 	static void name##_run(const struct transport_ops *tp, const char *cma)
 
 /* ---- sizes and tag matching ---------------------------------------------------------- */
@@ -819,6 +858,20 @@ Test(shm, wrong_secret_is_refused_with_a_log_line_and_the_job_goes_on, .timeout 
 	cr_assert(strstr(b->log, "refused") && strstr(b->log, "secret"),
 	          "rank 1 should log the refusal: '%s'", b->log);
 }
+
+#ifdef KHOR_HAVE_IB
+Test(ib, wrong_secret_is_refused_with_a_log_line_and_the_job_goes_on, .timeout = 60)
+{
+	need_ib();
+	struct job j = job_of(&ib_transport_ops, NULL, stranger_then_real, gatekeeper);
+	j.no_link = true;
+	j.secret[0] = "not-the-secret";
+	j.capture_stderr = 1;
+	struct board *b = run_job(&j);
+	cr_assert(strstr(b->log, "refused") && strstr(b->log, "secret"),
+	          "rank 1 should log the refusal: '%s'", b->log);
+}
+#endif
 
 static void wrong_job_connector(struct rank_env *env)
 {

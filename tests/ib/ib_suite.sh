@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The ib tests, run inside the soft-RoCE VM (tests/ib/vm.sh boots it; CTest's ib_softroce
+# calls both) or on a host with a real HCA (bench/ib/real_hca.sh):
+#   tests/ib/ib_suite.sh BUILD_DIR [quick]
+# Runs, over ib: the ib-only tests (test_ib), the transport-generic suite of test_shm (the
+# cases tcp and shm meet: tag matching in any order, length mismatches, a dead peer named,
+# data sent before an exit delivered, strangers refused), every collective at n = 2 and 4
+# (test_collectives), the allreduce schedules at n = 2 and 4 (test_allreduce), and kill -9
+# of a rank (test_faults). "quick" leaves out test_collectives' n = 4 cases and
+# test_allreduce (for a short CI). Every suite runs even when one fails; the exit status is
+# the number of failed suites.
+set -u
+b=${1:?usage: ib_suite.sh BUILD_DIR [quick]}
+mode=${2:-full}
+t=$b/tests
+failed=0
+run() {
+  local t0=$SECONDS
+  echo "== ib suite: $*"
+  if "$@"; then
+    echo "== ib suite: passed in $((SECONDS - t0)) s: $1"
+  else
+    echo "== ib suite: FAILED (exit $?) after $((SECONDS - t0)) s: $*"
+    failed=$((failed + 1))
+  fi
+}
+ulimit -l unlimited 2>/dev/null || true
+run "$t/test_ib" --jobs 1
+KHOR_TEST_IB=1 run "$t/test_shm" --jobs 1 --filter 'ib/*'
+export KHOR_TRANSPORT=ib
+if [ "$mode" = quick ]; then
+  run "$t/test_collectives" --jobs 1 --filter 'collectives/*_n2'
+else
+  run "$t/test_collectives" --jobs 1 --filter 'collectives/*_n@(2|4)'
+  run "$t/test_allreduce" --jobs 1 --filter 'allreduce/*_n@(2|4)'
+fi
+run "$t/test_faults" --jobs 1
+echo "== ib suite: $failed suite(s) failed"
+exit "$failed"
