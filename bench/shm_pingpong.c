@@ -2,8 +2,11 @@
  * shm_pingpong.c -- how fast the shm transport moves one message between two processes of
  * this host, next to what a plain memcpy of the same size does in one process.
  *
- *     shm-pingpong [max_bytes [cma|ring|both]]     (default: 64 MiB, both)
+ *     shm-pingpong [max_bytes [cma|ring|both|tcp|ib]]     (default: 64 MiB, both)
  *
+ * tcp and ib run the same ping-pong over that transport instead (ib: on the device
+ * KHOR_IB_HCA names, the bootstrap on KHOR_SOCKET_IFNAME), to separate a transport's own
+ * latency from what the collectives add on top (PERFORMANCE section 12).
  * Rank 0 sends, rank 1 sends the same bytes back; one-way time is half the fastest round
  * trip, and bandwidth is size / one-way time. Each size runs twice: with KHOR_SHM_CMA=1
  * (messages over 16 MiB read by the receiver with process_vm_readv, one copy) and with the
@@ -13,6 +16,7 @@
  * many is the one that was not interrupted.
  * This is a measurement, not a test: it asserts nothing about speed.
  */
+#include "../transport/ib/ib.h"
 #include "../transport/shm.h"
 
 #include <signal.h>
@@ -80,7 +84,8 @@ static int iters_for(size_t len)
 static void rank_main(int rank, struct shared *sh, size_t max)
 {
 	tp_options o = { .rank = rank, .size = 2, .job_id = "shm-pingpong", .secret = "bench",
-	                 .handshake_timeout_ms = 10000 };
+	                 .handshake_timeout_ms = 10000, .nsocks = 1,
+	                 .ifname_spec = getenv("KHOR_SOCKET_IFNAME") };
 	tp_ctx *c;
 	tp_link *l = NULL;
 	kerr e;
@@ -199,6 +204,23 @@ int main(int argc, char **argv)
 {
 	size_t max = argc > 1 ? strtoull(argv[1], NULL, 0) : (64u << 20);
 	const char *mode = argc > 2 ? argv[2] : "both";
+	if (strcmp(mode, "tcp") == 0 || strcmp(mode, "ib") == 0) {
+		double one[64] = { 0 };
+		tp = transport_find(mode);
+		if (tp == NULL) {
+			fprintf(stderr, "shm-pingpong: transport %s is not built in\n", mode);
+			return 1;
+		}
+		if (!run(max, false, one)) {
+			fprintf(stderr, "shm-pingpong: a rank failed\n");
+			return 1;
+		}
+		printf("%10s %12s %9s   (%s)\n", "bytes", "one-way", "GB/s", mode);
+		for (size_t k = 0; k < NSIZES && sizes[k] <= max; k++)
+			printf("%10zu %10.2fus %9.3f\n", sizes[k], one[k] * 1e6,
+			       one[k] > 0 ? (double)sizes[k] / one[k] / 1e9 : 0);
+		return 0;
+	}
 	bool do_cma = strcmp(mode, "ring") != 0, do_ring = strcmp(mode, "cma") != 0;
 	double cma[64] = { 0 }, ring[64] = { 0 };
 

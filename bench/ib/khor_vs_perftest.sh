@@ -5,7 +5,10 @@
 #
 #   bench/ib/khor_vs_perftest.sh [BUILD_DIR] [OUT_DIR]     (defaults: build, docs/data/ib)
 #
-# Writes perftest.txt (the perftest reports and khor-bench's tables), allreduce_ib.csv,
+# Also: perftest's ib_write_bw in both directions at once, and the transports alone
+# (shm-pingpong over ib and tcp: one-way time of a message, no collective on top).
+# Writes perftest.txt (the perftest reports and khor-bench's tables), pingpong_ib.txt,
+# pingpong_tcp.txt, allreduce_ib.csv,
 # allreduce_tcp.csv, allreduce_ib_1qp.csv (one QP per link) and latency_ib.csv /
 # latency_tcp.csv (8 B, 2000 calls) under OUT_DIR.
 set -euo pipefail
@@ -14,6 +17,15 @@ repo=$(cd "$here/../.." && pwd)
 
 if [ "${1:-}" = --in-guest ]; then
   b=$2 out=$3
+  echo "== ib_write_bw -b (both directions at once), 8 MiB"
+  ib_write_bw -d rxe0 -x "$IB_VM_GID_INDEX" -F -b -s 8388608 -n 50 -p 18600 > /tmp/bw-b.log 2>&1 &
+  sleep 1
+  ib_write_bw -d rxe0 -x "$IB_VM_GID_INDEX" -F -b -s 8388608 -n 50 -p 18600 198.18.1.1
+  wait
+  for tp in ib tcp; do
+    echo "== transport ping-pong (bench/shm_pingpong.c) over $tp"
+    "$b/shm-pingpong" 8388608 "$tp" | tee "$out/pingpong_$tp.txt"
+  done
   for tp in ib tcp; do
     echo "== khor-bench allreduce --transport $tp, n = 2"
     "$b/khorrun" -np 2 "$b/khor-bench" allreduce --transport "$tp" -b 8 -e 64M -n 10 -w 2 \

@@ -463,6 +463,81 @@ Test(ib, auto_picks_ib_across_hosts_and_the_log_says_how, .timeout = 120)
 	          strstr(log, "QP") != NULL, "log: %s", log);
 	harness_shared_free(sh, sizeof(*sh));
 }
+/* ---- the port goes down under a running job --------------------------------------- */
+
+struct port_shared {
+	char err[HARNESS_MAX_RANKS][TEXT];
+	int down_status; /* of rank 0's `ip link set va down`, -2 = not run */
+};
+
+static int body_port(int rank, int n, khor_config *cfg, void *arg)
+{
+	struct port_shared *sh = arg;
+	char err[TEXT];
+	khor_comm *comm;
+	size_t count = (256u << 10) / 4;
+	float *x = calloc(count, 4);
+
+	khor_config_set(cfg, "KHOR_TRANSPORT", "ib");
+	khor_config_set(cfg, "KHOR_TIMEOUT", "20s");
+	if (khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS) {
+		snprintf(sh->err[rank], TEXT, "init: %s", err);
+		return 10;
+	}
+	for (int i = 0; i < 100000; i++) {
+		if (khor_allreduce(comm, x, x, count, KHOR_FLOAT32, KHOR_SUM) != KHOR_SUCCESS) {
+			snprintf(sh->err[rank], TEXT, "%s", khor_comm_error(comm));
+			khor_finalize(comm);
+			return 0;
+		}
+		/* Rank 0 pulls the cable once the job is running (a child of the parent would be
+		 * reaped by the harness's waitpid). */
+		if (rank == 0 && i == 20)
+			sh->down_status = system("ip link set va down");
+	}
+	snprintf(sh->err[rank], TEXT, "the job ran on with the port down");
+	return 20;
+}
+
+static bool port_active(void)
+{
+	char buf[64] = "";
+	FILE *f = fopen("/sys/class/infiniband/rxe0/ports/1/state", "r");
+
+	if (f == NULL)
+		return false;
+	bool ok = fgets(buf, sizeof(buf), f) != NULL && strstr(buf, "ACTIVE") != NULL;
+	fclose(f);
+	return ok;
+}
+
+Test(ib, a_port_that_goes_down_fails_the_job_naming_the_device, .timeout = 180)
+{
+	NEED_IB();
+	/* It takes the VM's netdev down: only where tests/ib/vm.sh set up rxe0 on va. */
+	if (getenv("IB_VM_GID_INDEX") == NULL || access("/sys/class/net/va", F_OK) != 0)
+		cr_skip_test("needs the soft-RoCE VM of tests/ib/vm.sh (it takes rxe0's netdev down)");
+	struct port_shared *sh = harness_shared(sizeof(*sh));
+	harness_opts o = { .n = 2, .timeout = "20s", .deadline_s = 90 };
+	harness_result res;
+
+	sh->down_status = -2;
+	harness_run(&o, body_port, sh, &res);
+	int up = system("ip link set va up");
+	for (int i = 0; i < 200 && !port_active(); i++)
+		usleep(50000);
+	cr_assert(up == 0 && port_active(), "rxe0's port did not come back");
+	cr_assert_eq(sh->down_status, 0, "rank 0 could not take va down");
+	for (int r = 0; r < 2; r++) {
+		cr_expect_eq(res.status[r], 0, "rank %d: %s", r, sh->err[r]);
+		cr_expect(strstr(sh->err[r], "rank") != NULL, "rank %d: %s", r, sh->err[r]);
+	}
+	/* Whoever saw it first names the device's event; the other the failure it caused. */
+	cr_assert(strstr(sh->err[0], "rxe0") != NULL || strstr(sh->err[1], "rxe0") != NULL,
+	          "no rank named the device: '%s' / '%s'", sh->err[0], sh->err[1]);
+	harness_shared_free(sh, sizeof(*sh));
+}
+
 #else
 Test(ib, not_built, .timeout = 10)
 {

@@ -1279,6 +1279,17 @@ static void hs_expect(tp_link *l, uint32_t n)
 	l->in_got = 0;
 }
 
+/* Authenticated: our QP information goes out, the peer's is awaited. */
+static void send_qp_info(tp_link *l)
+{
+	struct qp_info qi;
+
+	qp_info_make(l, &qi);
+	hs_queue(l, &qi, sizeof(qi));
+	hs_expect(l, sizeof(struct qp_info));
+	l->state = LS_QPINFO;
+}
+
 /* An acceptor-side connection that never became a link: log why, forget it. */
 static void acc_drop(tp_link *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -1363,11 +1374,7 @@ static void acc_proof(tp_link *l)
 		link_fail(l, e.status, "%s", e.text);
 		return;
 	}
-	struct qp_info qi;
-	qp_info_make(l, &qi);
-	hs_queue(l, &qi, sizeof(qi));
-	hs_expect(l, sizeof(struct qp_info));
-	l->state = LS_QPINFO;
+	send_qp_info(l);
 }
 
 static void conn_challenge(tp_link *l)
@@ -1401,11 +1408,7 @@ static void conn_result(tp_link *l)
 		link_fail(l, st, "%s", e.text);
 		return;
 	}
-	struct qp_info qi;
-	qp_info_make(l, &qi);
-	hs_queue(l, &qi, sizeof(qi));
-	hs_expect(l, sizeof(struct qp_info));
-	l->state = LS_QPINFO;
+	send_qp_info(l);
 }
 
 /* A complete message of in_need bytes is in l->in. */
