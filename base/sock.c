@@ -430,3 +430,299 @@ khor_status ksock_pick_address(const char *spec, const ksockaddr *hint, ksockadd
 	freeifaddrs(ifs);
 	return KHOR_SUCCESS;
 }
+
+/* --- several addresses per rank ------------------------------------------------------- */
+
+static int mask_bits(const struct sockaddr *mask)
+{
+	int len, bits = 0;
+	const uint8_t *b;
+
+	if (mask == NULL || (mask->sa_family != AF_INET && mask->sa_family != AF_INET6))
+		return -1;
+	b = addr_bytes(mask, &len);
+	for (int i = 0; i < len; i++)
+		for (int k = 7; k >= 0 && (b[i] >> k & 1); k--)
+			bits++;
+	return bits;
+}
+
+khor_status ksock_list_ifaces(ksock_iface *out, int max, int *n_out, kerr *err)
+{
+	struct ifaddrs *ifs;
+	char eb[128];
+	int n = 0;
+
+	if (getifaddrs(&ifs) < 0)
+		return kerr_set(err, KHOR_ERR_SYSTEM, "getifaddrs: %s",
+		                kerr_errno_str(errno, eb, sizeof(eb)));
+	for (struct ifaddrs *ifa = ifs; ifa != NULL && n < max; ifa = ifa->ifa_next) {
+		int alen;
+		if (ifa->ifa_addr == NULL ||
+		    (ifa->ifa_addr->sa_family != AF_INET && ifa->ifa_addr->sa_family != AF_INET6) ||
+		    !(ifa->ifa_flags & IFF_UP))
+			continue;
+		const uint8_t *ab = addr_bytes(ifa->ifa_addr, &alen);
+		if (ifa->ifa_addr->sa_family == AF_INET6 && IN6_IS_ADDR_LINKLOCAL((const void *)ab))
+			continue;
+		ksock_iface *f = &out[n++];
+		memset(f, 0, sizeof(*f));
+		kstrlcpy(f->name, ifa->ifa_name, sizeof(f->name));
+		f->addr.len = ifa->ifa_addr->sa_family == AF_INET ? sizeof(struct sockaddr_in)
+		                                                  : sizeof(struct sockaddr_in6);
+		memcpy(&f->addr.ss, ifa->ifa_addr, f->addr.len);
+		ksock_addr_set_port(&f->addr, 0);
+		f->prefix = mask_bits(ifa->ifa_netmask);
+		f->loopback = (ifa->ifa_flags & IFF_LOOPBACK) != 0 || ksock_addr_is_loopback(&f->addr);
+		f->running = (ifa->ifa_flags & IFF_RUNNING) != 0;
+	}
+	freeifaddrs(ifs);
+	*n_out = n;
+	return KHOR_SUCCESS;
+}
+
+bool ksock_is_virtual_ifname(const char *name)
+{
+	static const char *const virt[] = { "docker", "br-", "virbr", "lxcbr", "lxdbr", "veth",
+		                            "cni", "flannel", "cali", "vxlan", "kube-", "podman" };
+
+	for (size_t i = 0; i < sizeof(virt) / sizeof(virt[0]); i++)
+		if (strncmp(name, virt[i], strlen(virt[i])) == 0)
+			return true;
+	return false;
+}
+
+bool ksock_same_subnet(const ksockaddr *a, const ksockaddr *b, int prefix)
+{
+	int la, lb;
+
+	if (a->ss.ss_family != b->ss.ss_family ||
+	    (a->ss.ss_family != AF_INET && a->ss.ss_family != AF_INET6) || prefix < 0)
+		return false;
+	const uint8_t *pa = addr_bytes((const struct sockaddr *)&a->ss, &la);
+	const uint8_t *pb = addr_bytes((const struct sockaddr *)&b->ss, &lb);
+	if (prefix > la * 8)
+		prefix = la * 8;
+	return prefix_match(pa, pb, prefix);
+}
+
+bool ksock_same_ip(const ksockaddr *a, const ksockaddr *b)
+{
+	return ksock_same_subnet(a, b, a->ss.ss_family == AF_INET6 ? 128 : 32);
+}
+
+const char *ksock_subnet_str(const ksockaddr *a, int prefix, char *buf, size_t len)
+{
+	uint8_t net[16] = { 0 };
+	char ip[INET6_ADDRSTRLEN] = "?";
+	int al;
+
+	if (a->ss.ss_family != AF_INET && a->ss.ss_family != AF_INET6) {
+		snprintf(buf, len, "(family %d)", a->ss.ss_family);
+		return buf;
+	}
+	const uint8_t *ab = addr_bytes((const struct sockaddr *)&a->ss, &al);
+	if (prefix < 0 || prefix > al * 8)
+		prefix = al * 8;
+	for (int i = 0; i < al; i++) {
+		int keep = prefix - i * 8;
+		net[i] = keep >= 8 ? ab[i] : keep <= 0 ? 0 : (uint8_t)(ab[i] & (0xff << (8 - keep)));
+	}
+	inet_ntop(a->ss.ss_family, net, ip, sizeof(ip));
+	snprintf(buf, len, "%s/%d", ip, prefix);
+	return buf;
+}
+
+/* Appends ifs[i] to idx_out unless its address is there already. */
+static int add_unique(const ksock_iface *ifs, int i, int *idx_out, int n, int max)
+{
+	for (int k = 0; k < n; k++)
+		if (ksock_same_ip(&ifs[idx_out[k]].addr, &ifs[i].addr))
+			return n;
+	if (n < max)
+		idx_out[n++] = i;
+	return n;
+}
+
+static int order_family(const ksock_iface *ifs, int n, const ksockaddr *hint, int family,
+                        int *idx_out, int max)
+{
+	int k = 0;
+
+	if (hint != NULL && ksock_addr_is_loopback(hint)) {
+		for (int i = 0; i < n && k == 0; i++)
+			if (ifs[i].loopback && ifs[i].addr.ss.ss_family == family)
+				k = add_unique(ifs, i, idx_out, k, max);
+		return k;
+	}
+	if (hint != NULL)
+		for (int i = 0; i < n; i++)
+			if (!ifs[i].loopback && ifs[i].addr.ss.ss_family == family &&
+			    ksock_same_subnet(&ifs[i].addr, hint, ifs[i].prefix))
+				k = add_unique(ifs, i, idx_out, k, max);
+	for (int i = 0; i < n; i++)
+		if (!ifs[i].loopback && ifs[i].addr.ss.ss_family == family && ifs[i].running &&
+		    !ksock_is_virtual_ifname(ifs[i].name))
+			k = add_unique(ifs, i, idx_out, k, max);
+	for (int i = 0; i < n && k == 0; i++)
+		if (!ifs[i].loopback && ifs[i].addr.ss.ss_family == family)
+			k = add_unique(ifs, i, idx_out, k, max);
+	for (int i = 0; i < n && k == 0; i++)
+		if (ifs[i].loopback && ifs[i].addr.ss.ss_family == family)
+			k = add_unique(ifs, i, idx_out, k, max);
+	return k;
+}
+
+int ksock_order_candidates(const ksock_iface *ifs, int n, const ksockaddr *hint, int *idx_out,
+                           int max)
+{
+	int family = hint != NULL ? hint->ss.ss_family : AF_INET;
+	int k = order_family(ifs, n, hint, family, idx_out, max);
+
+	/* A store of the other family (a v6 store on a v4 host and so on): any address beats
+	 * none, and the connector's own checks decide what is reachable. */
+	if (k == 0)
+		k = order_family(ifs, n, NULL, family == AF_INET ? AF_INET6 : AF_INET, idx_out, max);
+	return k;
+}
+
+bool ksock_store_is_local_only(const char *host, const ksockaddr *addr)
+{
+	uint8_t buf[16];
+
+	if (!ksock_addr_is_loopback(addr))
+		return false;
+	return strcmp(host, "localhost") == 0 || inet_pton(AF_INET, host, buf) == 1 ||
+	       inet_pton(AF_INET6, host, buf) == 1;
+}
+
+khor_status ksock_pick_candidates(const char *spec, const ksockaddr *hint, ksock_iface *out,
+                                  int max, int *n_out, kerr *err)
+{
+	ksock_iface *ifs;
+	int nifs = 0, idx[KSOCK_MAX_CANDS], k;
+	khor_status st;
+
+	if (spec != NULL && *spec != '\0') {
+		memset(&out[0], 0, sizeof(out[0]));
+		st = ksock_pick_address(spec, hint, &out[0].addr, out[0].name, sizeof(out[0].name),
+		                        err);
+		if (st != KHOR_SUCCESS)
+			return st;
+		out[0].prefix = -1;
+		out[0].loopback = ksock_addr_is_loopback(&out[0].addr);
+		*n_out = 1;
+		return KHOR_SUCCESS;
+	}
+	ifs = malloc(KSOCK_MAX_IFACES * sizeof(*ifs));
+	if (ifs == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "out of memory listing interfaces");
+	st = ksock_list_ifaces(ifs, KSOCK_MAX_IFACES, &nifs, err);
+	if (st != KHOR_SUCCESS) {
+		free(ifs);
+		return st;
+	}
+	k = ksock_order_candidates(ifs, nifs, hint, idx, max < KSOCK_MAX_CANDS ? max
+	                                                                      : KSOCK_MAX_CANDS);
+	for (int i = 0; i < k; i++)
+		out[i] = ifs[idx[i]];
+	free(ifs);
+	if (k == 0) {
+		/* No usable address at all: ksock_pick_address writes the sentence that lists
+		 * what exists. */
+		memset(&out[0], 0, sizeof(out[0]));
+		st = ksock_pick_address(NULL, hint, &out[0].addr, out[0].name, sizeof(out[0].name),
+		                        err);
+		if (st != KHOR_SUCCESS)
+			return st;
+		out[0].prefix = -1;
+		k = 1;
+	}
+	*n_out = k;
+	return KHOR_SUCCESS;
+}
+
+int ksock_parse_addr_list(const char *s, ksockaddr *out, int max)
+{
+	int n = 0;
+
+	if (s == NULL || *s == '\0')
+		return -1;
+	for (;;) {
+		char item[128], host[256];
+		uint16_t port;
+		size_t len = strcspn(s, ",");
+		ksockaddr a;
+
+		if (len == 0 || len >= sizeof(item))
+			return -1;
+		memcpy(item, s, len);
+		item[len] = '\0';
+		if (!ksock_split_hostport(item, host, sizeof(host), &port) || port == 0)
+			return -1;
+		memset(&a, 0, sizeof(a));
+		struct sockaddr_in *in = (struct sockaddr_in *)&a.ss;
+		struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&a.ss;
+		if (item[0] != '[' && inet_pton(AF_INET, host, &in->sin_addr) == 1) {
+			in->sin_family = AF_INET;
+			a.len = sizeof(*in);
+		} else if (item[0] == '[' && inet_pton(AF_INET6, host, &in6->sin6_addr) == 1) {
+			in6->sin6_family = AF_INET6;
+			a.len = sizeof(*in6);
+		} else {
+			return -1;
+		}
+		ksock_addr_set_port(&a, port);
+		if (n < max)
+			out[n++] = a;
+		s += len;
+		if (*s == '\0')
+			return n;
+		s++;
+	}
+}
+
+void ksock_order_peer(const ksockaddr *peer, int n, const ksock_iface *mine, int nmine,
+                      int *order_out, enum ksock_reach *kind_out, int *via_out)
+{
+	enum ksock_reach kind[KSOCK_MAX_CANDS];
+	int via[KSOCK_MAX_CANDS], k = 0;
+	bool all_own = n > 0;
+
+	if (n > KSOCK_MAX_CANDS)
+		n = KSOCK_MAX_CANDS;
+	for (int i = 0; i < n; i++) {
+		bool own = false;
+		via[i] = -1;
+		for (int j = 0; j < nmine; j++) {
+			if (ksock_same_ip(&peer[i], &mine[j].addr)) {
+				own = true;
+				via[i] = j;
+				break;
+			}
+		}
+		all_own = all_own && own;
+		kind[i] = own ? KSOCK_REACH_OWN : KSOCK_REACH_ROUTED;
+		/* The narrowest of our subnets that holds it says most about the path. */
+		for (int j = 0; j < nmine && !own; j++) {
+			if (ksock_same_subnet(&peer[i], &mine[j].addr, mine[j].prefix) &&
+			    (via[i] < 0 || mine[j].prefix > mine[via[i]].prefix)) {
+				kind[i] = KSOCK_REACH_SUBNET;
+				via[i] = j;
+			}
+		}
+	}
+	if (all_own)
+		for (int i = 0; i < n; i++)
+			kind[i] = KSOCK_REACH_LOCAL;
+	for (int want = KSOCK_REACH_LOCAL; want <= KSOCK_REACH_OWN; want++) {
+		for (int i = 0; i < n; i++) {
+			if ((int)kind[i] != want)
+				continue;
+			order_out[k] = i;
+			kind_out[k] = kind[i];
+			via_out[k] = via[i];
+			k++;
+		}
+	}
+}

@@ -3,9 +3,11 @@
  *
  * Bootstrap, through the store, under "<job>/<generation>/" (generation k for a rank's k-th
  * init in the job, counted in "<job>/0/inits/<rank>"):
- *   1. every rank publishes "addr/<transport>/<rank>" for each transport it created,
- *      "tps/<rank>" (their names, "ib,tcp,shm": a peer tells "not created" from "not yet
- *      published" by it) and "host/<rank>";
+ *   1. every rank publishes "addr/<transport>/<rank>" for each transport it created
+ *      (tcp's is a list of addresses, best first, of which the connector dials the first
+ *      that answers: docs/DESIGN-NOTES.md, "Bootstrap and store"), "tps/<rank>" (their
+ *      names, "ib,tcp,shm": a peer tells "not created" from "not yet published" by it)
+ *      and "host/<rank>";
  *   2. it adds 1 to "joined"; the rank that brings it to n sets "ready";
  *   3. everyone waits for "ready" until KHOR_INIT_TIMEOUT; on timeout the error lists the
  *      ranks whose "tps/<rank>" never appeared.
@@ -735,6 +737,14 @@ static khor_status start_transports(kctx *x, kerr *err)
 	ksockaddr hint;
 	kerr ignore;
 	bool have_hint = ksock_resolve(s->store_host, s->store_port, &hint, &ignore) == KHOR_SUCCESS;
+	if (have_hint && ksock_addr_is_loopback(&hint) &&
+	    !ksock_store_is_local_only(s->store_host, &hint)) {
+		char hs[64];
+		KLOG_INFO("the store's host '%s' is %s here, a loopback address, but other hosts may "
+		          "see another one: choosing this rank's addresses without it",
+		          s->store_host, ksock_addr_str(&hint, hs, sizeof(hs)));
+		have_hint = false;
+	}
 	tp_options o = {
 		.rank = x->rank, .size = x->size, .job_id = s->job_id, .secret = s->secret,
 		.ifname_spec = s->ifname[0] ? s->ifname : NULL, .hint_addr = have_hint ? &hint : NULL,
@@ -1048,10 +1058,18 @@ static khor_status make_link(khor_comm *owner, int peer, kdeadline dl, tp_link *
 			return KHOR_SUCCESS;
 		}
 		if (kdeadline_passed(dl)) {
+			/* What tcp tried so far (each address of the peer and why it failed), when we
+			 * were the side that connects. transport.h promises describe() on ready links
+			 * only; tcp's also describes one still connecting. */
+			char what[512] = "";
+			if (l != NULL && c->rank < peer && strcmp(ops->name, "tcp") == 0) {
+				snprintf(what, sizeof(what), "; %s: ", ops->name);
+				ops->describe(l, what + strlen(what), sizeof(what) - strlen(what));
+			}
 			kerr_set(err, KHOR_ERR_TIMEOUT, "timed out %s rank %d over %s (is it alive and "
-			         "inside the same collective?)",
+			         "inside the same collective?)%s",
 			         c->rank < peer ? "connecting to" : "waiting for a connection from", peer,
-			         ops->name);
+			         ops->name, what);
 			err->peer = peer;
 			return KHOR_ERR_TIMEOUT;
 		}

@@ -50,6 +50,18 @@
  *
  * Sockets are registered edge-triggered; rd_ready/wr_ready remember readiness until a call
  * returns EAGAIN, so no syscall is made on a socket that cannot move bytes.
+ *
+ * Addresses: hosts may have several networks, named differently on every host, and not all
+ * reach every peer. Without KHOR_SOCKET_IFNAME an instance listens on every address and
+ * publishes a list, best first ("198.19.10.2:4100,10.0.0.2:4100": the store's subnet,
+ * then the other interfaces; ksock_order_candidates). The connector dials the peer's
+ * addresses in its own order (ksock_order_peer: those on one of its subnets first), all
+ * the link's sockets at once, one address at a time: the first address on which any
+ * socket connects is the link's, and the others are never tried. An address that refuses,
+ * is unreachable or does not answer within TCP_ATTEMPT_MS (doubled on each pass over the
+ * list) gives way to the next one, until every address failed outright or the handshake
+ * timeout passed; the error then names each address and why it failed. With one address
+ * or a first address on a shared subnet this is exactly one connect per socket, as before.
  */
 #include "transport.h"
 
@@ -80,6 +92,13 @@
 #define TCP_UNEXPECTED_MAX (8u << 20)
 /* Chunks above this go by rendezvous; below, they go at once (eager). */
 #define TCP_EAGER_MAX (1u << 20)
+/*
+ * How long one of several addresses of a peer may stay silent before the next is tried
+ * (doubled on every pass over the list). Long enough for one lost SYN (retransmitted after
+ * 1 s) on a loaded but working network; an address on a dead subnet otherwise costs an ARP
+ * timeout (3 s) or a full SYN back-off (over 2 minutes).
+ */
+#define TCP_ATTEMPT_MS 1500
 
 enum frame_kind { FRAME_EAGER = 0, FRAME_RTS = 1, FRAME_CTS = 2, FRAME_DATA = 3 };
 
@@ -187,6 +206,22 @@ _Static_assert(sizeof(hs_hello) <= sizeof(((struct tsock *)0)->hs_in) &&
                sizeof(hs_challenge) <= sizeof(((struct tsock *)0)->hs_out),
                "a handshake message must fit the socket's buffers");
 
+/* A link we opened: the peer's addresses, in the order we try them, and how it went. */
+struct tcp_dial {
+	int n;
+	int cur;              /* the address the sockets are connecting to */
+	bool chosen;          /* a socket connected to addr[cur]: the link's address for good */
+	int round;            /* passes over the list so far */
+	bool soft;            /* an address of this pass timed out (rather than failed) */
+	kdeadline attempt_dl; /* when addr[cur] has had its time */
+	kdeadline deadline;   /* when the whole link has (the handshake timeout) */
+	tp_link *next;        /* ctx->dialing: links still looking for their address */
+	ksockaddr addr[KSOCK_MAX_CANDS];
+	char str[KSOCK_MAX_CANDS][64];
+	char why[KSOCK_MAX_CANDS][96];  /* why it is tried where it is, for the log */
+	char fail[KSOCK_MAX_CANDS][96]; /* its last failure, "" if none */
+};
+
 struct tp_link {
 	tp_ctx *ctx;
 	int peer;
@@ -198,6 +233,7 @@ struct tp_link {
 	kerr err;             /* first error; sticky */
 	int pending;          /* requests posted and not finished */
 	uint64_t ubytes;      /* payload bytes of the sockets' unexpected frames */
+	struct tcp_dial *dial; /* links we opened; NULL for accepted ones */
 };
 
 struct tp_ctx {
@@ -210,7 +246,11 @@ struct tp_ctx {
 	int64_t hs_timeout_ms;
 	int epfd;
 	int listen_fd;
-	char addr[TP_ADDR_MAX];
+	char addr[TP_ADDR_MAX]; /* the published list, best first */
+	bool spec_set;        /* KHOR_SOCKET_IFNAME chose the address */
+	ksock_iface *mine;    /* this host's addresses, to order a peer's */
+	int nmine;
+	tp_link *dialing;     /* links whose address is not settled yet (struct tcp_dial) */
 	tp_link **incoming;   /* [size]: links opened to us, by peer rank */
 	tp_link **outgoing;   /* [size]: links we opened */
 	struct tsock *all;    /* every socket, for progress and cleanup */
@@ -312,23 +352,35 @@ static void sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
 	sock_close_fd(s);
 }
 
-static struct tsock *sock_new(tp_ctx *ctx, int fd, enum sock_state st)
+/* Gives s the socket fd (in state st) and registers it; false (errno set) if epoll refuses. */
+static bool sock_attach(struct tsock *s, int fd, enum sock_state st)
 {
-	struct tsock *s = calloc(1, sizeof(*s));
 	struct epoll_event ev;
 
-	if (s == NULL)
-		return NULL;
 	s->fd = fd;
-	s->ctx = ctx;
 	s->state = st;
 	s->rd_ready = true;
 	/* A connecting socket is writable only once connect() finished; epoll tells us. */
 	s->wr_ready = st != SS_CONNECTING;
-	s->hs_deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
 	ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
 	ev.data.ptr = s;
-	if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+	if (epoll_ctl(s->ctx->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+		s->fd = -1;
+		s->state = SS_DEAD;
+		return false;
+	}
+	return true;
+}
+
+static struct tsock *sock_new(tp_ctx *ctx, int fd, enum sock_state st)
+{
+	struct tsock *s = calloc(1, sizeof(*s));
+
+	if (s == NULL)
+		return NULL;
+	s->ctx = ctx;
+	s->hs_deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
+	if (!sock_attach(s, fd, st)) {
 		free(s);
 		return NULL;
 	}
@@ -346,6 +398,176 @@ static void sock_peer_str(struct tsock *s)
 		ksock_addr_str(&a, s->peer_str, sizeof(s->peer_str));
 	else
 		kstrlcpy(s->peer_str, "?", sizeof(s->peer_str));
+}
+
+/* ---- finding the peer's address (see the top of the file) ------------------------------ */
+
+/* Starts a non-blocking connect to a; 0, or the errno of a failure seen at once. */
+static int dial_fd(tp_ctx *ctx, const ksockaddr *a, int *fd_out)
+{
+	int fd = socket(a->ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+
+	if (fd < 0)
+		return errno;
+	ksock_tune_stream(fd, ctx->bufsize);
+	if (connect(fd, (const struct sockaddr *)&a->ss, a->len) < 0 && errno != EINPROGRESS) {
+		int e = errno;
+		close(fd);
+		return e;
+	}
+	*fd_out = fd;
+	return 0;
+}
+
+static void dial_unlist(tp_link *l)
+{
+	for (tp_link **pp = &l->ctx->dialing; *pp != NULL; pp = &(*pp)->dial->next) {
+		if (*pp == l) {
+			*pp = l->dial->next;
+			break;
+		}
+	}
+	l->dial->next = NULL;
+}
+
+/* Every address failed: the link's error names each one and why. */
+static void dial_give_up(tp_link *l)
+{
+	struct tcp_dial *d = l->dial;
+	char list[KERR_TEXT_MAX];
+	size_t off = 0;
+
+	for (int i = 0; i < d->n && off < sizeof(list); i++)
+		off += (size_t)snprintf(list + off, sizeof(list) - off, "%s%s (%s): %s",
+		                        i ? "; " : "", d->str[i], d->why[i],
+		                        d->fail[i][0] ? d->fail[i] : "not tried before the deadline");
+	dial_unlist(l);
+	link_fail(l, KHOR_ERR_REMOTE, "no address of rank %d answered after %d attempt(s) each: "
+	          "%s. %s", l->peer, d->round + 1, list,
+	          l->ctx->spec_set ? "KHOR_SOCKET_IFNAME chose these addresses on every host: do "
+	                             "the hosts share that network? Unset it to let khor choose, "
+	                             "or name another interface or CIDR"
+	                           : "Do the hosts share a network? KHOR_SOCKET_IFNAME, an "
+	                             "interface name or a CIDR such as 198.19.10.0/24, names the "
+	                             "one to use");
+	for (int k = 0; k < l->nsocks; k++)
+		if (l->socks[k] != NULL)
+			sock_close_fd(l->socks[k]);
+}
+
+/*
+ * Points every socket of the link at addr[cur]; 0, or the errno of a failure seen at once
+ * (then the caller moves on). The sockets keep their objects, and so the requests already
+ * queued on them; only the fd is new.
+ */
+static int dial_start(tp_link *l)
+{
+	struct tcp_dial *d = l->dial;
+	tp_ctx *ctx = l->ctx;
+	int64_t ms = (int64_t)TCP_ATTEMPT_MS << (d->round < 8 ? d->round : 8);
+
+	for (int k = 0; k < l->nsocks; k++) {
+		struct tsock *s = l->socks[k];
+		int fd = -1, e;
+		if (s->fd >= 0) {
+			epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+			close(s->fd);
+			s->fd = -1;
+		}
+		s->state = SS_DEAD;
+		if ((e = dial_fd(ctx, &d->addr[d->cur], &fd)) != 0)
+			return e;
+		if (!sock_attach(s, fd, SS_CONNECTING)) {
+			e = errno;
+			close(fd);
+			return e;
+		}
+		kstrlcpy(s->peer_str, d->str[d->cur], sizeof(s->peer_str));
+	}
+	/* One address: all the handshake's time is its own, as before. */
+	if (d->n == 1 || kdeadline_left_ms(d->deadline, INT32_MAX) < ms)
+		d->attempt_dl = d->deadline;
+	else
+		d->attempt_dl = kdeadline_in_ms(ms);
+	return 0;
+}
+
+/* The attempt on addr[cur] failed (why; timed_out: it did not answer): on to the next. */
+static void dial_next(tp_link *l, const char *why, bool timed_out)
+{
+	struct tcp_dial *d = l->dial;
+	char buf[96];
+
+	for (;;) {
+		kstrlcpy(d->fail[d->cur], why, sizeof(d->fail[d->cur]));
+		KLOG_DEBUG("tcp: rank %d at %s: %s", l->peer, d->str[d->cur], why);
+		d->soft |= timed_out;
+		if (++d->cur == d->n) {
+			/* Only a pass with a silent address is worth repeating: a refusal or a missing
+			 * route does not change within a job's start. */
+			if (!d->soft || kdeadline_passed(d->deadline)) {
+				d->cur = d->n - 1;
+				dial_give_up(l);
+				return;
+			}
+			d->round++;
+			d->cur = 0;
+			d->soft = false;
+		}
+		int e = dial_start(l);
+		if (e == 0)
+			return;
+		why = kerr_errno_str(e, buf, sizeof(buf));
+		timed_out = false;
+	}
+}
+
+/* A socket connected to addr[cur]: that is the link's address from now on. */
+static void dial_chosen(tp_link *l)
+{
+	struct tcp_dial *d = l->dial;
+
+	d->chosen = true;
+	kstrlcpy(l->peer_addr, d->str[d->cur], sizeof(l->peer_addr));
+	dial_unlist(l);
+}
+
+/* Whether a connecting socket has really connected (a stale epoll event of the socket's
+ * earlier fd may say it is writable). */
+static bool sock_connected(const struct tsock *s)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+
+	return getpeername(s->fd, (struct sockaddr *)&ss, &sl) == 0;
+}
+
+/* Gives the address being tried its time: when it is up, the next one gets its turn. */
+static void dial_tick(tp_ctx *ctx)
+{
+	tp_link *next;
+
+	for (tp_link *l = ctx->dialing; l != NULL; l = next) {
+		struct tcp_dial *d = l->dial;
+		char why[96];
+		next = d->next;
+		if (!kdeadline_passed(d->attempt_dl))
+			continue;
+		bool up = false;
+		for (int k = 0; k < l->nsocks && !up; k++)
+			if (l->socks[k]->state == SS_CONNECTING && sock_connected(l->socks[k])) {
+				l->socks[k]->wr_ready = true; /* hs_drive takes it from here */
+				up = true;
+			}
+		if (up)
+			continue;
+		snprintf(why, sizeof(why), "no answer within %lld ms",
+		         (long long)((int64_t)TCP_ATTEMPT_MS << (d->round < 8 ? d->round : 8)));
+		if (d->n == 1 || kdeadline_passed(d->deadline))
+			snprintf(why, sizeof(why), "no answer within %lld ms (the handshake timeout)",
+			         (long long)ctx->hs_timeout_ms);
+		dial_next(l, why, true);
+	}
 }
 
 /* ---- handshake --------------------------------------------------------------------- */
@@ -518,10 +740,19 @@ static bool hs_drive(struct tsock *s)
 		getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &e, &sl);
 		if (e == EINPROGRESS || e == EALREADY)
 			return false;
+		if (e == 0 && !sock_connected(s)) {
+			s->wr_ready = false; /* still connecting */
+			return false;
+		}
 		if (e != 0) {
-			sock_fail(s, KHOR_ERR_REMOTE, "connect: %s", errstr(e));
+			if (s->link->dial != NULL && !s->link->dial->chosen)
+				dial_next(s->link, errstr(e), false);
+			else
+				sock_fail(s, KHOR_ERR_REMOTE, "connect: %s", errstr(e));
 			return true;
 		}
+		if (s->link->dial != NULL && !s->link->dial->chosen)
+			dial_chosen(s->link);
 		s->state = SS_HS_CONN;
 		hs_queue(s, &s->hello, sizeof(s->hello));
 		hs_expect(s, sizeof(hs_challenge));
@@ -1098,7 +1329,9 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 {
 	tp_ctx *ctx;
 	ksockaddr local;
-	char ifname[64], as[64];
+	ksock_iface cand[KSOCK_MAX_CANDS];
+	int ncand = 0;
+	char as[64], pub[2 * TP_ADDR_MAX];
 	khor_status st;
 
 	if (opt->nsocks < 1 || opt->nsocks > TCP_MAX_SOCKS)
@@ -1107,10 +1340,16 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	if (strlen(opt->job_id) >= HS_JOB_MAX)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "job id '%s' is longer than %d bytes",
 		                opt->job_id, HS_JOB_MAX - 1);
-	st = ksock_pick_address(opt->ifname_spec, opt->hint_addr, &local, ifname, sizeof(ifname),
-	                        err);
+	st = ksock_pick_candidates(opt->ifname_spec, opt->hint_addr, cand, KSOCK_MAX_CANDS, &ncand,
+	                           err);
 	if (st != KHOR_SUCCESS)
 		return st;
+	/* Several addresses: one listener on all of them, so every one has the same port. */
+	local = cand[0].addr;
+	if (ncand > 1) {
+		memset(&local.ss, 0, sizeof(local.ss));
+		local.ss.ss_family = cand[0].addr.ss.ss_family;
+	}
 	ctx = calloc(1, sizeof(*ctx));
 	if (ctx == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp transport: out of memory");
@@ -1126,6 +1365,7 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	ctx->bufsize = opt->sock_bufsize;
 	ctx->hs_timeout_ms = opt->handshake_timeout_ms > 0 ? opt->handshake_timeout_ms : 30000;
 	ctx->meta = opt->meta;
+	ctx->spec_set = opt->ifname_spec != NULL && opt->ifname_spec[0] != '\0';
 	kmutex_init(&ctx->mu);
 	ctx->sl.wake_fd = -1;
 	ctx->incoming = calloc((size_t)opt->size, sizeof(tp_link *));
@@ -1142,9 +1382,14 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	}
 	st = ksock_listen(&local, 1024, &ctx->listen_fd, err);
 	if (st != KHOR_SUCCESS) {
-		kerr_prefix(err, "tcp transport on interface %s", ifname);
+		kerr_prefix(err, "tcp transport on interface %s", ncand == 1 ? cand[0].name : "(all)");
 		goto fail_free;
 	}
+	/* This host's addresses, to order a peer's by (none known: every peer is "routed"). */
+	ctx->mine = malloc(KSOCK_MAX_IFACES * sizeof(*ctx->mine));
+	if (ctx->mine == NULL || ksock_list_ifaces(ctx->mine, KSOCK_MAX_IFACES, &ctx->nmine,
+	                                           &(kerr){ 0 }) != KHOR_SUCCESS)
+		ctx->nmine = 0;
 	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
 	if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->listen_fd, &ev) < 0) {
 		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(listener): %s", errstr(errno));
@@ -1157,13 +1402,44 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(eventfd): %s", errstr(errno));
 		goto fail_free;
 	}
-	ksock_addr_str(&local, ctx->addr, sizeof(ctx->addr));
-	KLOG_INFO("tcp transport listening on %s (interface %s, %d socket(s) per link)",
-	          ksock_addr_str(&local, as, sizeof(as)), ifname, ctx->nsocks);
+	/* The blob: every address with the listener's port, as many as fit; and, for the log,
+	 * why each is there. */
+	size_t off = 0, poff = 0;
+	for (int i = 0; i < ncand; i++) {
+		char sub[64], why[96];
+		ksockaddr a = cand[i].addr;
+		ksock_addr_set_port(&a, ksock_addr_port(&local));
+		ksock_addr_str(&a, as, sizeof(as));
+		if (off + strlen(as) + 2 > sizeof(ctx->addr))
+			break;
+		off += (size_t)snprintf(ctx->addr + off, sizeof(ctx->addr) - off, "%s%s",
+		                        i ? "," : "", as);
+		if (ctx->spec_set)
+			snprintf(why, sizeof(why), "KHOR_SOCKET_IFNAME=%s", opt->ifname_spec);
+		else if (cand[i].loopback)
+			snprintf(why, sizeof(why), "loopback: %s",
+			         opt->hint_addr != NULL && ksock_addr_is_loopback(opt->hint_addr)
+			                 ? "the store is on this host, so the whole job is"
+			                 : "no other interface is up");
+		else if (opt->hint_addr != NULL &&
+		         ksock_same_subnet(&cand[i].addr, opt->hint_addr, cand[i].prefix))
+			snprintf(why, sizeof(why), "the store's subnet %s",
+			         ksock_subnet_str(&cand[i].addr, cand[i].prefix, sub, sizeof(sub)));
+		else
+			snprintf(why, sizeof(why), "%s",
+			         ksock_subnet_str(&cand[i].addr, cand[i].prefix, sub, sizeof(sub)));
+		poff += (size_t)snprintf(pub + poff, poff < sizeof(pub) ? sizeof(pub) - poff : 0,
+		                         "%s%s (%s, %s)", i ? ", " : "", as, cand[i].name, why);
+		if (poff >= sizeof(pub))
+			poff = sizeof(pub) - 1;
+	}
+	KLOG_INFO("tcp transport listening on %s, %d socket(s) per link; publishes %s",
+	          ksock_addr_str(&local, as, sizeof(as)), ctx->nsocks, pub);
 	*ctx_out = ctx;
 	return KHOR_SUCCESS;
 
 fail_free:
+	free(ctx->mine);
 	if (ctx->listen_fd >= 0)
 		close(ctx->listen_fd);
 	if (ctx->epfd >= 0)
@@ -1183,13 +1459,71 @@ static const char *tcp_address(const tp_ctx *ctx)
 	return ctx->addr;
 }
 
+/* "198.19.10.1" of an address, without its port. */
+static const char *ip_str(const ksockaddr *a, char *buf, size_t len)
+{
+	char sub[64];
+
+	ksock_subnet_str(a, -1, sub, sizeof(sub)); /* the whole address: "ip/32" */
+	sub[strcspn(sub, "/")] = '\0';
+	kstrlcpy(buf, sub, len);
+	return buf;
+}
+
+/* The peer's addresses, in the order to dial them, each with why it is there. */
+static khor_status dial_plan(tp_ctx *ctx, int peer, const char *peer_addr, struct tcp_dial *d,
+                             kerr *err)
+{
+	ksockaddr got[KSOCK_MAX_CANDS];
+	int order[KSOCK_MAX_CANDS], via[KSOCK_MAX_CANDS];
+	enum ksock_reach kind[KSOCK_MAX_CANDS];
+	int n = ksock_parse_addr_list(peer_addr, got, KSOCK_MAX_CANDS);
+
+	if (n < 0) {
+		/* Not a list of numeric addresses: one "host:port" (a caller's own blob). */
+		char host[256];
+		uint16_t port;
+		if (!ksock_split_hostport(peer_addr, host, sizeof(host), &port))
+			return kerr_set(err, KHOR_ERR_PROTOCOL,
+			                "peer rank %d published a malformed address '%.64s'", peer,
+			                peer_addr);
+		khor_status st = ksock_resolve(host, port, &got[0], err);
+		if (st != KHOR_SUCCESS)
+			return st;
+		n = 1;
+	}
+	ksock_order_peer(got, n, ctx->mine, ctx->nmine, order, kind, via);
+	d->n = n;
+	for (int i = 0; i < n; i++) {
+		char ip[64];
+		const ksock_iface *m = via[i] >= 0 ? &ctx->mine[via[i]] : NULL;
+		d->addr[i] = got[order[i]];
+		ksock_addr_str(&d->addr[i], d->str[i], sizeof(d->str[i]));
+		switch (kind[i]) {
+		case KSOCK_REACH_LOCAL:
+			snprintf(d->why[i], sizeof(d->why[i]), "an address of this host");
+			break;
+		case KSOCK_REACH_SUBNET:
+			snprintf(d->why[i], sizeof(d->why[i]), "same subnet as %s/%d on %s",
+			         ip_str(&m->addr, ip, sizeof(ip)), m->prefix, m->name);
+			break;
+		case KSOCK_REACH_ROUTED:
+			snprintf(d->why[i], sizeof(d->why[i]), "on none of this host's subnets");
+			break;
+		case KSOCK_REACH_OWN:
+			snprintf(d->why[i], sizeof(d->why[i]), "also this host's own address on %s, "
+			         "tried last", m != NULL ? m->name : "?");
+			break;
+		}
+	}
+	return KHOR_SUCCESS;
+}
+
 static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr,
                                   tp_link **link_out, kerr *err)
 {
-	char host[256];
-	uint16_t port;
-	ksockaddr a;
 	khor_status st;
+	struct tcp_dial *d;
 	tp_link *l;
 
 	if (peer < 0 || peer >= ctx->size || peer == ctx->rank)
@@ -1198,47 +1532,50 @@ static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr,
 		*link_out = ctx->outgoing[peer];
 		return KHOR_SUCCESS;
 	}
-	if (!ksock_split_hostport(peer_addr, host, sizeof(host), &port))
-		return kerr_set(err, KHOR_ERR_PROTOCOL,
-		                "peer rank %d published a malformed address '%.64s'", peer, peer_addr);
-	st = ksock_resolve(host, port, &a, err);
-	if (st != KHOR_SUCCESS)
-		return st;
-	l = calloc(1, sizeof(*l));
-	if (l == NULL)
+	d = calloc(1, sizeof(*d));
+	if (d == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp connect: out of memory");
+	if ((st = dial_plan(ctx, peer, peer_addr, d, err)) != KHOR_SUCCESS) {
+		free(d);
+		return st;
+	}
+	l = calloc(1, sizeof(*l));
+	if (l == NULL) {
+		free(d);
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp connect: out of memory");
+	}
 	l->ctx = ctx;
 	l->peer = peer;
 	l->nsocks = ctx->nsocks;
+	l->dial = d;
 	kstrlcpy(l->peer_addr, peer_addr, sizeof(l->peer_addr));
 	ctx->outgoing[peer] = l;
 	for (int i = 0; i < l->nsocks; i++) {
-		int fd = socket(a.ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-		struct tsock *s;
-
-		if (fd < 0) {
-			link_fail(l, KHOR_ERR_SYSTEM, "socket: %s", errstr(errno));
-			break;
-		}
-		ksock_tune_stream(fd, ctx->bufsize);
-		if (connect(fd, (struct sockaddr *)&a.ss, a.len) < 0 && errno != EINPROGRESS) {
-			link_fail(l, KHOR_ERR_REMOTE, "connect: %s", errstr(errno));
-			close(fd);
-			break;
-		}
-		s = sock_new(ctx, fd, SS_CONNECTING);
+		struct tsock *s = calloc(1, sizeof(*s));
 		if (s == NULL) {
-			link_fail(l, KHOR_ERR_SYSTEM, "epoll_ctl: %s", errstr(errno));
-			close(fd);
+			link_fail(l, KHOR_ERR_NO_MEMORY, "out of memory for socket %d", i + 1);
 			break;
 		}
+		s->fd = -1;
+		s->ctx = ctx;
+		s->state = SS_DEAD;
+		s->hs_deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
 		s->link = l;
 		s->idx = i;
-		kstrlcpy(s->peer_str, peer_addr, sizeof(s->peer_str));
+		s->next_all = ctx->all;
+		ctx->all = s;
 		l->socks[i] = s;
 		uint64_t aux[4] = { [TCP_AUX_SOCK_IDX] = (uint64_t)i,
 		                    [TCP_AUX_NSOCKS] = (uint64_t)l->nsocks };
 		hs_hello_make(&ctx->hs, peer, aux, &s->hello);
+	}
+	if (l->err.status == KHOR_SUCCESS) {
+		d->deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
+		d->next = ctx->dialing;
+		ctx->dialing = l;
+		int e = dial_start(l);
+		if (e != 0)
+			dial_next(l, errstr(e), false);
 	}
 	*link_out = l;
 	return KHOR_SUCCESS;
@@ -1279,11 +1616,32 @@ static bool tcp_link_ready(const tp_link *l)
 	return ready;
 }
 
+/*
+ * Accepted: "198.19.10.1:53422 (it connected to us), 4 sockets". Opened: the address and
+ * why it was taken, "198.19.10.3:4100 (same subnet as 198.19.10.1/24 on eth0), 4 sockets",
+ * with the addresses that failed before it; still looking: what was tried so far.
+ */
 static void tcp_describe(const tp_link *l, char *buf, size_t len)
 {
+	const struct tcp_dial *d = l->dial;
+	size_t off;
+
 	kmutex_lock(&l->ctx->mu);
-	snprintf(buf, len, "%s, %d socket%s", l->peer_addr[0] ? l->peer_addr : "address unknown",
-	         l->nsocks, l->nsocks == 1 ? "" : "s");
+	if (d == NULL) {
+		snprintf(buf, len, "%s (it connected to us), %d socket%s",
+		         l->peer_addr[0] ? l->peer_addr : "address unknown", l->nsocks,
+		         l->nsocks == 1 ? "" : "s");
+	} else {
+		off = (size_t)snprintf(buf, len, "%s%s (%s", d->chosen ? "" : "still connecting to ",
+		                       d->str[d->cur], d->why[d->cur]);
+		for (int i = 0; i < d->n && off < len; i++)
+			if (i != d->cur && d->fail[i][0])
+				off += (size_t)snprintf(buf + off, len - off, "; %s: %s", d->str[i],
+				                        d->fail[i]);
+		if (off < len)
+			snprintf(buf + off, len - off, "), %d socket%s", l->nsocks,
+			         l->nsocks == 1 ? "" : "s");
+	}
 	kmutex_unlock(&l->ctx->mu);
 }
 
@@ -1567,7 +1925,8 @@ static void sweep(tp_ctx *ctx)
 	while (*pp != NULL) {
 		struct tsock *s = *pp;
 		if ((s->state == SS_HS_ACC || s->state == SS_HS_CONN || s->state == SS_CONNECTING) &&
-		    kdeadline_passed(s->hs_deadline)) {
+		    kdeadline_passed(s->hs_deadline) &&
+		    !(s->link != NULL && s->link->dial != NULL && !s->link->dial->chosen)) {
 			if (s->link == NULL || s->state == SS_HS_ACC) {
 				KLOG_WARN("dropped connection from %s: no complete handshake within %lld ms",
 				          s->peer_str, (long long)ctx->hs_timeout_ms);
@@ -1594,6 +1953,8 @@ static bool drive_all(tp_ctx *ctx)
 {
 	bool moved = false;
 
+	if (ctx->dialing != NULL)
+		dial_tick(ctx);
 	for (struct tsock *s = ctx->all; s != NULL; s = s->next_all)
 		moved |= sock_drive(s);
 	return moved;
@@ -1694,8 +2055,11 @@ static void tcp_destroy(tp_ctx *ctx)
 	}
 	for (int i = 0; i < ctx->size; i++) {
 		free(ctx->incoming[i]);
+		if (ctx->outgoing[i] != NULL)
+			free(ctx->outgoing[i]->dial);
 		free(ctx->outgoing[i]);
 	}
+	free(ctx->mine);
 	while (ctx->free_reqs != NULL) {
 		tp_req *r = ctx->free_reqs;
 		ctx->free_reqs = r->next_free;

@@ -1,6 +1,7 @@
 /*
- * test_base.c -- the base layer: strict parsers, deadlines, HMAC proofs, address parsing
- * and error sentences.
+ * test_base.c -- the base layer: strict parsers, deadlines, HMAC proofs, address parsing,
+ * the choice of addresses to publish and to dial (on made-up interface tables), and error
+ * sentences.
  */
 #include "../../base/auth.h"
 #include "../../base/clock.h"
@@ -9,6 +10,7 @@
 #include "../../base/sock.h"
 
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -119,6 +121,175 @@ Test(sock, pick_address_by_prefix_exclusion_and_cidr)
 	cr_assert_eq(ksock_resolve("127.0.0.1", 1, &hint, &e), KHOR_SUCCESS);
 	cr_assert_eq(ksock_pick_address(NULL, &hint, &a, ifn, sizeof(ifn), &e), KHOR_SUCCESS);
 	cr_assert(ksock_addr_is_loopback(&a));
+}
+
+/* An interface table as ksock_list_ifaces would give it. */
+static ksock_iface iface(const char *name, const char *ip, int prefix)
+{
+	ksock_iface f;
+	kerr e;
+
+	memset(&f, 0, sizeof(f));
+	kstrlcpy(f.name, name, sizeof(f.name));
+	cr_assert_eq(ksock_resolve(ip, 0, &f.addr, &e), KHOR_SUCCESS, "%s", e.text);
+	f.prefix = prefix;
+	f.loopback = ksock_addr_is_loopback(&f.addr);
+	f.running = true;
+	return f;
+}
+
+static ksockaddr addr(const char *ip)
+{
+	ksockaddr a;
+	kerr e;
+
+	cr_assert_eq(ksock_resolve(ip, 0, &a, &e), KHOR_SUCCESS, "%s", e.text);
+	return a;
+}
+
+Test(sock, address_lists)
+{
+	ksockaddr a[4];
+	char s[64];
+
+	cr_assert_eq(ksock_parse_addr_list("198.19.10.2:4100", a, 4), 1);
+	cr_assert_str_eq(ksock_addr_str(&a[0], s, sizeof(s)), "198.19.10.2:4100");
+	cr_assert_eq(ksock_parse_addr_list("198.19.10.2:4100,10.0.0.2:4100,[fd00::2]:7", a, 4), 3);
+	cr_assert_str_eq(ksock_addr_str(&a[1], s, sizeof(s)), "10.0.0.2:4100");
+	cr_assert_str_eq(ksock_addr_str(&a[2], s, sizeof(s)), "[fd00::2]:7");
+	cr_assert_eq(ksock_parse_addr_list("1.1.1.1:1,2.2.2.2:2,3.3.3.3:3", a, 2), 2,
+	             "entries past max are dropped, not written");
+	const char *bad[] = { "", ",", "1.2.3.4", "1.2.3.4:0", "1.2.3.4:5,", ",1.2.3.4:5",
+		              "1.2.3.4:70000", "host:80", "fd00::2:7", "[1.2.3.4]:5",
+		              "1.2.3.4:5,,6.7.8.9:1", "1.2.3.4:5 " };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		cr_assert_eq(ksock_parse_addr_list(bad[i], a, 4), -1, "'%s' was accepted", bad[i]);
+	cr_assert_eq(ksock_parse_addr_list(NULL, a, 4), -1);
+}
+
+Test(sock, subnets)
+{
+	ksockaddr x = addr("198.19.10.7"), y = addr("198.19.10.1"), z = addr("198.19.11.1");
+	ksockaddr v6 = addr("fd00::7"), w6 = addr("fd00::1:1");
+	char s[64];
+
+	cr_assert(ksock_same_subnet(&x, &y, 24));
+	cr_assert(!ksock_same_subnet(&x, &y, 32));
+	cr_assert(!ksock_same_subnet(&x, &z, 24));
+	cr_assert(ksock_same_subnet(&x, &z, 22));
+	cr_assert(ksock_same_subnet(&x, &z, 0));
+	cr_assert(!ksock_same_subnet(&x, &v6, 0), "families never match");
+	cr_assert(!ksock_same_subnet(&x, &y, -1), "an unknown prefix never matches");
+	cr_assert(ksock_same_subnet(&v6, &w6, 64) && !ksock_same_subnet(&v6, &w6, 112));
+	cr_assert(ksock_same_ip(&x, &x) && !ksock_same_ip(&x, &y));
+	cr_assert_str_eq(ksock_subnet_str(&x, 24, s, sizeof(s)), "198.19.10.0/24");
+	cr_assert_str_eq(ksock_subnet_str(&x, 21, s, sizeof(s)), "198.19.8.0/21");
+	cr_assert_str_eq(ksock_subnet_str(&w6, 64, s, sizeof(s)), "fd00::/64");
+	cr_assert(ksock_is_virtual_ifname("docker0") && ksock_is_virtual_ifname("br-3f2a9c1d0e11") &&
+	          ksock_is_virtual_ifname("virbr0") && ksock_is_virtual_ifname("veth12ab"));
+	cr_assert(!ksock_is_virtual_ifname("eth0") && !ksock_is_virtual_ifname("ens5") &&
+	          !ksock_is_virtual_ifname("enp129s0f1") && !ksock_is_virtual_ifname("br0") &&
+	          !ksock_is_virtual_ifname("ib0"));
+}
+
+Test(sock, a_store_named_loopback_is_not_proof_of_one_host)
+{
+	ksockaddr lo = addr("127.0.0.1"), lo1 = addr("127.0.1.1"), real = addr("198.19.10.1");
+	ksockaddr lo6 = addr("::1");
+
+	cr_assert(ksock_store_is_local_only("127.0.0.1", &lo));
+	cr_assert(ksock_store_is_local_only("localhost", &lo));
+	cr_assert(ksock_store_is_local_only("::1", &lo6));
+	cr_assert(!ksock_store_is_local_only("node1", &lo1), "Debian's own-name 127.0.1.1");
+	cr_assert(!ksock_store_is_local_only("198.19.10.1", &real));
+	cr_assert(!ksock_store_is_local_only("node1", &real));
+}
+
+/* The names of the chosen interfaces, comma-separated. */
+static const char *chosen(const ksock_iface *ifs, int n, const ksockaddr *hint)
+{
+	static char out[256];
+	int idx[KSOCK_MAX_CANDS], k = ksock_order_candidates(ifs, n, hint, idx, KSOCK_MAX_CANDS);
+	size_t off = 0;
+
+	out[0] = '\0';
+	for (int i = 0; i < k; i++)
+		off += (size_t)snprintf(out + off, sizeof(out) - off, "%s%s", i ? "," : "",
+		                        ifs[idx[i]].name);
+	return out;
+}
+
+Test(sock, candidates_to_publish)
+{
+	/* A management NIC first (the lowest index), a container bridge, the fast NIC. */
+	ksock_iface ifs[] = { iface("lo", "127.0.0.1", 8), iface("eno1", "198.19.20.1", 24),
+		              iface("docker0", "172.17.0.1", 16), iface("eth0", "198.19.10.1", 24),
+		              iface("eth0", "fd00::1", 64), iface("eth0:1", "198.19.10.1", 24) };
+	int n = sizeof(ifs) / sizeof(ifs[0]);
+	ksockaddr store = addr("198.19.10.9"), lo = addr("127.0.0.1"), far = addr("10.9.9.9");
+	ksockaddr v6 = addr("fd00::9"), dock = addr("172.17.0.5");
+
+	cr_assert_str_eq(chosen(ifs, n, &store), "eth0,eno1", "the store's subnet first, an "
+	                 "address once, no container bridge, no loopback, one family");
+	cr_assert_str_eq(chosen(ifs, n, &far), "eno1,eth0", "a routed store: interface order");
+	cr_assert_str_eq(chosen(ifs, n, NULL), "eno1,eth0");
+	cr_assert_str_eq(chosen(ifs, n, &lo), "lo", "a loopback store: the job is on this host");
+	cr_assert_str_eq(chosen(ifs, n, &v6), "eth0", "a v6 store: v6 addresses");
+	cr_assert_str_eq(chosen(ifs, n, &dock), "docker0,eno1,eth0",
+	                 "a store on the bridge's own subnet: the bridge first");
+	ksock_iface only_virtual[] = { iface("lo", "127.0.0.1", 8),
+		                       iface("docker0", "172.17.0.1", 16) };
+	cr_assert_str_eq(chosen(only_virtual, 2, &far), "docker0", "a bridge beats nothing");
+	cr_assert_str_eq(chosen(only_virtual, 1, &far), "lo", "loopback only when alone");
+	cr_assert_str_eq(chosen(ifs + 4, 1, &far), "eth0", "no v4 address: v6 rather than none");
+	ksock_iface unplugged[] = { iface("eth0", "198.19.30.1", 24),
+		                    iface("eth1", "198.19.31.1", 24) };
+	unplugged[0].running = false;
+	cr_assert_str_eq(chosen(unplugged, 2, &far), "eth1", "no carrier: not published");
+	cr_assert_str_eq(chosen(unplugged, 1, &far), "eth0", "unless there is nothing else");
+	ksockaddr on0 = addr("198.19.30.7");
+	cr_assert_str_eq(chosen(unplugged, 2, &on0), "eth0,eth1", "the store's subnet first, "
+	                 "whatever its carrier says");
+	cr_assert_str_eq(chosen(ifs, 0, &far), "");
+}
+
+/* The peer's addresses in dialing order, as "index:kind" pairs. */
+static const char *dial_order(const ksockaddr *peer, int n, const ksock_iface *mine, int nmine)
+{
+	static char out[128];
+	int order[KSOCK_MAX_CANDS], via[KSOCK_MAX_CANDS];
+	enum ksock_reach kind[KSOCK_MAX_CANDS];
+	size_t off = 0;
+
+	ksock_order_peer(peer, n, mine, nmine, order, kind, via);
+	out[0] = '\0';
+	for (int i = 0; i < n; i++)
+		off += (size_t)snprintf(out + off, sizeof(out) - off, "%s%d:%d", i ? "," : "",
+		                        order[i], (int)kind[i]);
+	return out;
+}
+
+Test(sock, peer_addresses_in_dialing_order)
+{
+	ksock_iface mine[] = { iface("lo", "127.0.0.1", 8), iface("eno1", "198.19.20.1", 24),
+		               iface("ens5", "198.19.0.9", 16), iface("eth0", "198.19.10.1", 24) };
+	int nm = sizeof(mine) / sizeof(mine[0]);
+	ksockaddr both[] = { addr("198.19.20.3"), addr("198.19.10.3") };
+	ksockaddr routed_first[] = { addr("10.5.5.5"), addr("198.19.10.3") };
+	ksockaddr own_first[] = { addr("198.19.20.1"), addr("198.19.10.3") };
+	ksockaddr all_own[] = { addr("198.19.10.1"), addr("198.19.20.1") };
+	int order[2], via[2];
+	enum ksock_reach kind[2];
+
+	cr_assert_str_eq(dial_order(both, 2, mine, nm), "0:1,1:1", "both on our subnets: the "
+	                 "peer's order");
+	cr_assert_str_eq(dial_order(routed_first, 2, mine, nm), "1:1,0:2");
+	cr_assert_str_eq(dial_order(own_first, 2, mine, nm), "1:1,0:3",
+	                 "an address that is also ours reaches us, not the peer: last");
+	cr_assert_str_eq(dial_order(all_own, 2, mine, nm), "0:0,1:0", "same host: as published");
+	cr_assert_str_eq(dial_order(both, 2, mine, 0), "0:2,1:2", "no interfaces known: as given");
+	ksock_order_peer(both + 1, 1, mine, nm, order, kind, via);
+	cr_assert_eq(via[0], 3, "the narrowest subnet that holds it (eth0 /24, not ens5 /16)");
 }
 
 Test(err, sentences_and_prefixes)

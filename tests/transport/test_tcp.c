@@ -2,13 +2,19 @@
  * test_tcp.c -- the TCP transport on real loopback sockets, two instances in one process
  * driven in turn: connecting, tag matching (also out of order), striping, zero-length
  * frames, length mismatches, and strangers: a wrong secret, garbage bytes and a silent
- * client are refused while the real ranks carry on.
+ * client are refused while the real ranks carry on. A peer that publishes several
+ * addresses is reached on the first that answers: past a refusing one and a silent one
+ * (a listener whose backlog is full drops SYNs), with requests posted meanwhile intact, and
+ * a peer none of whose addresses answers is an error naming each one.
  */
 #include "../../collectives/coll.h"
 #include "../../transport/transport.h"
 #include "../../base/sock.h"
 
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <netinet/in.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -312,4 +318,138 @@ Test(tcp, interface_spec_that_matches_nothing_lists_interfaces)
 	tp->destroy(c);
 	o.ifname_spec = "10.0.0.0/33";
 	cr_assert_eq(tp->create(&o, &c, &e), KHOR_ERR_INVALID_ARG);
+}
+
+static int64_t now_ms(void)
+{
+	return (int64_t)(kclock_ns() / 1000000);
+}
+
+/* A loopback port with nothing listening on it (bound, then closed): connects are refused. */
+static uint16_t refusing_port(void)
+{
+	ksockaddr a;
+	int fd;
+	kerr e;
+
+	cr_assert_eq(ksock_resolve("127.0.0.1", 0, &a, &e), KHOR_SUCCESS);
+	cr_assert_eq(ksock_listen(&a, 1, &fd, &e), KHOR_SUCCESS, "%s", e.text);
+	close(fd);
+	return ksock_addr_port(&a);
+}
+
+/* Waits (up to ms) until la is ready and b accepted it, or la failed. */
+static bool wait_link(tp_ctx *a, tp_ctx *b, tp_link *la, tp_link **lb, int ms)
+{
+	tp_ctx *both[2] = { a, b };
+	kdeadline dl = kdeadline_in_ms(ms);
+	kerr e;
+
+	*lb = NULL;
+	while (!kdeadline_passed(dl)) {
+		pump(both, 2, 5);
+		if (*lb == NULL)
+			tp->accept(b, 0, lb, &e);
+		if (tp->link_error(la, NULL) != KHOR_SUCCESS)
+			return false;
+		if (*lb != NULL && tp->link_ready(la))
+			return true;
+	}
+	return false;
+}
+
+Test(tcp, dials_past_a_refusing_address_and_keeps_requests_posted_meanwhile)
+{
+	tp_ctx *a = make(0, 2, "s3cret", 2), *b = make(1, 2, "s3cret", 2);
+	tp_ctx *both[2] = { a, b };
+	tp_link *la, *lb;
+	char blob[TP_ADDR_MAX], d[512];
+	uint8_t x[10000], y[10000];
+	tp_req *sr, *rr;
+	kerr e;
+
+	snprintf(blob, sizeof(blob), "127.0.0.1:%u,%s", refusing_port(), tp->address(b));
+	cr_assert_eq(tp->connect(a, 1, blob, &la, &e), KHOR_SUCCESS, "%s", e.text);
+	for (size_t i = 0; i < sizeof(x); i++)
+		x[i] = (uint8_t)(i * 13);
+	/* Posted before the link knows its address: it must travel on the one that works. */
+	cr_assert_eq(tp->isend(la, x, sizeof(x), (tp_tag){ 1, 1, 1, 0 }, NULL, &sr, &e),
+	             KHOR_SUCCESS, "%s", e.text);
+	cr_assert(wait_link(a, b, la, &lb, 5000), "link did not come up: %s", lerr(tp, la)->text);
+	tp->describe(la, d, sizeof(d));
+	cr_assert(strncmp(d, tp->address(b), strlen(tp->address(b))) == 0 &&
+	          strstr(d, "Connection refused") != NULL && strstr(d, ", 2 sockets") != NULL,
+	          "%s", d);
+	cr_assert_eq(tp->irecv(lb, y, sizeof(y), (tp_tag){ 1, 1, 1, 0 }, NULL, &rr, &e),
+	             KHOR_SUCCESS);
+	cr_assert_eq(wait_req(both, rr, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_eq(wait_req(both, sr, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert(memcmp(x, y, sizeof(x)) == 0);
+	tp->describe(lb, d, sizeof(d));
+	cr_assert(strstr(d, "it connected to us") != NULL, "%s", d);
+	tp->destroy(a);
+	tp->destroy(b);
+}
+
+Test(tcp, a_silent_address_gives_way_after_its_attempt_time)
+{
+	tp_ctx *a = make(0, 2, "s3cret", 1), *b = make(1, 2, "s3cret", 1);
+	tp_link *la, *lb;
+	ksockaddr q;
+	int qfd, filler;
+	char blob[TP_ADDR_MAX], d[512];
+	kerr e;
+
+	/* A listener that never accepts, its backlog of one already taken: SYNs are dropped. */
+	cr_assert_eq(ksock_resolve("127.0.0.1", 0, &q, &e), KHOR_SUCCESS);
+	cr_assert_eq(ksock_listen(&q, 0, &qfd, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_eq(ksock_connect_deadline(&q, kdeadline_in_ms(1000), false, &filler, &e),
+	             KHOR_SUCCESS, "%s", e.text);
+	snprintf(blob, sizeof(blob), "127.0.0.1:%u,%s", ksock_addr_port(&q), tp->address(b));
+	int64_t t0 = now_ms();
+	cr_assert_eq(tp->connect(a, 1, blob, &la, &e), KHOR_SUCCESS, "%s", e.text);
+	/* What a timeout of the caller's reports meanwhile (runtime/comm.c make_link). */
+	char want[64];
+	snprintf(want, sizeof(want), "still connecting to 127.0.0.1:%u (", ksock_addr_port(&q));
+	tp->describe(la, d, sizeof(d));
+	cr_assert(strncmp(d, want, strlen(want)) == 0, "%s", d);
+	cr_assert(wait_link(a, b, la, &lb, 8000), "link did not come up: %s", lerr(tp, la)->text);
+	int64_t took = now_ms() - t0;
+	tp->describe(la, d, sizeof(d));
+	cr_assert(strstr(d, "no answer within 1500 ms") != NULL, "%s", d);
+	cr_assert(took >= 1400 && took < 5000, "took %lld ms", (long long)took);
+	close(filler);
+	close(qfd);
+	tp->destroy(a);
+	tp->destroy(b);
+}
+
+Test(tcp, no_address_answering_is_an_error_naming_each_one)
+{
+	tp_ctx *a = make(0, 2, "s3cret", 2);
+	tp_link *la;
+	char blob[TP_ADDR_MAX], one[32], two[32];
+	kerr e;
+
+	snprintf(one, sizeof(one), "127.0.0.1:%u", refusing_port());
+	snprintf(two, sizeof(two), "127.0.0.2:%u", refusing_port());
+	snprintf(blob, sizeof(blob), "%s,%s", one, two);
+	int64_t t0 = now_ms();
+	cr_assert_eq(tp->connect(a, 1, blob, &la, &e), KHOR_SUCCESS, "%s", e.text);
+	for (int i = 0; i < 400 && tp->link_error(la, NULL) == KHOR_SUCCESS; i++)
+		pump(&a, 1, 5);
+	const kerr *le = lerr(tp, la);
+	cr_assert_eq(le->status, KHOR_ERR_REMOTE, "%s", le->text);
+	cr_assert(now_ms() - t0 < 1000, "refusals must not wait for a timeout");
+	cr_assert(strstr(le->text, "peer rank 1") && strstr(le->text, one) && strstr(le->text, two),
+	          "%s", le->text);
+	/* 127.0.0.1 is also an address of this host, so it goes last; each has its error. */
+	char w1[96], w2[96];
+	snprintf(w1, sizeof(w1), "%s (same subnet as 127.0.0.1/8 on lo): Connection refused", two);
+	snprintf(w2, sizeof(w2), "%s (also this host's own address on lo, tried last): "
+	         "Connection refused", one);
+	const char *p1 = strstr(le->text, w1), *p2 = strstr(le->text, w2);
+	cr_assert(p1 != NULL && p2 != NULL && p1 < p2, "%s", le->text);
+	cr_assert(strstr(le->text, "KHOR_SOCKET_IFNAME") != NULL, "%s", le->text);
+	tp->destroy(a);
 }
