@@ -114,7 +114,9 @@ KHOR_API void khor_config_destroy(khor_config *config);
 /*
  * Joins the job. The rank, size and rendezvous address come from, in order: the config,
  * khorrun's KHOR_* variables, torchrun's RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT,
- * Slurm's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; with none of them, a one-rank job.
+ * Slurm's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID inside an srun step (the store on the
+ * step's first node), a Kubernetes indexed Job's JOB_COMPLETION_INDEX with KHOR_K8S_SIZE
+ * (the store on pod 0, README "Kubernetes"); with none of them, a one-rank job.
  * config may be NULL. Blocks until every rank has joined or KHOR_TIMEOUT passes, in which
  * case the error names the ranks that never came. On failure *comm_out is untouched and, if
  * error_out is not NULL, a description is copied there (error_len bytes at most).

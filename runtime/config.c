@@ -13,20 +13,24 @@
 #include <unistd.h>
 
 const struct config_var config_vars[] = {
-	{ "KHOR_RANK", NULL, "This process's rank (set by khorrun; else RANK or SLURM_PROCID)" },
-	{ "KHOR_SIZE", NULL, "Number of ranks (set by khorrun; else WORLD_SIZE or SLURM_NTASKS)" },
+	{ "KHOR_RANK", NULL, "This process's rank (set by khorrun; else RANK, SLURM_PROCID in an srun step, or JOB_COMPLETION_INDEX)" },
+	{ "KHOR_SIZE", NULL, "Number of ranks (set by khorrun; else WORLD_SIZE, SLURM_NTASKS in an srun step, or KHOR_K8S_SIZE)" },
 	{ "KHOR_LOCAL_RANK", NULL, "Rank among the ranks on this host (else computed from host names)" },
 	{ "KHOR_LOCAL_SIZE", NULL, "Ranks on this host (else computed)" },
 	{ "KHOR_CROSS_RANK", NULL, "Rank among ranks with the same local rank (else computed)" },
 	{ "KHOR_CROSS_SIZE", NULL, "Number of ranks with this local rank (else computed)" },
 	{ "KHOR_LOCAL_CPUS", NULL, "CPUs this host's ranks share (set by khorrun; else this process's CPU set, or all online CPUs when it is one CPU)" },
-	{ "KHOR_STORE_ADDR", NULL, "host:port of the rendezvous store (set by khorrun; else MASTER_ADDR:MASTER_PORT, where rank 0 starts it)" },
+	{ "KHOR_STORE_ADDR", NULL, "host:port of the rendezvous store (set by khorrun; else MASTER_ADDR:MASTER_PORT, or the srun step's first node, or Kubernetes index 0, where rank 0 starts it)" },
+	{ "KHOR_K8S_SIZE", NULL, "Kubernetes indexed Job: number of ranks (the Job's completions); the rank is JOB_COMPLETION_INDEX, one per pod" },
+	{ "KHOR_K8S_SERVICE", NULL, "Kubernetes: the headless Service named as the pods' subdomain; the store is then on JOB-0.SERVICE, JOB being this pod's host name less its -INDEX" },
+	{ "KHOR_K8S_STORE_HOST", NULL, "Kubernetes: host of the store, served by index 0, instead of JOB-0.KHOR_K8S_SERVICE" },
+	{ "KHOR_K8S_STORE_PORT", "29500", "Kubernetes: port index 0 serves the store on" },
 	{ "KHOR_SECRET", NULL, "Job secret proven by every store and link handshake (khorrun makes one); unset = unauthenticated" },
 	{ "KHOR_JOB_ID", "default", "Job id; keys and links of other jobs are refused" },
 	{ "KHOR_TIMEOUT", "300s", "Deadline of every collective and wait (e.g. 30s, 500ms, 5m; -1 = none)" },
 	{ "KHOR_INIT_TIMEOUT", NULL, "Deadline for all ranks to join at init (default: KHOR_TIMEOUT)" },
 	{ "KHOR_HOSTNAME", NULL, "Host identity used to group ranks per node (default: gethostname)" },
-	{ "KHOR_SOCKET_IFNAME", NULL, "Interface for links: prefixes (eth,ib), =exact, ^excluded, or a CIDR (198.18.0.0/15)" },
+	{ "KHOR_SOCKET_IFNAME", NULL, "Interface for links: prefixes (eth,ib), =exact, ^excluded, or a CIDR (198.18.0.0/15); unset = tcp publishes every usable address, the store's subnet first, and each peer dials one it can reach" },
 	{ "KHOR_SOCKET_NSOCKS", "2", "TCP sockets per link; large messages are striped over them (1-16)" },
 	{ "KHOR_SOCKET_BUFSIZE", "0", "SO_SNDBUF/SO_RCVBUF of link sockets (0 = kernel autotuning, usually fastest)" },
 	{ "KHOR_MIN_STRIPE", "256K", "Smallest piece a message is striped into across sockets" },
@@ -152,20 +156,77 @@ static khor_status get_duration(const struct khor_config *cfg, const char *name,
 	return KHOR_SUCCESS;
 }
 
-/* First host of a Slurm node list: "node[03-05,7],gpu1" -> "node03". */
+/*
+ * First host of a Slurm node list, the node where task 0 of a block- or cyclic-distributed
+ * step runs: "node[03-05,7],gpu1" -> "node03", "rack[1-2]-n[08-09]" -> "rack1-n08". Each
+ * bracket stands for its first number, leading zeros kept; text around brackets is copied.
+ */
 static bool slurm_first_host(const char *list, char *out, size_t len)
 {
-	size_t i = 0, o = 0;
+	size_t o = 0;
+	const char *p = list;
 
-	while (list[i] != '\0' && list[i] != ',' && list[i] != '[' && o + 1 < len)
-		out[o++] = list[i++];
-	if (list[i] == '[') {
-		i++;
-		while (list[i] >= '0' && list[i] <= '9' && o + 1 < len)
-			out[o++] = list[i++];
+	while (*p != '\0' && *p != ',') {
+		if (*p == '[') {
+			p++;
+			if (*p < '0' || *p > '9')
+				return false;
+			while (*p >= '0' && *p <= '9') {
+				if (o + 1 >= len)
+					return false;
+				out[o++] = *p++;
+			}
+			while (*p != '\0' && *p != ']')
+				p++;
+			if (*p++ != ']')
+				return false;
+		} else {
+			if (o + 1 >= len)
+				return false;
+			out[o++] = *p++;
+		}
 	}
 	out[o] = '\0';
 	return o > 0;
+}
+
+/*
+ * The store port of an srun step: 20000 + 10 x (job id mod 1000) + (step id mod 10). Two
+ * steps of one job running at once (srun ... & srun ... &) must not meet on one port, nor a
+ * job and the one before it, whose store may still be closing; below 32768 to stay out of
+ * Linux's ephemeral range, where the links' own ports come from.
+ */
+static uint16_t slurm_store_port(void)
+{
+	int64_t job = 0, step = 0;
+	const char *j = env("SLURM_JOB_ID"), *t = env("SLURM_STEP_ID");
+
+	if (t == NULL)
+		t = env("SLURM_STEPID");
+	if (j == NULL || !kparse_i64(j, &job) || job < 0)
+		job = 0;
+	if (t == NULL || !kparse_i64(t, &step) || step < 0)
+		step = 0;
+	return (uint16_t)(20000 + 10 * (job % 1000) + step % 10);
+}
+
+/*
+ * A pod of an indexed Job is named <job>-<index> (Kubernetes sets its host name so, and
+ * JOB_COMPLETION_INDEX to the index): the Job's name is the host name less that suffix.
+ * False when the name is not of that form (a pod template that sets hostname itself).
+ */
+static bool k8s_job_name(const char *hostname, int64_t index, char *out, size_t len)
+{
+	char suffix[32];
+	size_t hl = strlen(hostname), sl;
+
+	snprintf(suffix, sizeof(suffix), "-%lld", (long long)index);
+	sl = strlen(suffix);
+	if (hl <= sl || strcmp(hostname + hl - sl, suffix) != 0 || hl - sl >= len)
+		return false;
+	memcpy(out, hostname, hl - sl);
+	out[hl - sl] = '\0';
+	return true;
 }
 
 khor_status config_parse_algo(const char *p, int *algo, kerr *err)
@@ -211,7 +272,20 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	s->local_rank = s->local_size = s->cross_rank = s->cross_size = -1;
 	s->local_cpus = -1;
 
-	/* Rank and size: khorrun / caller, then torchrun, then Slurm, else a one-rank job. */
+	p = config_lookup(cfg, "KHOR_HOSTNAME");
+	if (p != NULL)
+		kstrlcpy(s->hostname, p, sizeof(s->hostname));
+	else if (gethostname(s->hostname, sizeof(s->hostname) - 1) != 0)
+		kstrlcpy(s->hostname, "localhost", sizeof(s->hostname));
+
+	/*
+	 * Rank and size: khorrun / caller, then torchrun, then an srun step, then a Kubernetes
+	 * indexed Job, else a one-rank job. Slurm counts only inside a step: the batch script
+	 * itself also has SLURM_PROCID=0 and the allocation's SLURM_NTASKS, but no step id,
+	 * and a program it runs directly would otherwise wait out its timeout for ranks that
+	 * srun never starts. JOB_COMPLETION_INDEX alone is an indexed Job of independent
+	 * pods (each its own one-rank job); KHOR_K8S_SIZE makes them one job.
+	 */
 	kstrlcpy(s->source, "khor", sizeof(s->source));
 	if ((st = get_int(cfg, "KHOR_RANK", NULL, 0, 1 << 24, &rank, &have_rank, err)) ||
 	    (st = get_int(cfg, "KHOR_SIZE", NULL, 1, 1 << 24, &size, &have_size, err)))
@@ -225,10 +299,22 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 		    (st = get_int(NULL, "", "WORLD_SIZE", 1, 1 << 24, &size, &found, err)))
 			return st;
 		have_rank = true;
-	} else if (!have_rank && env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+	} else if (!have_rank && env("SLURM_PROCID") && env("SLURM_NTASKS") &&
+	           (env("SLURM_STEP_ID") || env("SLURM_STEPID"))) {
 		kstrlcpy(s->source, "slurm", sizeof(s->source));
 		if ((st = get_int(NULL, "", "SLURM_PROCID", 0, 1 << 24, &rank, &found, err)) ||
 		    (st = get_int(NULL, "", "SLURM_NTASKS", 1, 1 << 24, &size, &found, err)))
+			return st;
+		have_rank = true;
+	} else if (!have_rank && config_lookup(cfg, "KHOR_K8S_SIZE")) {
+		if (!env("JOB_COMPLETION_INDEX"))
+			return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_K8S_SIZE is set but "
+			                "JOB_COMPLETION_INDEX is not: Kubernetes sets it in the pods of a "
+			                "Job with completionMode: Indexed (else set KHOR_RANK and "
+			                "KHOR_SIZE)");
+		kstrlcpy(s->source, "k8s", sizeof(s->source));
+		if ((st = get_int(NULL, "", "JOB_COMPLETION_INDEX", 0, 1 << 24, &rank, &found, err)) ||
+		    (st = get_int(cfg, "KHOR_K8S_SIZE", NULL, 1, 1 << 24, &size, &found, err)))
 			return st;
 		have_rank = true;
 	}
@@ -273,13 +359,36 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 		/* torchrun's own TCPStore already holds MASTER_PORT; khor takes the next one. */
 		s->store_port = (uint16_t)(env("TORCHELASTIC_RUN_ID") && v < 65535 ? v + 1 : v);
 		s->serve_store = true;
-	} else if (strcmp(s->source, "slurm") == 0 && env("SLURM_JOB_NODELIST")) {
-		const char *job = env("SLURM_JOB_ID");
-		if (!slurm_first_host(env("SLURM_JOB_NODELIST"), s->store_host,
-		                      sizeof(s->store_host)))
-			return kerr_set(err, KHOR_ERR_INVALID_ARG, "cannot read SLURM_JOB_NODELIST; "
-			                "set KHOR_STORE_ADDR");
-		s->store_port = (uint16_t)(29500 + (job ? atoi(job) % 10000 : 0));
+	} else if (strcmp(s->source, "slurm") == 0 &&
+	           (env("SLURM_STEP_NODELIST") || env("SLURM_JOB_NODELIST"))) {
+		/* The step's nodes, not the job's: a step may run on a part of the allocation. */
+		const char *var = env("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST"
+		                                             : "SLURM_JOB_NODELIST";
+		if (!slurm_first_host(env(var), s->store_host, sizeof(s->store_host)))
+			return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': cannot read its first host; "
+			                "set MASTER_ADDR and MASTER_PORT (rank 0 serves the store there)",
+			                var, env(var));
+		s->store_port = slurm_store_port();
+		s->serve_store = true;
+	} else if (strcmp(s->source, "k8s") == 0) {
+		if ((st = get_int(cfg, "KHOR_K8S_STORE_PORT", NULL, 1, 65535, &v, &found, err)))
+			return st;
+		s->store_port = (uint16_t)(found ? v : atoi(config_default("KHOR_K8S_STORE_PORT")));
+		p = config_lookup(cfg, "KHOR_K8S_STORE_HOST");
+		const char *svc = config_lookup(cfg, "KHOR_K8S_SERVICE");
+		char job[256];
+		if (p != NULL) {
+			kstrlcpy(s->store_host, p, sizeof(s->store_host));
+		} else if (svc != NULL && k8s_job_name(s->hostname, rank, job, sizeof(job))) {
+			snprintf(s->store_host, sizeof(s->store_host), "%s-0.%s", job, svc);
+		} else if (s->size > 1) {
+			return kerr_set(err, KHOR_ERR_INVALID_ARG, "a %d-rank Kubernetes job needs the "
+			                "store's host: set KHOR_K8S_SERVICE to the headless Service "
+			                "named as the pod template's subdomain (the store is then on "
+			                "<job>-0.<service>%s), or KHOR_K8S_STORE_HOST", s->size,
+			                svc == NULL ? ""
+			                            : "; this pod's host name does not end in -<index>");
+		}
 		s->serve_store = true;
 	} else if (s->size > 1) {
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "a %d-rank job needs a rendezvous store: "
@@ -293,9 +402,19 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_SECRET is longer than %zu bytes",
 		                sizeof(s->secret) - 1);
 	kstrlcpy(s->secret, p ? p : "", sizeof(s->secret));
+	/* Each srun step and each indexed Job a job of its own, by default. */
+	char job_id[128];
 	p = config_lookup(cfg, "KHOR_JOB_ID");
 	if (p == NULL)
 		p = env("TORCHELASTIC_RUN_ID");
+	if (p == NULL && strcmp(s->source, "slurm") == 0 && env("SLURM_JOB_ID")) {
+		const char *step = env("SLURM_STEP_ID") ? env("SLURM_STEP_ID") : env("SLURM_STEPID");
+		snprintf(job_id, sizeof(job_id), "%s.%s", env("SLURM_JOB_ID"), step);
+		p = job_id;
+	}
+	if (p == NULL && strcmp(s->source, "k8s") == 0 &&
+	    k8s_job_name(s->hostname, s->rank, job_id, sizeof(job_id)))
+		p = job_id;
 	if (p == NULL)
 		p = env("SLURM_JOB_ID");
 	if (p == NULL)
@@ -305,11 +424,6 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 		                "and no '/'", p, sizeof(s->job_id) - 1);
 	kstrlcpy(s->job_id, p, sizeof(s->job_id));
 
-	p = config_lookup(cfg, "KHOR_HOSTNAME");
-	if (p != NULL)
-		kstrlcpy(s->hostname, p, sizeof(s->hostname));
-	else if (gethostname(s->hostname, sizeof(s->hostname) - 1) != 0)
-		kstrlcpy(s->hostname, "localhost", sizeof(s->hostname));
 	p = config_lookup(cfg, "KHOR_SOCKET_IFNAME");
 	kstrlcpy(s->ifname, p ? p : "", sizeof(s->ifname));
 	p = config_lookup(cfg, "KHOR_TRANSPORT");

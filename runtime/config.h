@@ -4,7 +4,7 @@
  * config_vars[] is the single table of variables (name, default, meaning); the README table
  * and `khorrun --help-env` show it (test_config checks the README row for row). A value
  * comes from the caller's khor_config first, then the environment, then the other
- * launchers' variables (torchrun, Slurm), then the default.
+ * launchers' variables (torchrun, an srun step, a Kubernetes indexed Job), then the default.
  */
 #ifndef KHOR_RUNTIME_CONFIG_H
 #define KHOR_RUNTIME_CONFIG_H
@@ -42,7 +42,7 @@ typedef struct settings {
 	char hostname[256];
 	char ifname[256];
 	char transport[16];
-	char source[32];        /* where rank/size came from: "khorrun", "torchrun", ... */
+	char source[32];        /* rank/size from "khor" (KHOR_* or none), torchrun, slurm, k8s */
 	int64_t timeout_ms;
 	int64_t init_timeout_ms;
 	int nsocks;

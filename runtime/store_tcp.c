@@ -10,12 +10,14 @@
 #include "store_proto.h"
 
 #include "../base/auth.h"
+#include "../base/log.h"
 #include "../base/sock.h"
 
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* A live server answers SET/ADD/DEL in microseconds; a minute means it is stopped or gone. */
@@ -346,10 +348,25 @@ khor_status store_tcp_connect(const char *host, uint16_t port, const char *secre
 		return kerr_set(err, KHOR_ERR_INVALID_ARG,
 		                "%s: connect: the job id is %zu bytes, over the limit of %d", where,
 		                strlen(job_id), STORE_JOB_ID_MAX);
-	st = ksock_resolve(host, port, &addr, err);
-	if (st != KHOR_SUCCESS) {
-		kerr_prefix(err, "%s: connect", where);
-		return st;
+	/*
+	 * A name may not resolve yet: in a Kubernetes indexed Job, pods 1..N-1 often start
+	 * before the headless service has a record for pod 0. Retry until the deadline, and
+	 * say so once, so a misspelt host is not a silent wait.
+	 */
+	for (int tries = 0;; tries++) {
+		st = ksock_resolve(host, port, &addr, err);
+		if (st == KHOR_SUCCESS)
+			break;
+		if (kdeadline_passed(dl)) {
+			kerr_prefix(err, "%s: connect%s", where,
+			            tries > 0 ? " (retried until the deadline)" : "");
+			return st;
+		}
+		if (tries == 20)
+			KLOG_WARN("%s: %s; retrying until the init deadline (a pod whose DNS record "
+			          "is not there yet, or a misspelt host?)", where, err->text);
+		struct timespec ts = { 0, 100 * 1000 * 1000 };
+		nanosleep(&ts, NULL);
 	}
 	st = ksock_connect_deadline(&addr, dl, true, &fd, err);
 	if (st != KHOR_SUCCESS) {

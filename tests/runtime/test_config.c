@@ -2,17 +2,30 @@
 #include "../../runtime/config.h"
 #include "khor.h"
 
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <netinet/in.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 static void clean_env(void)
 {
 	const char *vars[] = { "KHOR_RANK", "KHOR_SIZE", "KHOR_STORE_ADDR", "RANK", "WORLD_SIZE",
 	                       "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS",
 	                       "SLURM_JOB_NODELIST", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID",
-	                       "KHOR_TIMEOUT", "KHOR_LOCAL_RANK", "LOCAL_RANK", "KHOR_ALGO" };
+	                       "KHOR_TIMEOUT", "KHOR_LOCAL_RANK", "LOCAL_RANK", "KHOR_ALGO",
+	                       "SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST",
+	                       "SLURM_NODELIST", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NNODES",
+	                       "JOB_COMPLETION_INDEX", "KHOR_K8S_SIZE", "KHOR_K8S_SERVICE",
+	                       "KHOR_K8S_STORE_HOST", "KHOR_K8S_STORE_PORT", "KHOR_HOSTNAME",
+	                       "KHOR_JOB_ID", "KHOR_LOG", "KHOR_SECRET", "LOCAL_WORLD_SIZE",
+	                       "GROUP_RANK" };
 	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
 		unsetenv(vars[i]);
 }
@@ -38,6 +51,7 @@ Test(config, khor_vars_then_torchrun_then_slurm)
 	setenv("SLURM_NTASKS", "8", 1);
 	setenv("SLURM_JOB_NODELIST", "gpu[07-09],cpu1", 1);
 	setenv("SLURM_JOB_ID", "1234", 1);
+	setenv("SLURM_STEP_ID", "0", 1);
 	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
 	cr_assert_eq(s.rank, 5);
 	cr_assert_str_eq(s.source, "slurm");
@@ -111,6 +125,236 @@ Test(config, public_api_rejects_bad_arguments_without_poisoning)
 	cr_assert_str_eq(khor_strerror(KHOR_ERR_TIMEOUT), "timed out");
 	cr_assert_str_eq(khor_version(), "0.1.0");
 	khor_finalize(comm);
+}
+
+/* What srun gives each task: the step's first node serves, each step on a port of its own. */
+Test(config, srun_step_store_on_the_steps_first_node)
+{
+	settings s;
+	kerr e;
+	setenv("SLURM_PROCID", "5", 1);
+	setenv("SLURM_NTASKS", "8", 1);
+	setenv("SLURM_JOB_ID", "81234", 1);
+	setenv("SLURM_STEP_ID", "3", 1);
+	setenv("SLURM_JOB_NODELIST", "gpu[07-09],cpu1", 1);
+	setenv("SLURM_STEP_NODELIST", "gpu[08-09]", 1);
+	setenv("SLURM_LOCALID", "1", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.source, "slurm");
+	cr_assert_eq(s.rank, 5);
+	cr_assert_eq(s.size, 8);
+	cr_assert_eq(s.local_rank, 1);
+	cr_assert_str_eq(s.store_host, "gpu08", "the step's nodes, not the job's");
+	cr_assert_eq(s.store_port, 20000 + 10 * 234 + 3);
+	cr_assert_str_eq(s.job_id, "81234.3");
+	cr_assert(!s.serve_store);
+	setenv("SLURM_STEP_ID", "4", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_eq(s.store_port, 20000 + 10 * 234 + 4, "the next step, the next port");
+	setenv("SLURM_PROCID", "0", 1);
+	setenv("SLURM_STEP_NODELIST", "rack[1-2]-n[08-09,11]-ib,login1", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.store_host, "rack1-n08-ib");
+	cr_assert(s.serve_store, "SLURM_PROCID 0 serves the store");
+	setenv("SLURM_STEP_NODELIST", "n[x1]", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_ERR_INVALID_ARG);
+	cr_assert(strstr(e.text, "SLURM_STEP_NODELIST='n[x1]'"), "%s", e.text);
+	cr_assert(strstr(e.text, "MASTER_ADDR"), "%s", e.text);
+	/* MASTER_ADDR/MASTER_PORT overrides where the store is, rank 0 still serving it. */
+	setenv("MASTER_ADDR", "10.0.0.9", 1);
+	setenv("MASTER_PORT", "4100", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.source, "slurm");
+	cr_assert_str_eq(s.store_host, "10.0.0.9");
+	cr_assert_eq(s.store_port, 4100);
+	cr_assert(s.serve_store);
+}
+
+/* The batch script has SLURM_PROCID=0 and the allocation's SLURM_NTASKS but is no step. */
+Test(config, sbatch_script_itself_is_a_one_rank_job)
+{
+	settings s;
+	kerr e;
+	setenv("SLURM_PROCID", "0", 1);
+	setenv("SLURM_NTASKS", "4", 1);
+	setenv("SLURM_JOB_ID", "77", 1);
+	setenv("SLURM_JOB_NODELIST", "localhost", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.source, "khor");
+	cr_assert_eq(s.size, 1);
+	cr_assert(!s.serve_store);
+	cr_assert_str_eq(s.job_id, "77");
+	setenv("SLURM_STEPID", "0", 1); /* the older name */
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.source, "slurm");
+	cr_assert_eq(s.size, 4);
+	cr_assert_str_eq(s.store_host, "localhost");
+}
+
+Test(config, kubernetes_indexed_job)
+{
+	settings s;
+	kerr e;
+	setenv("JOB_COMPLETION_INDEX", "2", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_eq(s.size, 1, "an indexed Job without KHOR_K8S_SIZE: independent pods");
+	cr_assert_str_eq(s.source, "khor");
+
+	setenv("KHOR_K8S_SIZE", "4", 1);
+	setenv("KHOR_HOSTNAME", "train-2", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_ERR_INVALID_ARG, "no store host");
+	cr_assert(strstr(e.text, "KHOR_K8S_SERVICE"), "%s", e.text);
+	setenv("KHOR_K8S_SERVICE", "train-svc", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.source, "k8s");
+	cr_assert_eq(s.rank, 2);
+	cr_assert_eq(s.size, 4);
+	cr_assert_str_eq(s.store_host, "train-0.train-svc");
+	cr_assert_eq(s.store_port, 29500);
+	cr_assert_str_eq(s.job_id, "train");
+	cr_assert(!s.serve_store);
+
+	setenv("KHOR_HOSTNAME", "my-job-12-0", 1);
+	setenv("JOB_COMPLETION_INDEX", "0", 1);
+	setenv("KHOR_K8S_STORE_PORT", "4000", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.store_host, "my-job-12-0.train-svc");
+	cr_assert_eq(s.store_port, 4000);
+	cr_assert(s.serve_store, "index 0 serves the store");
+
+	setenv("KHOR_HOSTNAME", "worker", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_ERR_INVALID_ARG);
+	cr_assert(strstr(e.text, "does not end in -<index>"), "%s", e.text);
+	setenv("KHOR_K8S_STORE_HOST", "10.1.0.5", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.store_host, "10.1.0.5");
+	cr_assert_str_eq(s.job_id, "default");
+
+	setenv("JOB_COMPLETION_INDEX", "4", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_ERR_INVALID_ARG, "index 4 of 4");
+	setenv("KHOR_K8S_STORE_PORT", "0", 1);
+	setenv("JOB_COMPLETION_INDEX", "1", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_ERR_INVALID_ARG);
+	cr_assert(strstr(e.text, "KHOR_K8S_STORE_PORT"), "%s", e.text);
+	unsetenv("KHOR_K8S_STORE_PORT");
+
+	/* torchrun inside the pod wins; KHOR_K8S_SIZE with no index is refused. */
+	setenv("RANK", "1", 1);
+	setenv("WORLD_SIZE", "2", 1);
+	setenv("MASTER_ADDR", "127.0.0.1", 1);
+	setenv("MASTER_PORT", "29600", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.source, "torchrun");
+	unsetenv("RANK");
+	unsetenv("WORLD_SIZE");
+	unsetenv("JOB_COMPLETION_INDEX");
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_ERR_INVALID_ARG);
+	cr_assert(strstr(e.text, "JOB_COMPLETION_INDEX"), "%s", e.text);
+}
+
+static uint16_t free_port(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	cr_assert(fd >= 0);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	close(fd);
+	return ntohs(a.sin_port);
+}
+
+/* One pod of the job below: env alone, as Kubernetes and the Job's YAML would set it. */
+static int k8s_pod(int index, const char *log)
+{
+	char idx[16], host[32], err[1024];
+	khor_comm *comm;
+	double x[1000], b[16];
+
+	if (freopen(log, "w", stderr) == NULL)
+		return 10;
+	snprintf(idx, sizeof(idx), "%d", index);
+	snprintf(host, sizeof(host), "train-%d", index);
+	setenv("JOB_COMPLETION_INDEX", idx, 1);
+	setenv("KHOR_HOSTNAME", host, 1); /* a pod's name: its own host, the Job's name in it */
+	if (khor_init(NULL, err, sizeof(err), &comm) != KHOR_SUCCESS) {
+		fprintf(stderr, "khor_init: %s\n", err);
+		return 11;
+	}
+	int n = khor_size(comm), r = khor_rank(comm);
+	for (int i = 0; i < 1000; i++)
+		x[i] = r + i;
+	for (int i = 0; i < 16; i++)
+		b[i] = r == 2 ? 7 * i : -1;
+	if (khor_allreduce(comm, x, x, 1000, KHOR_FLOAT64, KHOR_SUM) != KHOR_SUCCESS ||
+	    khor_broadcast(comm, b, 16, KHOR_FLOAT64, 2) != KHOR_SUCCESS) {
+		fprintf(stderr, "rank %d: %s\n", r, khor_comm_error(comm));
+		return 12;
+	}
+	int bad = r != index || n != 4;
+	for (int i = 0; i < 1000; i++)
+		bad += x[i] != n * (n - 1) / 2.0 + (double)n * i;
+	for (int i = 0; i < 16; i++)
+		bad += b[i] != 7 * i;
+	khor_finalize(comm);
+	return bad ? 13 : 0;
+}
+
+/*
+ * Four processes as the four pods of an indexed Job (train-0 to train-3, four hosts to
+ * khor), their store on 127.0.0.1 through KHOR_K8S_STORE_HOST: an allreduce and a broadcast
+ * right on every rank, each logging that it joined job 'train' via k8s.
+ */
+Test(config, kubernetes_indexed_job_runs_with_env_alone, .timeout = 60)
+{
+	char port[16], dir[] = "/tmp/khor-k8s.XXXXXX", log[4][64];
+	pid_t pid[4];
+
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(port, sizeof(port), "%u", free_port());
+	setenv("KHOR_K8S_SIZE", "4", 1);
+	setenv("KHOR_K8S_STORE_HOST", "127.0.0.1", 1);
+	setenv("KHOR_K8S_STORE_PORT", port, 1);
+	setenv("KHOR_TIMEOUT", "20s", 1);
+	setenv("KHOR_LOG", "info", 1);
+	for (int i = 0; i < 4; i++) {
+		snprintf(log[i], sizeof(log[i]), "%s/pod%d.log", dir, i);
+		pid[i] = fork();
+		cr_assert(pid[i] >= 0);
+		if (pid[i] == 0)
+			_exit(k8s_pod(i, log[i]));
+	}
+	int failed = 0;
+	time_t deadline = time(NULL) + 40;
+	for (int i = 0; i < 4; i++) {
+		int status = 0;
+		pid_t w;
+		while ((w = waitpid(pid[i], &status, WNOHANG)) == 0 && time(NULL) < deadline)
+			usleep(10000);
+		if (w == 0) {
+			for (int k = i; k < 4; k++)
+				kill(pid[k], SIGKILL);
+			waitpid(pid[i], &status, 0);
+		}
+		bool ok = w == pid[i] && WIFEXITED(status) && WEXITSTATUS(status) == 0, via = false;
+		FILE *f = fopen(log[i], "r");
+		char line[2048];
+		while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+			if (!ok)
+				fprintf(stderr, "pod %d: %s", i, line);
+			via = via || (strstr(line, "joined job 'train'") && strstr(line, "via k8s"));
+		}
+		if (f != NULL)
+			fclose(f);
+		cr_expect(ok, "pod %d: %s, status %d", i, w == 0 ? "killed after 40 s" : "exited",
+		          WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+		cr_expect(via, "pod %d did not log \"joined job 'train' ... via k8s\"", i);
+		failed += !ok || !via;
+		unlink(log[i]);
+	}
+	rmdir(dir);
+	cr_assert_eq(failed, 0);
 }
 
 /* The README's variable table is config_vars[], row for row: no default or meaning drifts. */

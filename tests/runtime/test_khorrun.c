@@ -696,7 +696,12 @@ Test(khorrun, bad_command_lines, .timeout = 30)
 	const char *xbad[] = { "-x", "=v", "-np", "1", "true", NULL };
 	const char *noprog[] = { "-np", "2", NULL };
 	const char *noval[] = { "-np", NULL };
-	const char *hosts[] = { "-H", "a:2,b:2", "-np", "4", "true", NULL };
+	const char *hosts0[] = { "-H", "a:0", "true", NULL };
+	const char *hostsx[] = { "-H", "a:2,b:x", "true", NULL };
+	const char *hostsempty[] = { "-H", "a:2,,b", "true", NULL };
+	const char *hostsdash[] = { "-H", "-oProxyCommand=x:1", "true", NULL };
+	const char *toomany[] = { "-np", "10", "-H", "a:4,b:4", "true", NULL };
+	const char *both[] = { "-H", "a", "--hostfile", "/dev/null", "true", NULL };
 	const char *bind[] = { "--bind", "socket", "-np", "2", "true", NULL };
 
 	expect_usage_error(bogus, "usage: khorrun");
@@ -708,7 +713,12 @@ Test(khorrun, bad_command_lines, .timeout = 30)
 	expect_usage_error(xbad, "-x");
 	expect_usage_error(noprog, "no program");
 	expect_usage_error(noval, "needs a value");
-	expect_usage_error(hosts, "not supported yet");
+	expect_usage_error(hosts0, "-H a:0: host 'a' wants a slot count from 1 to 65536, not '0'");
+	expect_usage_error(hostsx, "host 'b' wants a slot count from 1 to 65536, not 'x'");
+	expect_usage_error(hostsempty, "empty host entry");
+	expect_usage_error(hostsdash, "is not a host name");
+	expect_usage_error(toomany, "-np 10 but the hosts give 8 slots: a:4, b:4");
+	expect_usage_error(both, "give one of them");
 	expect_usage_error(bind, "--bind wants cores or none, not 'socket'");
 }
 
@@ -1065,5 +1075,362 @@ Test(khorrun, ranks_on_one_cpu_know_they_share_it, .timeout = 60)
 		cr_assert_not_null(rank_line(p.b[1].data, r, "2 rank(s) on this machine's 1 CPU(s), "
 		                                             "yielding while spinning"),
 		                   "rank %d:\n%s", r, p.b[1].data);
+	proc_free(&p);
+}
+
+/* ---- hosts: placement (--dry-run), hostfiles, Slurm's lists, this host without ssh ------- */
+
+/* Runs `khorrun --dry-run args...` with env and returns its stdout (caller frees p). */
+static struct proc dry_run(const char *const *args, const char *const *env)
+{
+	const char *all[32] = { "--dry-run" };
+	size_t n = 1;
+	struct proc p;
+
+	for (size_t i = 0; args[i] != NULL && n < 30; i++)
+		all[n++] = args[i];
+	all[n] = NULL;
+	proc_start(&p, all, env);
+	proc_finish(&p, 20);
+	return p;
+}
+
+static void expect_line(const struct proc *p, const char *line)
+{
+	char want[512];
+
+	snprintf(want, sizeof(want), "%s\n", line);
+	cr_assert_not_null(strstr(p->b[0].data, want), "no line '%s' in:\n%s\nstderr:\n%s", line,
+	                   p->b[0].data, p->b[1].data);
+}
+
+/* Block placement, Horovod's local and cross ranks on uneven hosts, -np from the slots. */
+Test(khorrun, hosts_placed_host_by_host, .timeout = 30)
+{
+	const char *args[] = { "-H", "nodea.invalid:3,nodeb.invalid:1", "-H", "nodec.invalid:2",
+		               "true", NULL };
+	const char *args5[] = { "-np", "5", "-H", "nodea.invalid:3,nodeb.invalid,nodec.invalid:2",
+		                "--ssh-port", "2222", "--ssh-identity", "/k/id", "--start-timeout",
+		                "7s", "true", NULL };
+	struct proc p = dry_run(args, NULL);
+
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	expect_line(&p, "6 ranks on 3 hosts");
+	expect_line(&p, "host nodea.invalid: ranks 0-2 (3 of 3 slots), over ssh");
+	expect_line(&p, "host nodeb.invalid: rank 3 (1 of 1 slots), over ssh");
+	expect_line(&p, "host nodec.invalid: ranks 4-5 (2 of 2 slots), over ssh");
+	expect_line(&p, "rank 0: host nodea.invalid local_rank 0 local_size 3 cross_rank 0 cross_size 3");
+	expect_line(&p, "rank 2: host nodea.invalid local_rank 2 local_size 3 cross_rank 0 cross_size 1");
+	expect_line(&p, "rank 3: host nodeb.invalid local_rank 0 local_size 1 cross_rank 1 cross_size 3");
+	expect_line(&p, "rank 5: host nodec.invalid local_rank 1 local_size 2 cross_rank 1 cross_size 2");
+	/* ssh options; nothing secret on the command line (there is no secret yet anyway). */
+	cr_assert_not_null(strstr(p.b[0].data, "  command: ssh -T -o BatchMode=yes -o "
+	                                       "ConnectTimeout=30 "),
+	                   "%s", p.b[0].data);
+	cr_assert_not_null(strstr(p.b[0].data, " nodeb.invalid exec '"), "%s", p.b[0].data);
+	cr_assert_not_null(strstr(p.b[0].data, "' --remote-helper\n"), "%s", p.b[0].data);
+	proc_free(&p);
+
+	/* -np below the slots fills the first hosts; a host with no slot count has one. */
+	p = dry_run(args5, NULL);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	expect_line(&p, "5 ranks on 3 hosts");
+	expect_line(&p, "host nodec.invalid: rank 4 (1 of 2 slots), over ssh");
+	cr_assert_not_null(strstr(p.b[0].data, "ConnectTimeout=7 "), "%s", p.b[0].data);
+	cr_assert_not_null(strstr(p.b[0].data, " -p 2222 -i /k/id nodea.invalid exec "), "%s",
+	                   p.b[0].data);
+	proc_free(&p);
+}
+
+/* A user's --ssh-command: quotes kept, khorrun's ssh options after the user's own. */
+Test(khorrun, ssh_command_is_split_like_a_shell, .timeout = 30)
+{
+	const char *args[] = { "--ssh-command", "ssh -F '/a b/cfg' -o \"User=x y\"", "-H",
+		               "n1.invalid:1,n2.invalid:1", "true", NULL };
+	const char *other[] = { "--ssh-command", "/opt/rsh -l me", "-H", "n1.invalid:1,n2.invalid",
+		                "true", NULL };
+	struct proc p = dry_run(args, NULL);
+
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[0].data, "  command: ssh -F /a b/cfg -o User=x y -T -o "
+	                                       "BatchMode=yes"),
+	                   "%s", p.b[0].data);
+	proc_free(&p);
+	/* Not ssh: only the host and the command are added. */
+	p = dry_run(other, NULL);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[0].data, "  command: /opt/rsh -l me n1.invalid exec '"), "%s",
+	                   p.b[0].data);
+	proc_free(&p);
+}
+
+static void write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+
+	cr_assert_not_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+Test(khorrun, hostfile_forms_and_errors, .timeout = 30)
+{
+	char file[] = "/tmp/khorrun-hostfile-XXXXXX", bad[] = "/tmp/khorrun-hostfile-XXXXXX";
+	const char *args[] = { "--hostfile", file, "true", NULL };
+	const char *badargs[] = { "--hostfile", bad, "true", NULL };
+	struct proc p;
+
+	close(mkstemp(file));
+	close(mkstemp(bad));
+	write_file(file, "# mpirun's and horovodrun's forms\n"
+	                 "\n"
+	                 "h1.invalid slots=2   # trailing comment\n"
+	                 "  h2.invalid:3\n"
+	                 "h3.invalid slots=1 max_slots=8\n"
+	                 "h4.invalid\n"
+	                 "h1.invalid:1\n" /* named twice: the slots add up */
+	                 "[fd00::5]:2\n");
+	p = dry_run(args, NULL);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	expect_line(&p, "10 ranks on 5 hosts");
+	expect_line(&p, "host h1.invalid: ranks 0-2 (3 of 3 slots), over ssh");
+	expect_line(&p, "host h2.invalid: ranks 3-5 (3 of 3 slots), over ssh");
+	expect_line(&p, "host h3.invalid: rank 6 (1 of 1 slots), over ssh");
+	expect_line(&p, "host h4.invalid: rank 7 (1 of 1 slots), over ssh");
+	expect_line(&p, "host fd00::5: ranks 8-9 (2 of 2 slots), over ssh");
+	proc_free(&p);
+
+	write_file(bad, "h1 slots=2\nh2 slots=0\n");
+	p = run(badargs, 10);
+	cr_assert_eq(exit_code(&p), 2, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, ":2: host 'h2' wants slots=N with N from 1 to 65536, "
+	                                       "not 'slots=0'"),
+	                   "%s", p.b[1].data);
+	proc_free(&p);
+	write_file(bad, "h1 cpus=2\n");
+	p = run(badargs, 10);
+	cr_assert_eq(exit_code(&p), 2, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, ":1: 'cpus=2' is not understood"), "%s", p.b[1].data);
+	proc_free(&p);
+	write_file(bad, "# nothing\n\n");
+	p = run(badargs, 10);
+	cr_assert_eq(exit_code(&p), 2, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "names no host"), "%s", p.b[1].data);
+	proc_free(&p);
+	unlink(file);
+	unlink(bad);
+}
+
+/* Inside a Slurm allocation (sbatch, salloc) and without -H: its nodes and tasks. */
+Test(khorrun, slurm_allocation_gives_the_hosts, .timeout = 30)
+{
+	const char *args[] = { "true", NULL };
+	const char *np3[] = { "-np", "3", "true", NULL };
+	const char *env[] = { "SLURM_JOB_NODELIST=node[01-03,07],gpu5,r[1-2]n[08-10]",
+		              "SLURM_TASKS_PER_NODE=2(x3),1,4,1(x6)", NULL };
+	const char *cpus[] = { "SLURM_JOB_NODELIST=c[9-10]", "SLURM_TASKS_PER_NODE=",
+		               "SLURM_JOB_CPUS_PER_NODE=8(x2)", NULL };
+	const char *bad1[] = { "SLURM_JOB_NODELIST=n[1-3]", "SLURM_TASKS_PER_NODE=2(x2)", NULL };
+	const char *bad2[] = { "SLURM_JOB_NODELIST=n[1-3", "SLURM_TASKS_PER_NODE=1", NULL };
+	const char *bad3[] = { "SLURM_JOB_NODELIST=n[1-3]", "SLURM_TASKS_PER_NODE=2(y3)", NULL };
+	struct proc p = dry_run(args, env);
+
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	expect_line(&p, "17 ranks on 11 hosts");
+	expect_line(&p, "host node01: ranks 0-1 (2 of 2 slots), over ssh");
+	expect_line(&p, "host node03: ranks 4-5 (2 of 2 slots), over ssh");
+	expect_line(&p, "host node07: rank 6 (1 of 1 slots), over ssh");
+	expect_line(&p, "host gpu5: ranks 7-10 (4 of 4 slots), over ssh");
+	expect_line(&p, "host r1n08: rank 11 (1 of 1 slots), over ssh");
+	expect_line(&p, "host r1n10: rank 13 (1 of 1 slots), over ssh");
+	expect_line(&p, "host r2n10: rank 16 (1 of 1 slots), over ssh");
+	proc_free(&p);
+
+	p = dry_run(np3, cpus);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	expect_line(&p, "host c9: ranks 0-2 (3 of 8 slots), over ssh");
+	proc_free(&p);
+
+	p = dry_run(args, bad1);
+	cr_assert_eq(exit_code(&p), 2, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "counts 2 nodes but SLURM_JOB_NODELIST='n[1-3]' "
+	                                       "lists 3"),
+	                   "%s", p.b[1].data);
+	proc_free(&p);
+	p = dry_run(args, bad2);
+	cr_assert_eq(exit_code(&p), 2, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "unclosed"), "%s", p.b[1].data);
+	proc_free(&p);
+	p = dry_run(args, bad3);
+	cr_assert_eq(exit_code(&p), 2, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "is not a list like \"2(x3),1\""), "%s", p.b[1].data);
+	proc_free(&p);
+}
+
+/*
+ * This host under any of its names runs its ranks directly, as one host (its names
+ * merged): an ssh command that always fails proves no ssh was used.
+ */
+Test(khorrun, this_host_runs_without_ssh, .timeout = 30)
+{
+	char self[256] = "", hosts[400];
+	const char *args[] = { "--ssh-command", "/bin/false", "-H", hosts, "/bin/sh", "-c",
+		               "echo \"$KHOR_RANK $KHOR_LOCAL_RANK/$KHOR_LOCAL_SIZE "
+		               "$KHOR_CROSS_RANK/$KHOR_CROSS_SIZE\"",
+		               NULL };
+	struct proc p;
+
+	gethostname(self, sizeof(self) - 1);
+	snprintf(hosts, sizeof(hosts), "localhost:2,127.0.0.1:1,%s:1", self);
+	p = run(args, 20);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	for (int r = 0; r < 4; r++) {
+		char want[64];
+
+		snprintf(want, sizeof(want), "[%d] %d %d/4 0/1\n", r, r, r);
+		cr_assert_not_null(strstr(p.b[0].data, want), "no '%s' in:\n%s", want, p.b[0].data);
+	}
+	cr_assert_str_eq(p.b[1].data, "");
+	proc_free(&p);
+}
+
+/* --output-filename DIR: each rank's lines, unprefixed, in DIR/rank.N/{stdout,stderr}. */
+Test(khorrun, output_filename_writes_each_ranks_files, .timeout = 30)
+{
+	char dir[] = "/tmp/khorrun-out-XXXXXX";
+	const char *args[] = { "--output-filename", dir, "-np", "2", "/bin/sh", "-c",
+		               "echo \"out $KHOR_RANK\"; printf 'err %s' $KHOR_RANK >&2", NULL };
+	struct proc p;
+
+	cr_assert_not_null(mkdtemp(dir));
+	p = run(args, 20);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[0].data, "[1] out 1\n"), "%s", p.b[0].data);
+	for (int r = 0; r < 2; r++) {
+		char path[300], buf[64] = "", want[32];
+		FILE *f;
+
+		for (int k = 0; k < 2; k++) {
+			snprintf(path, sizeof(path), "%s/rank.%d/%s", dir, r, k ? "stderr" : "stdout");
+			f = fopen(path, "r");
+			cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+			buf[fread(buf, 1, sizeof(buf) - 1, f)] = '\0';
+			fclose(f);
+			/* A partial last line is completed, as on the terminal. */
+			snprintf(want, sizeof(want), "%s %d\n", k ? "err" : "out", r);
+			cr_assert_str_eq(buf, want, "%s", path);
+			unlink(path);
+		}
+		snprintf(path, sizeof(path), "%s/rank.%d", dir, r);
+		rmdir(path);
+	}
+	rmdir(dir);
+	proc_free(&p);
+}
+
+/* --bind-store ADDR:PORT sets both; a store on loopback cannot serve other hosts. */
+Test(khorrun, bind_store_address_and_port, .timeout = 30)
+{
+	const char *args[] = { "--bind-store", "127.0.0.1:0", "-np", "1", "/bin/sh", "-c",
+		               "echo \"store $KHOR_STORE_ADDR\"", NULL };
+	const char *loop[] = { "--bind-store", "127.0.0.1", "--ssh-command", "/bin/false", "-H",
+		               "localhost:1,192.0.2.1:1", "true", NULL };
+	struct proc p = run(args, 20);
+
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[0].data, "[0] store 127.0.0.1:"), "%s", p.b[0].data);
+	proc_free(&p);
+	p = run(loop, 20);
+	cr_assert_eq(exit_code(&p), 1, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "--bind-store 127.0.0.1 is loopback, which "
+	                                       "192.0.2.1 cannot reach"),
+	                   "%s", p.b[1].data);
+	proc_free(&p);
+}
+
+/* A host whose ssh fails at once: its error named with the host, the local ranks stopped. */
+Test(khorrun, failed_ssh_is_named_and_stops_the_job, .timeout = 30)
+{
+	const char *args[] = { "--ssh-command", "/bin/sh -c 'echo \"ssh: connect to host $0 port "
+		                                "22: Connection refused\" >&2; exit 255'",
+		               "-H", "localhost:2,192.0.2.1:2", "/bin/sh", "-c",
+		               "echo pid=$$; exec sleep 1000", NULL };
+	struct proc p;
+	pid_t pids[2];
+	size_t n;
+
+	p = run(args, 20);
+	cr_assert_eq(exit_code(&p), 1, "stderr:\n%s", p.b[1].data);
+	cr_assert_lt(p.secs, 5, "took %.2f s", p.secs);
+	cr_assert_not_null(strstr(p.b[1].data, "khorrun: cannot start ranks 2-3 on 192.0.2.1: ssh: "
+	                                       "connect to host 192.0.2.1 port 22: Connection "
+	                                       "refused\n"),
+	                   "%s", p.b[1].data);
+	n = collect_pids(p.b[0].data, "pid=", pids, 2);
+	assert_all_gone(pids, n);
+	proc_free(&p);
+}
+
+/* A host that never answers (ssh hangs): --start-timeout ends the job, naming the host. */
+Test(khorrun, start_timeout_names_the_host, .timeout = 30)
+{
+	const char *args[] = { "--ssh-command", "/bin/sh -c 'echo connecting... >&2; exec sleep 100'",
+		               "--start-timeout", "1s", "--grace", "300ms", "-H",
+		               "localhost:1,192.0.2.1:1", "/bin/sh", "-c",
+		               "echo pid=$$; exec sleep 1000", NULL };
+	struct proc p;
+	pid_t pid;
+
+	p = run(args, 20);
+	cr_assert_eq(exit_code(&p), 1, "stderr:\n%s", p.b[1].data);
+	cr_assert(p.secs > 0.9 && p.secs < 4, "took %.2f s", p.secs);
+	cr_assert_not_null(strstr(p.b[1].data, "khorrun: cannot start rank 1 on 192.0.2.1: no answer "
+	                                       "within 1.0 s (--start-timeout); ssh said: "
+	                                       "connecting...\n"),
+	                   "%s", p.b[1].data);
+	if (collect_pids(p.b[0].data, "pid=", &pid, 1) == 1)
+		assert_all_gone(&pid, 1);
+	proc_free(&p);
+}
+
+/* Ctrl-C while a host is still connecting ends the job at once, not after the grace periods. */
+Test(khorrun, sigint_during_the_start, .timeout = 30)
+{
+	const char *args[] = { "--ssh-command", "/bin/sh -c 'exec sleep 100'", "-H",
+		               "localhost:1,192.0.2.1:1", "/bin/sh", "-c", "echo ready; exec sleep 1000",
+		               NULL };
+	struct proc p;
+	double t;
+
+	proc_start(&p, args, NULL);
+	wait_for(&p, "ready", 1, 10);
+	t = now_s();
+	kill(p.pid, SIGINT);
+	proc_finish(&p, 10);
+	cr_assert_eq(exit_code(&p), 130, "stderr:\n%s", p.b[1].data);
+	cr_assert_lt(now_s() - t, 1.5, "took %.2f s after SIGINT", now_s() - t);
+	proc_free(&p);
+}
+
+/* sbatch on one node, this one: the allocation's tasks run here, without ssh, -np from them. */
+Test(khorrun, slurm_allocation_of_this_host_runs_here, .timeout = 30)
+{
+	char self[256] = "", nodes[300];
+	const char *args[] = { "--ssh-command", "/bin/false", "/bin/sh", "-c",
+		               "echo \"r=$KHOR_RANK/$KHOR_SIZE\"", NULL };
+	const char *env[] = { nodes, "SLURM_TASKS_PER_NODE=3", NULL };
+	struct proc p;
+
+	gethostname(self, sizeof(self) - 1);
+	snprintf(nodes, sizeof(nodes), "SLURM_JOB_NODELIST=%s", self);
+	proc_start(&p, args, env);
+	proc_finish(&p, 20);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	for (int r = 0; r < 3; r++) {
+		char want[32];
+
+		snprintf(want, sizeof(want), "[%d] r=%d/3\n", r, r);
+		cr_assert_not_null(strstr(p.b[0].data, want), "no '%s' in:\n%s", want, p.b[0].data);
+	}
 	proc_free(&p);
 }
