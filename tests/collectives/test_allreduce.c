@@ -610,6 +610,32 @@ Test(cost_model, ring_slices_and_cache_spills_separate_ring_and_hd)
 	                   cost_allreduce(&nocache, ALGO_TREE, 8, 64 * MiB, 128 << 10), 1e-12);
 }
 
+/*
+ * The model the namespace cluster measures at init (8 hosts on 2 cores: alpha 11 us, the
+ * tbf's 23.9 MB/s, reduce 7 GB/s, no cache to count on): it puts halving-doubling a hair
+ * under the ring from 512 KiB to 256 MiB, where hd measured 1.1-3x slower; near-ties go to
+ * the ring. A clear hd win (fewer messages at 4 MiB on 2 fast ranks, as above) is untouched.
+ */
+Test(cost_model, near_ties_with_halving_doubling_go_to_the_ring)
+{
+	cost_model m = { .alpha = 11e-6, .beta = 1 / 23.9e6, .gamma = 1 / 7e9,
+	                 .ring_slice = 512 << 10, .cache = 0 };
+	const size_t MiB = 1 << 20;
+
+	for (size_t S = MiB / 2; S <= 256 * MiB; S *= 4) {
+		double ring = cost_allreduce(&m, ALGO_RING, 8, S, 128 << 10);
+		double hd = cost_allreduce(&m, ALGO_HD, 8, S, 128 << 10);
+		cr_expect(hd < ring && ring < hd * 1.02, "%zu KiB: hd %g s, ring %g s: not a near-tie",
+		          S >> 10, hd, ring);
+		double t;
+		cr_expect_eq(cost_pick_allreduce(&m, 8, S, 128 << 10, &t), ALGO_RING, "%zu KiB", S >> 10);
+		cr_expect_float_eq(t, ring, 1e-12, "the time returned is the pick's");
+	}
+	cost_model fast = { .alpha = 10e-6, .beta = 1 / 2e9, .gamma = 1 / 10e9,
+	                    .ring_slice = 512 << 10, .cache = 16 << 20 };
+	cr_expect_eq(cost_pick_allreduce(&fast, 2, 4 * MiB, 128 << 10, NULL), ALGO_HD);
+}
+
 /* A batch of swaps half of which caught both ranks on one core: its median is not alpha. */
 Test(cost_model, reduce_scatter_halves_only_powers_of_two_within_a_slice)
 {
