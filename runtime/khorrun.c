@@ -1588,6 +1588,39 @@ static int frame_next(const char *buf, size_t len, char *type_out, const char **
 }
 
 /*
+ * Writes all of iov (cnt entries, updated in place) to fd, retrying short writes and EINTR
+ * and waiting out EAGAIN (someone made our stdout non-blocking); false once fd is gone.
+ */
+static bool writev_all(int fd, struct iovec *iov, int cnt)
+{
+	while (cnt > 0) {
+		ssize_t w = writev(fd, iov, cnt);
+
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN) {
+				struct pollfd p = { .fd = fd, .events = POLLOUT };
+
+				(void)poll(&p, 1, 1000);
+				continue;
+			}
+			return false;
+		}
+		while (cnt > 0 && (size_t)w >= iov->iov_len) {
+			w -= (ssize_t)iov->iov_len;
+			iov++;
+			cnt--;
+		}
+		if (cnt > 0) {
+			iov->iov_base = (char *)iov->iov_base + w;
+			iov->iov_len -= (size_t)w;
+		}
+	}
+	return true;
+}
+
+/*
  * The helper's side: a frame to khorrun on stdout, written whole (blocking; khorrun reads
  * its helpers all the time). Once stdout is gone every frame is dropped.
  */
@@ -1606,25 +1639,8 @@ static void helper_send(char type, const void *a, size_t alen, const void *b, si
 	hdr[2] = (uint8_t)(len >> 16);
 	hdr[3] = (uint8_t)(len >> 8);
 	hdr[4] = (uint8_t)len;
-	while (cnt > 0 && !helper_out_dead) {
-		ssize_t w = writev(STDOUT_FILENO, v, cnt);
-
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			helper_out_dead = true;
-			return;
-		}
-		while (cnt > 0 && (size_t)w >= v->iov_len) {
-			w -= (ssize_t)v->iov_len;
-			v++;
-			cnt--;
-		}
-		if (cnt > 0) {
-			v->iov_base = (char *)v->iov_base + w;
-			v->iov_len -= (size_t)w;
-		}
-	}
+	if (!helper_out_dead && !writev_all(STDOUT_FILENO, v, cnt))
+		helper_out_dead = true;
 }
 
 static void helper_sendf(char type, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -1647,33 +1663,9 @@ static void write_out(struct job *j, int which, struct iovec *iov, int cnt)
 {
 	int fd = which == OUT_STDOUT ? STDOUT_FILENO : STDERR_FILENO;
 
-	while (cnt > 0 && !j->out_dead[which]) {
-		ssize_t w = writev(fd, iov, cnt);
-
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN) {
-				/* Someone made our stdout non-blocking; wait for room. */
-				struct pollfd p = { .fd = fd, .events = POLLOUT };
-
-				(void)poll(&p, 1, 1000);
-				continue;
-			}
-			/* Reader gone: keep the ranks running, as a shell pipeline would not. */
-			j->out_dead[which] = true;
-			return;
-		}
-		while (cnt > 0 && (size_t)w >= iov->iov_len) {
-			w -= (ssize_t)iov->iov_len;
-			iov++;
-			cnt--;
-		}
-		if (cnt > 0) {
-			iov->iov_base = (char *)iov->iov_base + w;
-			iov->iov_len -= (size_t)w;
-		}
-	}
+	/* Reader gone: keep the ranks running, as a shell pipeline would not. */
+	if (!j->out_dead[which] && !writev_all(fd, iov, cnt))
+		j->out_dead[which] = true;
 }
 
 /* Writes all of iov to a --output-filename file; a failed write is said once. */

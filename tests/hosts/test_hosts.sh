@@ -118,6 +118,15 @@ else
 	fail "khor-bench broadcast and allreduce --check, 8 ranks on 4 hosts"
 fi
 
+# The same job with no KHOR_SOCKET_IFNAME: each host's NIC has another name (eth0, ens5,
+# enp129s0f1, eno1) and every rank publishes what it has; peers dial what they reach.
+if "$KHORRUN" --ssh-command "$SSH" -H "$H0:2,$H1:2,$H2:2,$H3:2" "$BENCH" allreduce -b 8 -e 1M \
+	-f 16 -n 3 -w 1 --check >"$OUT" 2>"$ERR"; then
+	pass "khor-bench allreduce --check on 4 hosts whose NICs are named differently, no KHOR_SOCKET_IFNAME"
+else
+	fail "khor-bench allreduce --check on 4 hosts whose NICs are named differently, no KHOR_SOCKET_IFNAME"
+fi
+
 # ---- 2. identity, working directory, -x, both hostfile forms, a local host among them ----
 cat >"$WORK/hostfile" <<EOF
 # two forms, comments and blank lines
