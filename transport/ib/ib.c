@@ -1941,8 +1941,14 @@ static void ib_cancel(tp_req *r)
 				if (l->rdv[i] == r)
 					l->rdv[i] = NULL;
 		}
-		if (!quiet) /* the peer may be writing into it: stop the QPs */
-			link_fail(l, KHOR_ERR_REMOTE, "a transfer was abandoned mid-message");
+		/*
+		 * The peer may be writing into it: stop the QPs. A cancel follows an error
+		 * elsewhere, so the peer is told in the words runtime/exec.c waits longer on for
+		 * the job's root cause ("after an error on its side").
+		 */
+		if (!quiet)
+			link_fail(l, KHOR_ERR_REMOTE, "the link was given up after an error on its side "
+			          "(a transfer was abandoned mid-message)");
 		req_finish(r, KHOR_ERR_REMOTE);
 	}
 	if (r->wr_out > 0)
