@@ -311,9 +311,14 @@ void engine_complete_locked(struct khor_engine *e, khor_handle *h, khor_status s
 	if (h->cb != NULL) {
 		khor_done_fn cb = h->cb;
 		h->cb = NULL;
+		/* done is published: the owner may free h while mu is let go for the callback
+		 * (found by TSan: a read of h->detached after such a free). It only detaches it
+		 * then, and the free happens below. */
+		h->in_cb = true;
 		pthread_mutex_unlock(&e->mu);
 		cb(h->cb_arg, h, st);
 		pthread_mutex_lock(&e->mu);
+		h->in_cb = false;
 	}
 	if (h->detached) {
 		/* The engine's own reference lasts until engine_stop has failed every handle, so
@@ -1045,7 +1050,7 @@ void engine_handle_free(khor_handle *h)
 	bool free_engine = false;
 
 	pthread_mutex_lock(&e->mu);
-	if (!h->done) {
+	if (!h->done || h->in_cb) {
 		h->detached = true;
 		pthread_mutex_unlock(&e->mu);
 		return;

@@ -91,6 +91,7 @@ struct khor_handle {
 	uint64_t t_enqueue, t_response; /* ns, for the timeline */
 	/* Completion, under the engine's mu. */
 	bool done, detached, in_cycle;
+	bool in_cb;            /* its callback runs now, with mu let go: a free waits for it */
 	bool reported;            /* sent to the coordinator (set thread only) */
 	uint64_t t_negotiate;     /* coordinator: when the first rank was ready, if earlier */
 	atomic_bool done_flag;    /* done, for a lock-free spin */
