@@ -1671,31 +1671,14 @@ static void write_out(struct job *j, int which, struct iovec *iov, int cnt)
 /* Writes all of iov to a --output-filename file; a failed write is said once. */
 static void write_file(struct rank *rk, struct stream *s, struct iovec *iov, int cnt)
 {
-	while (cnt > 0 && s->file >= 0) {
-		ssize_t w = writev(s->file, iov, cnt);
+	char ebuf[128];
 
-		if (w < 0) {
-			char ebuf[128];
-
-			if (errno == EINTR)
-				continue;
-			say("cannot write rank %d's %s file: %s; it goes to the terminal only", rk->id,
-			    s->which == OUT_STDOUT ? "stdout" : "stderr",
-			    kerr_errno_str(errno, ebuf, sizeof(ebuf)));
-			close(s->file);
-			s->file = -1;
-			return;
-		}
-		while (cnt > 0 && (size_t)w >= iov->iov_len) {
-			w -= (ssize_t)iov->iov_len;
-			iov++;
-			cnt--;
-		}
-		if (cnt > 0) {
-			iov->iov_base = (char *)iov->iov_base + w;
-			iov->iov_len -= (size_t)w;
-		}
-	}
+	if (s->file < 0 || writev_all(s->file, iov, cnt))
+		return;
+	say("cannot write rank %d's %s file: %s; it goes to the terminal only", rk->id,
+	    s->which == OUT_STDOUT ? "stdout" : "stderr", kerr_errno_str(errno, ebuf, sizeof(ebuf)));
+	close(s->file);
+	s->file = -1;
 }
 
 /*

@@ -1434,3 +1434,25 @@ Test(khorrun, slurm_allocation_of_this_host_runs_here, .timeout = 30)
 	}
 	proc_free(&p);
 }
+
+/* The remote helper's stdin is a wire: bytes that are not its frames (an oversized length,
+ * text, a frame of an unknown type) end it with an error at once, never a hang. */
+Test(khorrun, remote_helper_refuses_bad_bytes_on_stdin, .timeout = 60)
+{
+	static const char *const inputs[] = {
+		"\\377\\377\\377\\377\\377\\377",       /* a length over FRAME_MAX */
+		"Zjunk that is not a frame at all", /* text */
+		"\\001\\000\\000\\000\\003abc",          /* a frame of an unknown type */
+		"",                                 /* nothing: stdin closed at once */
+	};
+	char cmd[1024];
+
+	for (size_t i = 0; i < sizeof(inputs) / sizeof(inputs[0]); i++) {
+		snprintf(cmd, sizeof(cmd), "printf '%s' | timeout 20 '%s' --remote-helper "
+		         ">/dev/null 2>&1", inputs[i], khorrun_path());
+		int st = system(cmd);
+		cr_assert(WIFEXITED(st), "input %zu: the helper did not exit", i);
+		cr_expect_neq(WEXITSTATUS(st), 0, "input %zu was accepted", i);
+		cr_expect_neq(WEXITSTATUS(st), 124, "input %zu: the helper hung", i);
+	}
+}
