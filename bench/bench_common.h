@@ -38,6 +38,14 @@
  * over the same ranks, one thread each, for every K of the list in turn, and prints a row per
  * size and K with each comm's time and busbw and their sum. It needs the backend's dup and
  * free_comm, and pthreads; a program that never calls it needs neither.
+ *
+ * Device buffers (khor-bench --mem cuda|both): a program may give bench_run() memory kinds
+ * other than host memory (struct bench_mem). The patterns are still written and checked by
+ * the CPU, in host copies of the buffers, moved to and from the device outside the timed
+ * calls. With two kinds (host and cuda) each size is timed on both, interleaved in rounds as
+ * the algorithms of --algo a,b are, and the row shows both and the ratio of their busbw. A
+ * run on host memory alone prints what it always did; the mem column of the CSV and JSON is
+ * there only when a run has device buffers.
  */
 #ifndef KHOR_BENCH_COMMON_H
 #define KHOR_BENCH_COMMON_H
@@ -64,6 +72,26 @@ enum bench_op { BENCH_SUM, BENCH_AVG, BENCH_MIN, BENCH_MAX, BENCH_PROD };
 #define BENCH_MAX_ALGOS 8
 /* In comparison mode the timed calls run in this many rounds, each algorithm in turn. */
 #define BENCH_ROUNDS 5
+#define BENCH_MAX_MEMS 2
+
+/*
+ * A kind of memory other than the host's, for the buffers the collectives get (a program's
+ * device memory). The benchmark never touches it directly: it fills and checks host copies
+ * and moves them with put and get, which return when the copy is done. alloc returns NULL,
+ * and put and get -1, with the reason written to why (len bytes). Called from any of the
+ * benchmark's threads (--comms), so each op makes whatever state it needs current itself.
+ */
+struct bench_mem {
+	const char *name;  /* "cuda": the mem column and the table's column names */
+	const char *where; /* the header's words for it: "cuda device 0 of 1 (NVIDIA H200)" */
+	void *ctx;
+	void *(*alloc)(const struct bench_mem *m, size_t bytes, char *why, size_t len);
+	void (*free)(const struct bench_mem *m, void *p);
+	int (*put)(const struct bench_mem *m, void *dst, const void *src, size_t bytes, char *why,
+	           size_t len);
+	int (*get)(const struct bench_mem *m, void *dst, const void *src, size_t bytes, char *why,
+	           size_t len);
+};
 
 /*
  * What a program gives bench_run(). Each collective returns 0 on success and -1 on failure,
@@ -122,6 +150,12 @@ struct bench_backend {
 	const char *free_name; /* "khor_comm_free" */
 	/* Set by bench_run_comms while a thread of its own drives this backend; else NULL. */
 	struct bench_thread *thread;
+	/*
+	 * Where the buffers live: nmems kinds, a NULL entry for host memory; nmems 0 is host
+	 * memory alone. Two kinds are timed side by side (bench_run only, one algorithm).
+	 */
+	int nmems;
+	const struct bench_mem *mems[BENCH_MAX_MEMS];
 };
 
 /* -c: nccl-tests' 0 and 1, and "all" (--check): every iteration, warm-up included. */
@@ -1082,6 +1116,25 @@ static inline int bench_comparing(const struct bench_backend *b)
 	return b->nalgos > 1;
 }
 
+static inline const char *bench_mem_name(const struct bench_mem *m)
+{
+	return m ? m->name : "host";
+}
+
+/* Does the run name its memory (a device kind among its buffers)? Else it prints as always. */
+static inline int bench_mem_shown(const struct bench_backend *b)
+{
+	for (int m = 0; m < b->nmems; m++)
+		if (b->mems[m])
+			return 1;
+	return 0;
+}
+
+static inline int bench_nmems(const struct bench_backend *b)
+{
+	return b->nmems > 1 ? b->nmems : 1;
+}
+
 static inline int bench_rounds(const struct bench_args *a)
 {
 	return a->iters < BENCH_ROUNDS ? a->iters : BENCH_ROUNDS;
@@ -1123,6 +1176,14 @@ static inline void bench_print_title(const struct bench_backend *b, const struct
 		printf(", buffers at page + %zu B", a->offset);
 	printf("\n");
 	printf("# library: %s (transport %s, algo %s)\n", b->library, b->transport, b->algo);
+	if (!bench_mem_shown(b))
+		return;
+	printf("# memory:");
+	for (int m = 0; m < bench_nmems(b); m++)
+		printf("%s %s", m ? " and" : "", b->mems[m] ? b->mems[m]->where : "host");
+	if (bench_nmems(b) > 1)
+		printf(", side by side");
+	printf("; patterns written and checked in host copies, moved outside the timed calls\n");
 }
 
 static inline void bench_print_header(const struct bench_backend *b, const struct bench_args *a)
@@ -1138,6 +1199,25 @@ static inline void bench_print_header(const struct bench_backend *b, const struc
 		if (bench_auto_index(b) >= 0)
 			printf("  %6s  %9s", "best", "auto/best");
 		printf("  %6s\n", "#wrong");
+		fflush(stdout);
+		return;
+	}
+	if (bench_nmems(b) > 1) {
+		char col[2][2][32], ratio[32];
+		for (int m = 0; m < 2; m++) {
+			const char *name = bench_mem_name(b->mems[m]);
+			snprintf(col[m][0], sizeof col[m][0], "%s time", name);
+			snprintf(col[m][1], sizeof col[m][1], "%s busbw", name);
+		}
+		snprintf(ratio, sizeof ratio, "%s/%s", bench_mem_name(b->mems[1]),
+		         bench_mem_name(b->mems[0]));
+		printf("# interleaved: %d rounds, each runs both kinds' share of the iterations in "
+		       "turn; time per call, median of the rounds; %s: the ratio of their "
+		       "busbw\n#\n", bench_rounds(a), ratio);
+		printf("#%11s  %12s  %8s  %6s  %10s  %10s  %10s  %10s  %9s  %6s\n", "size", "count",
+		       "type", "redop", col[0][0], col[0][1], col[1][0], col[1][1], ratio, "#wrong");
+		printf("#%11s  %12s  %8s  %6s  %10s  %10s  %10s  %10s\n", "(B)", "(elements)", "",
+		       "", "(us)", "(GB/s)", "(us)", "(GB/s)");
 		fflush(stdout);
 		return;
 	}
@@ -1197,6 +1277,26 @@ static inline void bench_print_compare_row(const struct bench_backend *b,
 	else
 		snprintf(w, sizeof w, "%6s", "N/A");
 	printf("  %6s\n", w);
+	fflush(stdout);
+}
+
+/* --mem both: each kind's time and busbw, and the second's busbw over the first's. */
+static inline void bench_print_mems_row(const struct bench_args *a, size_t bytes, size_t count,
+                                        const double *sec, const double *busbw, int64_t wrong)
+{
+	char t[2][32], w[32], r[32];
+	for (int m = 0; m < 2; m++)
+		bench_format_time(t[m], sizeof t[m], sec[m] * 1e6);
+	if (busbw[0] > 0)
+		snprintf(r, sizeof r, "%9.2f", busbw[1] / busbw[0]);
+	else
+		snprintf(r, sizeof r, "%9s", "-");
+	if (a->check)
+		snprintf(w, sizeof w, "%6lld", (long long)wrong);
+	else
+		snprintf(w, sizeof w, "%6s", "N/A");
+	printf("%12zu  %12zu  %8s  %6s  %10s  %10.2f  %10s  %10.2f  %9s  %6s\n", bytes, count,
+	       bench_row_type(a), bench_row_redop(a), t[0], busbw[0], t[1], busbw[1], r, w);
 	fflush(stdout);
 }
 
@@ -1279,7 +1379,7 @@ struct bench_thread {
 	struct bench_backend *b;
 	struct bench_args a;
 	const struct bench_shape *s;
-	void *sendbuf, *recvbuf;
+	const struct bench_bufs *bufs;
 	size_t bytes;
 	double sec;         /* the comm's slowest rank's seconds per call */
 	int64_t wrong;      /* wrong elements, summed over the comm's ranks */
@@ -1317,6 +1417,118 @@ static inline void bench_thread_beat(struct bench_thread *t)
 {
 	if (t)
 		atomic_fetch_add_explicit(&t->beats, 1, memory_order_relaxed);
+}
+
+/*
+ * A buffer of bytes starting offset bytes past a page boundary (--offset); *base gets what
+ * to free. At least one page, so that a zero-size run still has valid pointers.
+ */
+static inline void *bench_alloc(size_t bytes, size_t offset, void **base)
+{
+	size_t len = bytes + offset > 4096 ? bytes + offset : 4096;
+	void *p = NULL;
+
+	*base = NULL;
+	if (posix_memalign(&p, 4096, len))
+		return NULL;
+	*base = p;
+	memset(p, 0, len); /* fault every page in now, not in the first timed loop */
+	return (char *)p + offset;
+}
+
+/* ---- buffers of one memory kind ---------------------------------------------------------- */
+
+/*
+ * A send and a receive buffer of one kind: send and recv are what the calls get; hsend and
+ * hrecv are where the CPU writes and reads the patterns (the same buffers for host memory,
+ * host copies for a device kind).
+ */
+struct bench_bufs {
+	const struct bench_mem *mem; /* NULL: host memory */
+	void *send, *recv;
+	void *hsend, *hrecv;
+	size_t send_bytes, recv_bytes;
+	void *dev_base[2], *host_base[2]; /* what to free */
+};
+
+static inline void bench_bufs_free(struct bench_bufs *u)
+{
+	for (int i = 0; i < 2; i++) {
+		if (u->mem && u->dev_base[i])
+			u->mem->free(u->mem, u->dev_base[i]);
+		free(u->host_base[i]);
+		u->dev_base[i] = u->host_base[i] = NULL;
+	}
+}
+
+/* 0, or -1 after saying why on stderr (bench_bufs_free undoes what was done either way). */
+static inline int bench_bufs_alloc(const struct bench_backend *b, const struct bench_mem *mem,
+                                   size_t send_bytes, size_t recv_bytes, size_t offset,
+                                   struct bench_bufs *u)
+{
+	*u = (struct bench_bufs){.mem = mem, .send_bytes = send_bytes, .recv_bytes = recv_bytes};
+	u->hsend = bench_alloc(send_bytes, offset, &u->host_base[0]);
+	u->hrecv = bench_alloc(recv_bytes, offset, &u->host_base[1]);
+	if (!u->hsend || !u->hrecv) {
+		fprintf(stderr, "%s: rank %d: cannot allocate %zu + %zu bytes of host memory; lower "
+		                "-e\n", b->prog, b->rank, send_bytes, recv_bytes);
+		return -1;
+	}
+	if (!mem) {
+		u->send = u->hsend;
+		u->recv = u->hrecv;
+		return 0;
+	}
+	char why[512] = "";
+	for (int i = 0; i < 2; i++) {
+		size_t bytes = i ? recv_bytes : send_bytes;
+		size_t len = bytes + offset > 4096 ? bytes + offset : 4096;
+		u->dev_base[i] = mem->alloc(mem, len, why, sizeof why);
+		if (!u->dev_base[i]) {
+			fprintf(stderr, "%s: rank %d: cannot allocate %zu bytes of %s memory: %s\n",
+			        b->prog, b->rank, len, mem->name, why);
+			return -1;
+		}
+	}
+	u->send = (char *)u->dev_base[0] + offset;
+	u->recv = (char *)u->dev_base[1] + offset;
+	return 0;
+}
+
+/* The collective's fill, then the inputs and the sentinels copied to the device: 0 or -1. */
+static inline int bench_bufs_fill(const struct bench_backend *b, const struct bench_args *a,
+                                  const struct bench_shape *s, const struct bench_bufs *u)
+{
+	char why[512] = "";
+	size_t esize = bench_dtype_size(a->dtype);
+
+	a->coll->fill(b, a, s, u->hsend, u->hrecv);
+	if (!u->mem)
+		return 0;
+	if (u->mem->put(u->mem, u->send, u->hsend, s->send * esize, why, sizeof why) ||
+	    u->mem->put(u->mem, u->recv, u->hrecv, s->recv * esize, why, sizeof why)) {
+		fprintf(stderr, "%s: rank %d: copying the inputs to %s memory failed: %s\n",
+		        b->prog, b->rank, u->mem->name, why);
+		return -1;
+	}
+	return 0;
+}
+
+/* The output copied back and checked: adds the wrong elements to *wrong; 0 or -1. */
+static inline int bench_bufs_check(const struct bench_backend *b, const struct bench_args *a,
+                                   const struct bench_shape *s, const struct bench_bufs *u,
+                                   int64_t *wrong)
+{
+	char why[512] = "";
+
+	if (u->mem && u->mem->get(u->mem, u->hrecv, u->recv, s->recv * bench_dtype_size(a->dtype),
+	                          why, sizeof why)) {
+		fprintf(stderr, "%s: rank %d: copying the result from %s memory failed: %s\n",
+		        b->prog, b->rank, u->mem->name, why);
+		return -1;
+	}
+	*wrong += a->coll->check(b, a, s, u->hrecv);
+	return 0;
 }
 
 /* ---- the sweep ---------------------------------------------------------------------------- */
@@ -1392,12 +1604,21 @@ static inline int bench_use_algo(struct bench_backend *b, int k, size_t bytes)
 }
 
 /*
- * ncalls timed calls after a barrier; adds their seconds to *sec. With -c all every call
- * gets fresh inputs and is checked, and only the call itself is timed, after a barrier of
- * its own so that one rank's slower check is not counted as the next call's time.
+ * The columns one size is timed in: every compared algorithm (1 without --algo a,b) on every
+ * memory kind (1 without --mem both), column v being algorithm v % na on memory kind v / na.
+ */
+static inline int bench_nvariants(const struct bench_backend *b)
+{
+	return (bench_comparing(b) ? b->nalgos : 1) * bench_nmems(b);
+}
+
+/*
+ * ncalls timed calls on buffers u after a barrier; adds their seconds to *sec. With -c all
+ * every call gets fresh inputs and is checked, and only the call itself is timed, after a
+ * barrier of its own so that one rank's slower check is not counted as the next call's time.
  */
 static inline int bench_block(struct bench_backend *b, const struct bench_args *a,
-                              const struct bench_shape *s, void *sendbuf, void *recvbuf,
+                              const struct bench_shape *s, const struct bench_bufs *u,
                               size_t bytes, int ncalls, struct bench_progress *prog, int *done,
                               double *sec, int64_t *wrong)
 {
@@ -1410,19 +1631,20 @@ static inline int bench_block(struct bench_backend *b, const struct bench_args *
 	t0 = bench_now();
 	for (int i = 0; i < ncalls; i++) {
 		if (check_all) {
-			c->fill(b, a, s, sendbuf, recvbuf);
+			if (bench_bufs_fill(b, a, s, u))
+				return -1;
 			if (b->barrier(b))
 				return bench_fail(b, "barrier before a checked call", bytes);
 			t0 = bench_now();
 		}
-		if (c->run(b, a, s, sendbuf, recvbuf))
+		if (c->run(b, a, s, u->send, u->recv))
 			return bench_fail(b, c->name, bytes);
 		if (check_all) {
 			mine += bench_now() - t0;
-			*wrong += c->check(b, a, s, recvbuf);
+			if (bench_bufs_check(b, a, s, u, wrong))
+				return -1;
 		}
-		bench_progress_tick(b, a, prog, bytes, ++*done,
-		                    a->iters * (bench_comparing(b) ? b->nalgos : 1), 0);
+		bench_progress_tick(b, a, prog, bytes, ++*done, a->iters * bench_nvariants(b), 0);
 	}
 	if (!check_all)
 		mine = bench_now() - t0;
@@ -1431,8 +1653,9 @@ static inline int bench_block(struct bench_backend *b, const struct bench_args *
 }
 
 /*
- * Times iters calls after warmup calls. Writes the slowest rank's average seconds per call
- * to sec_out (one per compared algorithm), as nccl-tests does: a barrier lines the ranks up,
+ * Times iters calls after warmup calls, on buffers bufs[m] for each memory kind m. Writes the
+ * slowest rank's average seconds per call to sec_out (one per column: bench_nvariants), as
+ * nccl-tests does: a barrier lines the ranks up,
  * each times its own loop, and the maximum over ranks is what a synchronous training step
  * would see. In comparison mode the iterations run in rounds, each round a block of calls
  * of every algorithm in turn, so that a slow second on a shared machine hits them alike;
@@ -1440,90 +1663,84 @@ static inline int bench_block(struct bench_backend *b, const struct bench_args *
  * them in reverse order, so that no algorithm always runs right after the same other one
  * (a rotation alone keeps the cyclic order), and an algorithm's time is the median over the
  * rounds of the slowest rank's time per call in that round: one block that a preemption
- * stretched 2x moved the mean of five by 20%, and the median not at all.
- * Adds this rank's wrong elements to *wrong.
+ * stretched 2x moved the mean of five by 20%, and the median not at all. Host and device
+ * buffers (--mem both) are two more columns of the same rounds, for the same reason.
+ * Adds this rank's wrong elements to wrong[m], m the memory kind they were found in.
  */
 static inline int bench_time(struct bench_backend *b, const struct bench_args *a,
-                             const struct bench_shape *s, void *sendbuf, void *recvbuf,
+                             const struct bench_shape *s, const struct bench_bufs *bufs,
                              size_t bytes, double *sec_out, int64_t *wrong)
 {
 	const struct bench_coll *c = a->coll;
 	struct bench_progress prog = {bench_now(), a->progress_s};
 	int check_all = a->check == BENCH_CHECK_ALL && c->fill;
-	int na = bench_comparing(b) ? b->nalgos : 1;
-	int rounds = bench_comparing(b) ? bench_rounds(a) : 1, done = 0;
+	int na = bench_comparing(b) ? b->nalgos : 1, nv = bench_nvariants(b);
+	int rounds = nv > 1 ? bench_rounds(a) : 1, done = 0;
 	double mine[BENCH_MAX_ALGOS * BENCH_ROUNDS] = {0}, all[BENCH_MAX_ALGOS * BENCH_ROUNDS];
+	if (nv > BENCH_MAX_ALGOS) { /* bench_can_run refuses this; a guard for the arrays */
+		fprintf(stderr, "%s: %d columns to time; at most %d\n", b->prog, nv,
+		        BENCH_MAX_ALGOS);
+		return -1;
+	}
 	/* Warm-up at every size, not once at the largest as nccl-tests does: khor picks its
 	 * algorithm per size and a first call may set up links or buffers for that choice. */
-	for (int k = 0; k < na; k++) {
-		if (bench_use_algo(b, k, bytes))
+	for (int v = 0; v < nv; v++) {
+		const struct bench_bufs *u = &bufs[v / na];
+		if (bench_use_algo(b, v % na, bytes))
 			return -1;
 		for (int i = 0; i < a->warmup; i++) {
-			if (check_all)
-				c->fill(b, a, s, sendbuf, recvbuf);
-			if (c->run(b, a, s, sendbuf, recvbuf))
+			if (check_all && bench_bufs_fill(b, a, s, u))
+				return -1;
+			if (c->run(b, a, s, u->send, u->recv))
 				return bench_fail(b, c->name, bytes);
-			if (check_all)
-				*wrong += c->check(b, a, s, recvbuf);
-			bench_progress_tick(b, a, &prog, bytes, k * a->warmup + i + 1, na * a->warmup, 1);
+			if (check_all && bench_bufs_check(b, a, s, u, &wrong[v / na]))
+				return -1;
+			bench_progress_tick(b, a, &prog, bytes, v * a->warmup + i + 1,
+			                    nv * a->warmup, 1);
 		}
 	}
 	bench_thread_sync(b->thread); /* --comms: every comm's timed loop at once */
 	for (int r = 0; r < rounds; r++) {
 		/* iters split as evenly as it goes: the first iters % rounds rounds get one more */
 		int ncalls = a->iters / rounds + (r < a->iters % rounds);
-		for (int j = 0; j < na; j++) {
-			int k = ((r % 2 == 0 ? j : na - 1 - j) + r) % na;
-			double *sec = &mine[k * rounds + r];
-			if (bench_use_algo(b, k, bytes) ||
-			    bench_block(b, a, s, sendbuf, recvbuf, bytes, ncalls, &prog, &done, sec,
-			                wrong))
+		for (int j = 0; j < nv; j++) {
+			int v = ((r % 2 == 0 ? j : nv - 1 - j) + r) % nv;
+			double *sec = &mine[v * rounds + r];
+			if (bench_use_algo(b, v % na, bytes) ||
+			    bench_block(b, a, s, &bufs[v / na], bytes, ncalls, &prog, &done, sec,
+			                &wrong[v / na]))
 				return -1;
 			*sec /= ncalls > 0 ? ncalls : 1;
 		}
 	}
 	bench_thread_sync(b->thread);
-	if (b->allreduce(b, mine, all, (size_t)(na * rounds), BENCH_F64, BENCH_MAX))
+	if (b->allreduce(b, mine, all, (size_t)(nv * rounds), BENCH_F64, BENCH_MAX))
 		return bench_fail(b, "allreduce of the times", bytes);
-	for (int k = 0; k < na; k++)
-		sec_out[k] = bench_median(&all[k * rounds], rounds);
+	for (int v = 0; v < nv; v++)
+		sec_out[v] = bench_median(&all[v * rounds], rounds);
 	return 0;
 }
 
-/* -c 1: one checked call after the timed loop; adds this rank's wrong elements to *wrong. */
+/* -c 1: one checked call per column after the timed loop; adds this rank's wrong elements
+ * to wrong[m], m the memory kind. */
 static inline int bench_verify(struct bench_backend *b, const struct bench_args *a,
-                               const struct bench_shape *s, void *sendbuf, void *recvbuf,
+                               const struct bench_shape *s, const struct bench_bufs *bufs,
                                size_t bytes, int64_t *wrong)
 {
 	const struct bench_coll *c = a->coll;
+	int na = bench_comparing(b) ? b->nalgos : 1;
 	if (!c->fill)
 		return 0;
-	for (int k = 0; k < (bench_comparing(b) ? b->nalgos : 1); k++) {
-		if (bench_use_algo(b, k, bytes))
+	for (int v = 0; v < bench_nvariants(b); v++) {
+		const struct bench_bufs *u = &bufs[v / na];
+		if (bench_use_algo(b, v % na, bytes) || bench_bufs_fill(b, a, s, u))
 			return -1;
-		c->fill(b, a, s, sendbuf, recvbuf);
-		if (c->run(b, a, s, sendbuf, recvbuf))
+		if (c->run(b, a, s, u->send, u->recv))
 			return bench_fail(b, c->name, bytes);
-		*wrong += c->check(b, a, s, recvbuf);
+		if (bench_bufs_check(b, a, s, u, &wrong[v / na]))
+			return -1;
 	}
 	return 0;
-}
-
-/*
- * A buffer of bytes starting offset bytes past a page boundary (--offset); *base gets what
- * to free. At least one page, so that a zero-size run still has valid pointers.
- */
-static inline void *bench_alloc(size_t bytes, size_t offset, void **base)
-{
-	size_t len = bytes + offset > 4096 ? bytes + offset : 4096;
-	void *p = NULL;
-
-	*base = NULL;
-	if (posix_memalign(&p, 4096, len))
-		return NULL;
-	*base = p;
-	memset(p, 0, len); /* fault every page in now, not in the first timed loop */
-	return (char *)p + offset;
 }
 
 /* Opens --csv or --json on rank 0; says why not and counts the failure in *bad. */
@@ -1567,6 +1784,14 @@ static inline void bench_json_head(FILE *j, const struct bench_backend *b,
 	        a->coll->name, b->size, bench_row_type(a), bench_row_redop(a),
 	        a->coll->flags & BENCH_USES_ROOT ? a->root : -1, a->iters, a->warmup,
 	        bench_check_name(a->check), a->offset);
+	if (!bench_mem_shown(b))
+		return;
+	fprintf(j, ", \"mem\": [");
+	for (int m = 0; m < bench_nmems(b); m++) {
+		fprintf(j, "%s", m ? ", " : "");
+		bench_json_string(j, bench_mem_name(b->mems[m]));
+	}
+	fprintf(j, "]");
 }
 
 /* What can be refused before the sweep: 0 to go on, else the exit status (2). */
@@ -1578,6 +1803,12 @@ static inline int bench_can_run(const struct bench_backend *b, const struct benc
 	if (!c->available(b) || !b->barrier || !b->allreduce) {
 		if (rank0)
 			fprintf(stderr, "%s: %s does not provide %s\n", b->prog, b->library, c->name);
+		return 2;
+	}
+	if (bench_nmems(b) > 1 && bench_comparing(b)) {
+		if (rank0)
+			fprintf(stderr, "%s: two memory kinds and a list of algorithms cannot be "
+			                "timed side by side; give one of them\n", b->prog);
 		return 2;
 	}
 	if ((c->flags & BENCH_USES_ROOT) && a->root >= b->size) {
@@ -1620,14 +1851,12 @@ static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 	size_t esize = bench_dtype_size(a->dtype);
 	struct bench_shape max;
 	c->shape(c->flags & BENCH_NO_DATA ? 0 : a->maxbytes / esize, b->size, &max);
-	void *send_base, *recv_base;
-	void *sendbuf = bench_alloc(max.send * esize, a->offset, &send_base);
-	void *recvbuf = bench_alloc(max.recv * esize, a->offset, &recv_base);
-	if (!sendbuf || !recvbuf) {
-		fprintf(stderr, "%s: rank %d: cannot allocate %zu + %zu bytes; lower -e\n", b->prog,
-		        b->rank, max.send * esize, max.recv * esize);
-		bad[0] = 1;
-	}
+	int nm = bench_nmems(b), mem_shown = bench_mem_shown(b);
+	struct bench_bufs bufs[BENCH_MAX_MEMS] = {0};
+	for (int m = 0; m < nm && !bad[0]; m++)
+		if (bench_bufs_alloc(b, b->nmems ? b->mems[m] : NULL, max.send * esize,
+		                     max.recv * esize, a->offset, &bufs[m]))
+			bad[0] = 1;
 	int status = 0;
 	if (b->allreduce(b, bad, bad_all, 2, BENCH_I64, BENCH_SUM)) {
 		bench_fail(b, "allreduce at start", 0);
@@ -1640,7 +1869,7 @@ static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 	}
 	if (csv)
 		fprintf(csv, "collective,library,transport,algo,nranks,size,count,type,redop,time_us,"
-		             "algbw_gbs,busbw_gbs,wrong\n");
+		             "algbw_gbs,busbw_gbs,wrong%s\n", mem_shown ? ",mem" : "");
 	if (json) {
 		bench_json_head(json, b, a);
 		fprintf(json, ",\n \"rows\": [");
@@ -1648,14 +1877,18 @@ static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 
 	/* The timed loop reads whatever the send buffer holds: give it the pattern, so that no
 	 * run is timed on denormals or NaNs, which are slow on some CPUs. */
-	if (c->fill)
-		c->fill(b, a, &max, sendbuf, recvbuf);
+	for (int m = 0; m < nm && c->fill; m++) {
+		if (bench_bufs_fill(b, a, &max, &bufs[m])) {
+			status = 1;
+			goto out_free;
+		}
+	}
 
 	if (rank0 && !a->quiet)
 		bench_print_header(b, a);
-	int64_t wrong_total = 0;
+	int64_t wrong_total = 0, wrong_mem[BENCH_MAX_MEMS] = {0};
 	double busbw_sum[BENCH_MAX_ALGOS] = {0};
-	int rows = 0, nsizes = 0; /* rows: one per size and algorithm */
+	int rows = 0, nsizes = 0; /* rows: one per size and column */
 	for (size_t size = a->minbytes;;) {
 		struct bench_shape s;
 		c->shape(c->flags & BENCH_NO_DATA ? 0 : size / esize, b->size, &s);
@@ -1663,27 +1896,37 @@ static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 		/* A size below what the collective can split would time nothing: skip it (-b 2 with
 		 * float, or allgather of 8 bytes over 4 ranks). */
 		if (s.total > 0 || (c->flags & BENCH_NO_DATA)) {
-			double sec[BENCH_MAX_ALGOS];
-			int64_t mine = 0, wrong = 0;
-			if (bench_time(b, a, &s, sendbuf, recvbuf, bytes, sec, &mine) ||
+			double sec[BENCH_MAX_ALGOS], busbws[BENCH_MAX_ALGOS];
+			/* wrong elements per memory kind, then summed over the ranks */
+			int64_t mine[BENCH_MAX_MEMS] = {0}, wrongs[BENCH_MAX_MEMS] = {0}, wrong = 0;
+			if (bench_time(b, a, &s, bufs, bytes, sec, mine) ||
 			    (a->check == BENCH_CHECK_ONCE &&
-			     bench_verify(b, a, &s, sendbuf, recvbuf, bytes, &mine))) {
+			     bench_verify(b, a, &s, bufs, bytes, mine))) {
 				status = 1;
 				break;
 			}
-			if (a->check && b->allreduce(b, &mine, &wrong, 1, BENCH_I64, BENCH_SUM)) {
+			if (a->check &&
+			    b->allreduce(b, mine, wrongs, (size_t)nm, BENCH_I64, BENCH_SUM)) {
 				bench_fail(b, "allreduce of #wrong", bytes);
 				status = 1;
 				break;
 			}
+			for (int m = 0; m < nm; m++) {
+				wrong += wrongs[m];
+				wrong_mem[m] += wrongs[m];
+			}
 			wrong_total += wrong;
 			int na = bench_comparing(b) ? b->nalgos : 1;
-			for (int k = 0; k < na; k++) {
-				const char *algo = bench_comparing(b) ? b->algos[k] : b->algo;
+			for (int k = 0; k < bench_nvariants(b); k++) {
+				const char *algo = bench_comparing(b) ? b->algos[k % na] : b->algo;
+				const char *mem = bench_mem_name(b->nmems ? b->mems[k / na] : NULL);
 				double algbw = sec[k] > 0 ? (double)bytes / sec[k] / 1e9 : 0;
 				double busbw = algbw * c->busbw_factor(b->size);
 				busbw_sum[k] += busbw;
-				if (rank0 && !a->quiet && !bench_comparing(b))
+				busbws[k] = busbw;
+				/* a CSV or JSON row of one kind counts what was wrong in that kind */
+				int64_t row_wrong = nm > 1 ? wrongs[k / na] : wrong;
+				if (rank0 && !a->quiet && !bench_comparing(b) && nm == 1)
 					bench_print_row(a, bytes, s.total, sec[k] * 1e6, algbw, busbw, wrong);
 				if (csv) {
 					fprintf(csv, "%s,", c->name);
@@ -1692,9 +1935,12 @@ static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 					bench_csv_field(csv, b->transport);
 					fputc(',', csv);
 					bench_csv_field(csv, algo);
-					fprintf(csv, ",%d,%zu,%zu,%s,%s,%.6g,%.6g,%.6g,%lld\n", b->size, bytes,
+					fprintf(csv, ",%d,%zu,%zu,%s,%s,%.6g,%.6g,%.6g,%lld", b->size, bytes,
 					        s.total, bench_row_type(a), bench_row_redop(a), sec[k] * 1e6,
-					        algbw, busbw, a->check ? (long long)wrong : -1LL);
+					        algbw, busbw, a->check ? (long long)row_wrong : -1LL);
+					if (mem_shown)
+						fprintf(csv, ",%s", mem);
+					fputc('\n', csv);
 				}
 				if (json) {
 					fprintf(json, "%s\n  {", rows ? "," : "");
@@ -1703,15 +1949,22 @@ static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 						bench_json_string(json, algo);
 						fprintf(json, ", ");
 					}
+					if (mem_shown) {
+						fprintf(json, "\"mem\": ");
+						bench_json_string(json, mem);
+						fprintf(json, ", ");
+					}
 					fprintf(json, "\"size\": %zu, \"count\": %zu, \"time_us\": %.6g, "
 					              "\"algbw_gbs\": %.6g, \"busbw_gbs\": %.6g, \"wrong\": %lld}",
 					        bytes, s.total, sec[k] * 1e6, algbw, busbw,
-					        a->check ? (long long)wrong : -1LL);
+					        a->check ? (long long)row_wrong : -1LL);
 				}
 				rows++;
 			}
 			if (rank0 && !a->quiet && bench_comparing(b))
 				bench_print_compare_row(b, a, bytes, s.total, sec, wrong);
+			else if (rank0 && !a->quiet && nm > 1)
+				bench_print_mems_row(a, bytes, s.total, sec, busbws, wrong);
 			nsizes++;
 		}
 		if (c->flags & BENCH_NO_DATA)
@@ -1723,13 +1976,23 @@ static inline int bench_run(struct bench_backend *b, const struct bench_args *a)
 	}
 	double avg_busbw = nsizes ? busbw_sum[0] / nsizes : 0.0;
 	if (rank0 && !a->quiet && status == 0) {
-		printf("# Out of bounds values : %lld %s\n", (long long)wrong_total,
+		printf("# Out of bounds values : %lld %s", (long long)wrong_total,
 		       wrong_total ? "FAILED" : "OK");
+		for (int m = 0; nm > 1 && m < nm; m++)
+			printf("%s%s %lld%s", m ? ", " : " (", bench_mem_name(b->mems[m]),
+			       (long long)wrong_mem[m], m + 1 < nm ? "" : ")");
+		printf("\n");
 		if (bench_comparing(b)) {
 			printf("# Avg bus bandwidth    :");
 			for (int k = 0; k < b->nalgos; k++)
 				printf(" %s %g%s", b->algos[k], nsizes ? busbw_sum[k] / nsizes : 0.0,
 				       k + 1 < b->nalgos ? "," : "\n");
+		} else if (nm > 1) {
+			printf("# Avg bus bandwidth    :");
+			for (int m = 0; m < nm; m++)
+				printf(" %s %g%s", bench_mem_name(b->mems[m]),
+				       nsizes ? busbw_sum[m] / nsizes : 0.0,
+				       m + 1 < nm ? "," : "\n");
 		} else {
 			printf("# Avg bus bandwidth    : %g\n", avg_busbw);
 		}
@@ -1746,8 +2009,8 @@ out_free:
 		status = 1;
 	if (bench_close_out(b, "--json", a->json, json) && status == 0)
 		status = 1;
-	free(send_base);
-	free(recv_base);
+	for (int m = 0; m < nm; m++)
+		bench_bufs_free(&bufs[m]);
 	return status;
 }
 
@@ -1778,9 +2041,8 @@ static inline void bench_thread_run(struct bench_thread *t)
 	const struct bench_args *a = &t->a;
 	int64_t mine = 0;
 	int status = 0;
-	if (bench_time(b, a, t->s, t->sendbuf, t->recvbuf, t->bytes, &t->sec, &mine) ||
-	    (a->check == BENCH_CHECK_ONCE &&
-	     bench_verify(b, a, t->s, t->sendbuf, t->recvbuf, t->bytes, &mine)))
+	if (bench_time(b, a, t->s, t->bufs, t->bytes, &t->sec, &mine) ||
+	    (a->check == BENCH_CHECK_ONCE && bench_verify(b, a, t->s, t->bufs, t->bytes, &mine)))
 		status = -1;
 	else if (a->check && b->allreduce(b, &mine, &t->wrong, 1, BENCH_I64, BENCH_SUM))
 		status = bench_fail(b, "allreduce of #wrong", t->bytes);
@@ -1831,14 +2093,14 @@ static inline int bench_phase_wait(struct bench_phase *p, struct bench_thread *t
 
 /*
  * One size on comms[0..k-1] at once, a thread each (k == 1: this thread), comm i on buffers
- * send[i] and recv[i]; th gets each comm's result. Returns 0, or the index + 1 of the first
+ * bufs[i]; th gets each comm's result. Returns 0, or the index + 1 of the first
  * comm that failed (its thread said why). A thread still stuck in a call BENCH_STALL_S after
  * another failed is not waited for: neither its comm nor the library could be freed under it,
  * so this names it and ends the process.
  */
 static inline int bench_phase_run(struct bench_backend *const *comms, int k,
                                   const struct bench_args *a, const struct bench_shape *s,
-                                  size_t bytes, void *const *send, void *const *recv,
+                                  size_t bytes, const struct bench_bufs *bufs,
                                   struct bench_thread *th)
 {
 	struct bench_phase p = {.parties = k};
@@ -1855,8 +2117,7 @@ static inline int bench_phase_run(struct bench_backend *const *comms, int k,
 		if (i > 0)
 			t->a.progress_s = 0; /* one progress line at a time: comm 0's */
 		t->s = s;
-		t->sendbuf = send[i];
-		t->recvbuf = recv[i];
+		t->bufs = &bufs[i];
 		t->bytes = bytes;
 		t->sec = 0;
 		t->wrong = 0;
@@ -2022,6 +2283,13 @@ static inline int bench_run_comms(struct bench_backend *b, const struct bench_ar
 			fprintf(stderr, "%s: %s cannot make comms of its own\n", b->prog, b->library);
 		return 2;
 	}
+	if (bench_nmems(b) > 1) {
+		if (rank0)
+			fprintf(stderr, "%s: several comms run on one memory kind at a time; give "
+			                "one\n", b->prog);
+		return 2;
+	}
+	const struct bench_mem *mem = b->nmems ? b->mems[0] : NULL;
 	int maxk = 1;
 	for (int j = 0; j < nks; j++)
 		maxk = ks[j] > maxk ? ks[j] : maxk;
@@ -2033,15 +2301,12 @@ static inline int bench_run_comms(struct bench_backend *b, const struct bench_ar
 	size_t esize = bench_dtype_size(a->dtype);
 	struct bench_shape max;
 	c->shape(c->flags & BENCH_NO_DATA ? 0 : a->maxbytes / esize, b->size, &max);
-	void *send_base[BENCH_MAX_COMMS] = {0}, *recv_base[BENCH_MAX_COMMS] = {0};
-	void *send[BENCH_MAX_COMMS], *recv[BENCH_MAX_COMMS];
+	struct bench_bufs bufs[BENCH_MAX_COMMS] = {0};
 	for (int i = 0; i < maxk; i++) {
-		send[i] = bench_alloc(max.send * esize, a->offset, &send_base[i]);
-		recv[i] = bench_alloc(max.recv * esize, a->offset, &recv_base[i]);
-		if (!send[i] || !recv[i]) {
-			fprintf(stderr, "%s: rank %d: cannot allocate %d x (%zu + %zu) bytes for %d "
-			                "comms; lower -e or --comms\n", b->prog, b->rank, maxk,
-			        max.send * esize, max.recv * esize, maxk);
+		if (bench_bufs_alloc(b, mem, max.send * esize, max.recv * esize, a->offset,
+		                     &bufs[i])) {
+			fprintf(stderr, "%s: rank %d: (those were the buffers of comm %d of %d; "
+			                "lower -e or --comms)\n", b->prog, b->rank, i, maxk);
 			bad[0] = 1;
 			break;
 		}
@@ -2059,9 +2324,12 @@ static inline int bench_run_comms(struct bench_backend *b, const struct bench_ar
 		status = bad_all[0] ? 1 : 2;
 		goto out_free;
 	}
-	if (c->fill)
-		for (int i = 0; i < maxk; i++)
-			c->fill(b, a, &max, send[i], recv[i]);
+	for (int i = 0; i < maxk && c->fill; i++) {
+		if (bench_bufs_fill(b, a, &max, &bufs[i])) {
+			status = 1;
+			goto out_free;
+		}
+	}
 	if (bench_time_dup(b, &dt)) {
 		status = 1;
 		goto out_free;
@@ -2078,7 +2346,8 @@ static inline int bench_run_comms(struct bench_backend *b, const struct bench_ar
 		bench_print_comms_header(b, a, ks, nks, maxk, &dt);
 	if (csv)
 		fprintf(csv, "collective,library,transport,algo,nranks,comms,comm,size,count,type,"
-		             "redop,time_us,algbw_gbs,busbw_gbs,sum_busbw_gbs,wrong\n");
+		             "redop,time_us,algbw_gbs,busbw_gbs,sum_busbw_gbs,wrong%s\n",
+		        bench_mem_shown(b) ? ",mem" : "");
 	if (json) {
 		bench_json_head(json, b, a);
 		fprintf(json, ",\n \"comms\": [");
@@ -2114,7 +2383,7 @@ static inline int bench_run_comms(struct bench_backend *b, const struct bench_ar
 					status = 1;
 					goto sweep_done;
 				}
-				int failed = bench_phase_run(comms, k, a, &s, bytes, send, recv, th);
+				int failed = bench_phase_run(comms, k, a, &s, bytes, bufs, th);
 				if (failed) {
 					fprintf(stderr, "%s: rank %d: stopping the sweep: comm %d of the %d "
 					                "failed at %zu bytes\n", b->prog, b->rank, failed - 1, k,
@@ -2143,10 +2412,13 @@ static inline int bench_run_comms(struct bench_backend *b, const struct bench_ar
 					bench_csv_field(csv, b->transport);
 					fputc(',', csv);
 					bench_csv_field(csv, b->algo);
-					fprintf(csv, ",%d,%d,%d,%zu,%zu,%s,%s,%.6g,%.6g,%.6g,%.6g,%lld\n",
+					fprintf(csv, ",%d,%d,%d,%zu,%zu,%s,%s,%.6g,%.6g,%.6g,%.6g,%lld",
 					        b->size, k, i, bytes, s.total, bench_row_type(a),
 					        bench_row_redop(a), sec[i] * 1e6, algbw[i], busbw[i], sum,
 					        a->check ? (long long)th[i].wrong : -1LL);
+					if (bench_mem_shown(b))
+						fprintf(csv, ",%s", bench_mem_name(mem));
+					fputc('\n', csv);
 				}
 				if (rank0 && !a->quiet)
 					bench_print_comms_row(a, bytes, s.total, k, sum,
@@ -2204,10 +2476,8 @@ out_free:
 		status = 1;
 	if (bench_close_out(b, "--json", a->json, json) && status == 0)
 		status = 1;
-	for (int i = 0; i < maxk; i++) {
-		free(send_base[i]);
-		free(recv_base[i]);
-	}
+	for (int i = 0; i < maxk; i++)
+		bench_bufs_free(&bufs[i]);
 	return status;
 }
 

@@ -23,13 +23,22 @@
  * or 1000 small tensors) handed to the engine by a backprop thread, against one flat
  * khor_allreduce and one per tensor on the same bytes, with the engine's 8-byte latency and
  * negotiation cost and, with --sweep, its fusion threshold, cycle time and autotune.
+ *
+ * --mem cuda puts the buffers on the GPU (device = local rank % device count), --mem both
+ * times host and device buffers side by side, in alternating rounds at every size, with the
+ * ratio of their busbw: on a shared machine only a ratio measured that way means anything.
+ * The patterns are written and checked on the CPU and copied, outside the timed calls
+ * (bench_common.h).
  */
 /* clock_gettime and posix_memalign, also under a strict -std=c11. */
 #define _POSIX_C_SOURCE 200809L
 
 #include "khor.h"
 
+#include <dlfcn.h>
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +47,244 @@
 #include "bench_step.h"
 
 #define PROG "khor-bench"
+/* --mem cuda|both where no GPU is usable: a skip, as CTest and automake count one. */
+#define EXIT_NO_GPU 77
+
+/*
+ * ---- --mem cuda: device buffers through the CUDA driver, loaded at run time ----------------
+ *
+ * khor-bench links no CUDA: it must build without a toolkit and run where there is no
+ * driver, and a host run must not pay for CUDA's start-up. So libcuda.so.1 is opened only for
+ * --mem cuda|both, and the few types its calls take are declared here as the driver's ABI
+ * has them (cuda.h is not on this program's include path): CUresult and CUdevice are ints,
+ * CUdeviceptr is 64 bits, CUcontext a pointer. Each symbol is the entry point that cuda.h
+ * maps the call to (cuMemAlloc is cuMemAlloc_v2), as libkhor's own loader does. The buffers
+ * are plain cuMemAlloc memory in the device's primary context, which is what cudaMalloc and
+ * torch give a user, and what libkhor finds by itself for every call.
+ */
+typedef int cu_result; /* CUresult; 0 is CUDA_SUCCESS */
+typedef int cu_device;
+typedef struct cu_ctx_st *cu_context;
+typedef unsigned long long cu_deviceptr;
+
+static struct cu_driver {
+	cu_result (*init)(unsigned flags);
+	cu_result (*device_get_count)(int *count);
+	cu_result (*device_get)(cu_device *dev, int ordinal);
+	cu_result (*device_get_name)(char *name, int len, cu_device dev);
+	cu_result (*primary_ctx_retain)(cu_context *ctx, cu_device dev);
+	cu_result (*ctx_set_current)(cu_context ctx);
+	cu_result (*mem_alloc)(cu_deviceptr *p, size_t bytes);
+	cu_result (*mem_free)(cu_deviceptr p);
+	cu_result (*memcpy_htod)(cu_deviceptr dst, const void *src, size_t bytes);
+	cu_result (*memcpy_dtoh)(void *dst, cu_deviceptr src, size_t bytes);
+	cu_result (*get_error_string)(cu_result r, const char **text);
+	int count;          /* devices, once cuda_probe succeeded */
+	cu_context ctx;     /* this rank's device's primary context; NULL: see why */
+	char why[400];      /* why this rank has no device (cuda_open failed) */
+	char where[160];    /* the header's words: "cuda device 0 (NVIDIA H200)" */
+} cu;
+
+/* The driver's message for r, or its number where the driver has none. */
+static const char *cu_text(cu_result r)
+{
+	static _Thread_local char num[48];
+	const char *text = NULL;
+
+	if (cu.get_error_string && cu.get_error_string(r, &text) == 0 && text)
+		return text;
+	snprintf(num, sizeof num, "CUDA driver error %d", r);
+	return num;
+}
+
+/*
+ * Before khor_init: can this process use a GPU at all? 0, or -1 with the reason in why.
+ * Every rank asks for itself, so a job without a GPU stops before it joins (exit 77) instead
+ * of failing in its first collective.
+ */
+static int cuda_probe(char *why, size_t len)
+{
+	static const struct { const char *name; size_t offset; } syms[] = {
+		{"cuInit", offsetof(struct cu_driver, init)},
+		{"cuDeviceGetCount", offsetof(struct cu_driver, device_get_count)},
+		{"cuDeviceGet", offsetof(struct cu_driver, device_get)},
+		{"cuDeviceGetName", offsetof(struct cu_driver, device_get_name)},
+		{"cuDevicePrimaryCtxRetain", offsetof(struct cu_driver, primary_ctx_retain)},
+		{"cuCtxSetCurrent", offsetof(struct cu_driver, ctx_set_current)},
+		{"cuMemAlloc_v2", offsetof(struct cu_driver, mem_alloc)},
+		{"cuMemFree_v2", offsetof(struct cu_driver, mem_free)},
+		{"cuMemcpyHtoD_v2", offsetof(struct cu_driver, memcpy_htod)},
+		{"cuMemcpyDtoH_v2", offsetof(struct cu_driver, memcpy_dtoh)},
+		{"cuGetErrorString", offsetof(struct cu_driver, get_error_string)},
+	};
+	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	cu_result r;
+
+	if (!h) {
+		snprintf(why, len, "cannot load the CUDA driver: %s", dlerror());
+		return -1;
+	}
+	for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+		void *f = dlsym(h, syms[i].name);
+		if (!f) {
+			snprintf(why, len, "the CUDA driver libcuda.so.1 has no %s; update the "
+			         "driver", syms[i].name);
+			return -1; /* h stays open: it is this process's driver either way */
+		}
+		memcpy((char *)&cu + syms[i].offset, &f, sizeof f);
+	}
+	if ((r = cu.init(0)) != 0) {
+		snprintf(why, len, "cuInit failed: %s", cu_text(r));
+		return -1;
+	}
+	if ((r = cu.device_get_count(&cu.count)) != 0) {
+		snprintf(why, len, "cuDeviceGetCount failed: %s", cu_text(r));
+		return -1;
+	}
+	if (cu.count < 1) {
+		snprintf(why, len, "the CUDA driver sees no device");
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * After khor_init: this rank's device (local rank % count) and its primary context, current
+ * on this thread. A failure is kept in cu.why and reported by the first allocation, which
+ * bench_run makes on every rank together, so the job stops as one.
+ */
+static void cuda_open(int local_rank)
+{
+	int ordinal = local_rank % cu.count;
+	const char *call = "cuDeviceGet";
+	char name[96] = "";
+	cu_device dev;
+	cu_result r;
+
+	if ((r = cu.device_get(&dev, ordinal)) != 0)
+		call = "cuDeviceGet";
+	else if ((r = cu.primary_ctx_retain(&cu.ctx, dev)) != 0)
+		call = "cuDevicePrimaryCtxRetain";
+	else if ((r = cu.ctx_set_current(cu.ctx)) != 0)
+		call = "cuCtxSetCurrent";
+	if (r != 0) {
+		snprintf(cu.why, sizeof cu.why, "%s for cuda device %d of %d failed: %s", call,
+		         ordinal, cu.count, cu_text(r));
+		cu.ctx = NULL;
+		return;
+	}
+	if (cu.device_get_name(name, (int)sizeof name, dev) != 0)
+		strcpy(name, "unnamed");
+	if (cu.count == 1)
+		snprintf(cu.where, sizeof cu.where, "cuda device 0 (%s)", name);
+	else
+		snprintf(cu.where, sizeof cu.where,
+		         "cuda devices, local rank %% %d (rank 0's: %d, %s)", cu.count, ordinal,
+		         name);
+}
+
+/* The memory ops of bench_common.h. Each makes the context current: --comms calls them from
+ * threads of its own. */
+static int cu_current(char *why, size_t len)
+{
+	cu_result r;
+
+	if (!cu.ctx) {
+		snprintf(why, len, "%s", cu.why);
+		return -1;
+	}
+	if ((r = cu.ctx_set_current(cu.ctx)) != 0) {
+		snprintf(why, len, "cuCtxSetCurrent failed: %s", cu_text(r));
+		return -1;
+	}
+	return 0;
+}
+
+static void *cu_alloc(const struct bench_mem *m, size_t bytes, char *why, size_t len)
+{
+	cu_deviceptr p = 0;
+	cu_result r;
+
+	(void)m;
+	if (cu_current(why, len))
+		return NULL;
+	if ((r = cu.mem_alloc(&p, bytes)) != 0) {
+		snprintf(why, len, "cuMemAlloc (%zu B) failed: %s; lower -e", bytes, cu_text(r));
+		return NULL;
+	}
+	return (void *)(uintptr_t)p;
+}
+
+static void cu_free(const struct bench_mem *m, void *p)
+{
+	char why[400];
+
+	(void)m;
+	if (cu_current(why, sizeof why) == 0)
+		cu.mem_free((cu_deviceptr)(uintptr_t)p);
+}
+
+static int cu_put(const struct bench_mem *m, void *dst, const void *src, size_t bytes, char *why,
+                  size_t len)
+{
+	cu_result r;
+
+	(void)m;
+	if (bytes == 0)
+		return 0;
+	if (cu_current(why, len))
+		return -1;
+	if ((r = cu.memcpy_htod((cu_deviceptr)(uintptr_t)dst, src, bytes)) != 0) {
+		snprintf(why, len, "cuMemcpyHtoD (%zu B) failed: %s", bytes, cu_text(r));
+		return -1;
+	}
+	return 0;
+}
+
+static int cu_get(const struct bench_mem *m, void *dst, const void *src, size_t bytes, char *why,
+                  size_t len)
+{
+	cu_result r;
+
+	(void)m;
+	if (bytes == 0)
+		return 0;
+	if (cu_current(why, len))
+		return -1;
+	if ((r = cu.memcpy_dtoh(dst, (cu_deviceptr)(uintptr_t)src, bytes)) != 0) {
+		snprintf(why, len, "cuMemcpyDtoH (%zu B) failed: %s", bytes, cu_text(r));
+		return -1;
+	}
+	return 0;
+}
+
+static const struct bench_mem cuda_mem = {
+	.name = "cuda",
+	.where = cu.where,
+	.alloc = cu_alloc,
+	.free = cu_free,
+	.put = cu_put,
+	.get = cu_get,
+};
+
+/* --mem: host (the default), cuda or both. */
+enum kb_mem { MEM_HOST, MEM_CUDA, MEM_BOTH };
+static enum kb_mem mem_mode = MEM_HOST;
+static const char *mem_spec; /* as given, NULL when --mem was not */
+
+static int parse_mem(const char *v)
+{
+	static const char *const names[] = {"host", "cuda", "both"};
+	for (int m = 0; m < 3; m++) {
+		if (strcmp(v, names[m]) == 0) {
+			mem_mode = (enum kb_mem)m;
+			mem_spec = names[m];
+			return 0;
+		}
+	}
+	fprintf(stderr, PROG ": bad value '%s' for --mem: it needs host, cuda or both\n", v);
+	return -1;
+}
 
 static khor_dtype to_khor_dtype(enum bench_dtype d)
 {
@@ -168,6 +415,12 @@ static const char *kb_error(struct bench_backend *b)
 	"                        of its own: each comm's time and busbw and their sum; a\n"      \
 	"                        list (1,2,4) runs each K in turn, side by side. Also times\n"   \
 	"                        khor_comm_split + khor_comm_free (median of 21)\n"          \
+	"      --mem M           where the buffers are: host (default), cuda (on the GPU\n"     \
+	"                        of local rank % devices, filled and checked through host\n"    \
+	"                        copies outside the timed calls) or both (host and cuda\n"     \
+	"                        timed side by side, alternating in rounds at every size,\n"   \
+	"                        with the ratio cuda/host of their busbw). Exit status 77\n"   \
+	"                        (a skip) where no GPU is usable, with the reason\n"           \
 	"  " PROG " step [flags]: a training step's gradients through the engine against\n"     \
 	"                        the direct API (" PROG " step --help)\n"
 
@@ -282,14 +535,16 @@ static int split_algos(const char *v)
 /*
  * khor's own flags, --algo NAME and --transport NAME, become KHOR_ALGO and KHOR_TRANSPORT
  * before init and are taken out of argv, so the shared parser (and mpi-bench) never see
- * them. Their values are checked by khor_init, the one place that knows them. --comms is
- * khor-bench's alone too (mpi-bench has no comm split): it is parsed here. Returns the new
+ * them. Their values are checked by khor_init, the one place that knows them. --comms and
+ * --mem are khor-bench's alone too (mpi-bench has no comm split and no device buffers):
+ * they are parsed here. Returns the new
  * argc, or -1 after printing a usage error.
  */
 static int take_khor_flags(int argc, char **argv)
 {
 	static const struct { const char *flag, *var; } flags[] = {
 		{ "--algo", "KHOR_ALGO" }, { "--transport", "KHOR_TRANSPORT" }, { "--comms", NULL },
+		{ "--mem", NULL },
 	};
 	int out = 1;
 
@@ -311,7 +566,12 @@ static int take_khor_flags(int argc, char **argv)
 				bench_usage(stderr, PROG, KHOR_USAGE);
 				return -1;
 			}
-			if (f == 2 || (f == 0 && strchr(v, ','))) {
+			if (f == 3) {
+				if (parse_mem(v)) {
+					bench_usage(stderr, PROG, KHOR_USAGE);
+					return -1;
+				}
+			} else if (f == 2 || (f == 0 && strchr(v, ','))) {
 				if (f == 2 ? split_comm_counts(v) : split_algos(v)) {
 					bench_usage(stderr, PROG, KHOR_USAGE);
 					return -1;
@@ -335,8 +595,9 @@ static int step_main(int argc, char **argv)
 	int rc = step_parse_args(argc, argv, &args);
 	if (rc)
 		return rc == 1 ? 0 : 2;
-	if (comm_count_n > 0 || algo_count > 1) {
-		fprintf(stderr, PROG " step: --comms and a list of --algo do not apply to step\n");
+	if (comm_count_n > 0 || algo_count > 1 || mem_spec) {
+		fprintf(stderr, PROG " step: --comms, --mem and a list of --algo do not apply to "
+		        "step\n");
 		step_usage(stderr);
 		return 2;
 	}
@@ -382,6 +643,21 @@ int main(int argc, char **argv)
 		bench_usage(stderr, PROG, KHOR_USAGE);
 		return 2;
 	}
+	if (mem_mode == MEM_BOTH && (comm_count_n > 0 || algo_count > 1)) {
+		/* Either already interleaves its columns in rounds; both at once would be a table
+		 * of algorithms x kinds that nobody reads. */
+		fprintf(stderr, PROG ": --mem both cannot be combined with --comms or a list of "
+		        "--algo; give --mem host or cuda, or one algorithm\n");
+		bench_usage(stderr, PROG, KHOR_USAGE);
+		return 2;
+	}
+	if (mem_mode != MEM_HOST) {
+		char why[512] = "";
+		if (cuda_probe(why, sizeof why)) {
+			fprintf(stderr, PROG ": --mem %s: no usable GPU here: %s\n", mem_spec, why);
+			return EXIT_NO_GPU;
+		}
+	}
 
 	char err[1024] = "";
 	struct khor_ctx ctx = {0};
@@ -419,6 +695,11 @@ int main(int argc, char **argv)
 		.dup_name = "khor_comm_split",
 		.free_name = "khor_comm_free",
 	};
+	if (mem_mode != MEM_HOST) {
+		cuda_open(khor_local_rank(ctx.comm));
+		b.nmems = mem_mode == MEM_BOTH ? 2 : 1;
+		b.mems[b.nmems - 1] = &cuda_mem; /* both: host first, so the ratio is cuda/host */
+	}
 	for (int k = 0; k < algo_count; k++) {
 		b.algos[k] = algo_names[k];
 		/* A bad name is a bad flag: refuse it before the sweep (every rank sees the same). */
