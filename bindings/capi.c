@@ -295,9 +295,9 @@ static khor_status prepare(khor_comm *c, const char *fn, unsigned kind, const vo
 {
 	size_t esz = kdtype_size(dtype);
 
+	memset(r, 0, sizeof(*r)); /* first: the caller frees r's arrays even after a failure */
 	if (c == NULL)
 		return KHOR_ERR_INVALID_ARG;
-	memset(r, 0, sizeof(*r));
 	if (esz == 0)
 		return bad_arg(c, "%s: unknown dtype %d", fn, (int)dtype);
 	bool reduces = kind == COLL_ALLREDUCE || kind == COLL_REDUCE || kind == COLL_REDUCESCATTER;
@@ -617,6 +617,61 @@ KHOR_API khor_status khor_alltoall(khor_comm *comm, const void *sendbuf, void *r
 {
 	B(prepare(comm, "khor_alltoall", COLL_ALLTOALL, sendbuf, recvbuf, count, dtype, KHOR_SUM,
 	          0, &r));
+}
+
+/*
+ * The stream forms (khor.h): the blocking forms with the caller's stream, which device
+ * calls run on instead of the comm's own and do not wait for at the end (exec.c: mem_end).
+ */
+#define S(prep) \
+	struct khor_request r; \
+	khor_status st = (prep); \
+	r.stream = stream; \
+	r.has_stream = true; \
+	return run_blocking(comm, &r, st)
+
+KHOR_API khor_status khor_allreduce_stream(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                           size_t count, khor_dtype dtype, khor_op op,
+                                           void *stream)
+{
+	S(prepare(comm, "khor_allreduce_stream", COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype,
+	          op, 0, &r));
+}
+
+KHOR_API khor_status khor_broadcast_stream(khor_comm *comm, void *buf, size_t count,
+                                           khor_dtype dtype, int root, void *stream)
+{
+	S(prepare(comm, "khor_broadcast_stream", COLL_BROADCAST, buf, buf, count, dtype, KHOR_SUM,
+	          root, &r));
+}
+
+KHOR_API khor_status khor_reduce_stream(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                        size_t count, khor_dtype dtype, khor_op op, int root,
+                                        void *stream)
+{
+	S(prep_reduce(comm, "khor_reduce_stream", sendbuf, recvbuf, count, dtype, op, root, &r));
+}
+
+KHOR_API khor_status khor_allgather_stream(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                           size_t count, khor_dtype dtype, void *stream)
+{
+	S(prepare(comm, "khor_allgather_stream", COLL_ALLGATHER, sendbuf, recvbuf, count, dtype,
+	          KHOR_SUM, 0, &r));
+}
+
+KHOR_API khor_status khor_reduce_scatter_stream(khor_comm *comm, const void *sendbuf,
+                                                void *recvbuf, size_t count, khor_dtype dtype,
+                                                khor_op op, void *stream)
+{
+	S(prepare(comm, "khor_reduce_scatter_stream", COLL_REDUCESCATTER, sendbuf, recvbuf, count,
+	          dtype, op, 0, &r));
+}
+
+KHOR_API khor_status khor_alltoall_stream(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                          size_t count, khor_dtype dtype, void *stream)
+{
+	S(prepare(comm, "khor_alltoall_stream", COLL_ALLTOALL, sendbuf, recvbuf, count, dtype,
+	          KHOR_SUM, 0, &r));
 }
 
 KHOR_API khor_status khor_ialltoall(khor_comm *comm, const void *sendbuf, void *recvbuf,

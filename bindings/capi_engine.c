@@ -190,7 +190,7 @@ static khor_status enqueue(khor_engine *e, int set, int kind, int n, const eng_t
 static eng_targ one(const char *name, const void *in, void *out, khor_dtype dtype, int ndim,
                     const int64_t *dims)
 {
-	eng_targ t = { name, in, out, dtype, ndim, dims, NULL };
+	eng_targ t = { name, in, out, dtype, ndim, dims, NULL, NULL };
 	return t;
 }
 
@@ -228,18 +228,22 @@ static eng_targ *group(khor_engine *e, const char *fn, int n, const char *const 
 	return t;
 }
 
-/* A grouped call: the arrays checked and turned into tensors, then one enqueue. */
+/* A grouped call: the arrays checked and turned into tensors, then one enqueue. ready: the
+ * inputs' ready events (n, any NULL), or NULL. */
 static khor_status grouped(khor_engine *e, int set, int kind, const char *fn, int n,
                            const char *const *names, const void *const *inputs,
                            void *const *outputs, const khor_dtype *dtypes, const int *ndims,
                            const int64_t *dims, khor_op op, double pre, double post,
-                           khor_alloc_fn alloc, void *alloc_arg, khor_handle **handle_out)
+                           khor_alloc_fn alloc, void *alloc_arg, void *const *ready,
+                           khor_handle **handle_out)
 {
 	if (e == NULL)
 		return KHOR_ERR_INVALID_ARG;
 	eng_targ *t = group(e, fn, n, names, inputs, outputs, dtypes, ndims, dims);
 	if (t == NULL)
 		return e->last.status;
+	for (int i = 0; ready != NULL && i < n; i++)
+		t[i].ready = ready[i];
 	khor_status st = enqueue(e, set, kind, n, t, op, pre, post, 0, alloc, alloc_arg,
 	                         handle_out);
 	free(t);
@@ -268,7 +272,7 @@ KHOR_API khor_status khor_enqueue_grouped_allreduce(khor_engine *engine, int set
                                                     khor_handle **handle_out)
 {
 	return grouped(engine, set, EK_ALLREDUCE, "grouped allreduce", n, names, inputs, outputs,
-	               dtypes, ndims, dims, op, prescale, postscale, NULL, NULL, handle_out);
+	               dtypes, ndims, dims, op, prescale, postscale, NULL, NULL, NULL, handle_out);
 }
 
 KHOR_API khor_status khor_enqueue_allgather(khor_engine *engine, int set, const char *name,
@@ -290,7 +294,7 @@ KHOR_API khor_status khor_enqueue_grouped_allgather(khor_engine *engine, int set
                                                     khor_handle **handle_out)
 {
 	return grouped(engine, set, EK_ALLGATHER, "grouped allgather", n, names, inputs, NULL,
-	               dtypes, ndims, dims, KHOR_SUM, 1.0, 1.0, alloc, alloc_arg, handle_out);
+	               dtypes, ndims, dims, KHOR_SUM, 1.0, 1.0, alloc, alloc_arg, NULL, handle_out);
 }
 
 KHOR_API khor_status khor_enqueue_broadcast(khor_engine *engine, int set, const char *name,
@@ -337,8 +341,120 @@ KHOR_API khor_status khor_enqueue_grouped_reducescatter(khor_engine *engine, int
                                                         khor_handle **handle_out)
 {
 	return grouped(engine, set, EK_REDUCESCATTER, "grouped reducescatter", n, names, inputs,
-	               outputs, dtypes, ndims, dims, op, prescale, postscale, NULL, NULL,
+	               outputs, dtypes, ndims, dims, op, prescale, postscale, NULL, NULL, NULL,
 	               handle_out);
+}
+
+/*
+ * The _event forms (khor.h): the calls above with the input's ready event, which the set
+ * thread waits for before it reads the input (runtime/execute.c: wait_ready).
+ */
+KHOR_API khor_status khor_enqueue_allreduce_event(khor_engine *engine, int set,
+                                                  const char *name, const void *input,
+                                                  void *output, khor_dtype dtype, int ndim,
+                                                  const int64_t *dims, khor_op op,
+                                                  double prescale, double postscale,
+                                                  void *ready_event, khor_handle **handle_out)
+{
+	eng_targ t = one(name, input, output, dtype, ndim, dims);
+	t.ready = ready_event;
+	return enqueue(engine, set, EK_ALLREDUCE, 1, &t, op, prescale, postscale, 0, NULL, NULL,
+	               handle_out);
+}
+
+KHOR_API khor_status khor_enqueue_grouped_allreduce_event(khor_engine *engine, int set, int n,
+                                                          const char *const *names,
+                                                          const void *const *inputs,
+                                                          void *const *outputs,
+                                                          const khor_dtype *dtypes,
+                                                          const int *ndims,
+                                                          const int64_t *dims, khor_op op,
+                                                          double prescale, double postscale,
+                                                          void *const *ready_events,
+                                                          khor_handle **handle_out)
+{
+	return grouped(engine, set, EK_ALLREDUCE, "grouped allreduce", n, names, inputs, outputs,
+	               dtypes, ndims, dims, op, prescale, postscale, NULL, NULL, ready_events,
+	               handle_out);
+}
+
+KHOR_API khor_status khor_enqueue_allgather_event(khor_engine *engine, int set,
+                                                  const char *name, const void *input,
+                                                  khor_dtype dtype, int ndim,
+                                                  const int64_t *dims, khor_alloc_fn alloc,
+                                                  void *alloc_arg, void *ready_event,
+                                                  khor_handle **handle_out)
+{
+	eng_targ t = one(name, input, NULL, dtype, ndim, dims);
+	t.ready = ready_event;
+	return enqueue(engine, set, EK_ALLGATHER, 1, &t, KHOR_SUM, 1.0, 1.0, 0, alloc, alloc_arg,
+	               handle_out);
+}
+
+KHOR_API khor_status khor_enqueue_grouped_allgather_event(khor_engine *engine, int set, int n,
+                                                          const char *const *names,
+                                                          const void *const *inputs,
+                                                          const khor_dtype *dtypes,
+                                                          const int *ndims,
+                                                          const int64_t *dims,
+                                                          khor_alloc_fn alloc, void *alloc_arg,
+                                                          void *const *ready_events,
+                                                          khor_handle **handle_out)
+{
+	return grouped(engine, set, EK_ALLGATHER, "grouped allgather", n, names, inputs, NULL,
+	               dtypes, ndims, dims, KHOR_SUM, 1.0, 1.0, alloc, alloc_arg, ready_events,
+	               handle_out);
+}
+
+KHOR_API khor_status khor_enqueue_broadcast_event(khor_engine *engine, int set,
+                                                  const char *name, const void *input,
+                                                  void *output, khor_dtype dtype, int ndim,
+                                                  const int64_t *dims, int root,
+                                                  void *ready_event, khor_handle **handle_out)
+{
+	eng_targ t = one(name, input, output, dtype, ndim, dims);
+	t.ready = ready_event;
+	return enqueue(engine, set, EK_BROADCAST, 1, &t, KHOR_SUM, 1.0, 1.0, root, NULL, NULL,
+	               handle_out);
+}
+
+KHOR_API khor_status khor_enqueue_alltoall_event(khor_engine *engine, int set,
+                                                 const char *name, const void *input,
+                                                 khor_dtype dtype, int ndim,
+                                                 const int64_t *dims, const int64_t *splits,
+                                                 khor_alloc_fn alloc, void *alloc_arg,
+                                                 void *ready_event, khor_handle **handle_out)
+{
+	eng_targ t = one(name, input, NULL, dtype, ndim, dims);
+	t.splits = splits;
+	t.ready = ready_event;
+	return enqueue(engine, set, EK_ALLTOALL, 1, &t, KHOR_SUM, 1.0, 1.0, 0, alloc, alloc_arg,
+	               handle_out);
+}
+
+KHOR_API khor_status khor_enqueue_reducescatter_event(khor_engine *engine, int set,
+                                                      const char *name, const void *input,
+                                                      void *output, khor_dtype dtype,
+                                                      int ndim, const int64_t *dims,
+                                                      khor_op op, double prescale,
+                                                      double postscale, void *ready_event,
+                                                      khor_handle **handle_out)
+{
+	eng_targ t = one(name, input, output, dtype, ndim, dims);
+	t.ready = ready_event;
+	return enqueue(engine, set, EK_REDUCESCATTER, 1, &t, op, prescale, postscale, 0, NULL,
+	               NULL, handle_out);
+}
+
+KHOR_API khor_status khor_enqueue_grouped_reducescatter_event(
+	khor_engine *engine, int set, int n, const char *const *names, const void *const *inputs,
+	void *const *outputs, const khor_dtype *dtypes, const int *ndims, const int64_t *dims,
+	khor_op op, double prescale, double postscale, void *const *ready_events,
+	khor_handle **handle_out)
+{
+	return grouped(engine, set, EK_REDUCESCATTER, "grouped reducescatter", n, names, inputs,
+	               outputs, dtypes, ndims, dims, op, prescale, postscale, NULL, NULL,
+	               ready_events, handle_out);
 }
 
 KHOR_API khor_status khor_enqueue_barrier(khor_engine *engine, int set, khor_handle **handle_out)

@@ -33,7 +33,7 @@
  * and no rank sits out (the fold-in/fold-out fix would cost two extra steps and a whole
  * extra copy of the data for the folded ranks).
  *
- * Both: sendbuf is copied into its place first (memmove, skipped when it already is
+ * Both: sendbuf is copied into its place first (coll_copy, skipped when it already is
  * there), so sendbuf may lie anywhere inside recvbuf.
  */
 #include "../base/dtype.h"
@@ -85,10 +85,9 @@ khor_status ring_allgatherv(coll_comm *cc, const void *sendbuf, void *recvbuf,
 	coll_wait w;
 	khor_status st = KHOR_SUCCESS;
 
-	if (counts[r] > 0 && sendbuf != out + displs[r] * esz)
-		memmove(out + displs[r] * esz, sendbuf, counts[r] * esz);
-	if (n == 1)
-		return KHOR_SUCCESS;
+	st = coll_copy(cc, out + displs[r] * esz, sendbuf, counts[r] * esz, err);
+	if (st != KHOR_SUCCESS || n == 1)
+		return st;
 	coll_wait_begin(cc, &w, "allgather seq %u", seq, -1);
 	for (int i = 0; i < n; i++)
 		max_count = counts[i] > max_count ? counts[i] : max_count;
@@ -187,10 +186,9 @@ khor_status rd_allgather(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	uint32_t round = 0;
 	khor_status st = KHOR_SUCCESS;
 
-	if (bsz > 0 && sendbuf != out + (size_t)r * bsz)
-		memmove(out + (size_t)r * bsz, sendbuf, bsz);
-	if (n == 1)
-		return KHOR_SUCCESS;
+	st = coll_copy(cc, out + (size_t)r * bsz, sendbuf, bsz, err);
+	if (st != KHOR_SUCCESS || n == 1)
+		return st;
 	coll_wait_begin(cc, &w, "allgather seq %u", seq, -1);
 	memset(x, 0, sizeof(x));
 

@@ -24,7 +24,7 @@
  *   n = 4:   round 0: 1<->3        round 1: 0<->1  2<->3
  *            round 2: 0<->2        round 3: 0<->3  1<->2
  *
- * The temporary block is scratch when it fits, else malloc'd for the call.
+ * The temporary block is scratch when it fits, else coll_big.
  */
 #include "../base/dtype.h"
 #include "algos.h"
@@ -58,7 +58,7 @@ static khor_status inplace_alltoallv(coll_comm *cc, uint8_t *buf, const size_t *
 
 	for (int i = 0; i < n; i++)
 		max_bytes = counts[i] * esz > max_bytes ? counts[i] * esz : max_bytes;
-	tmp = max_bytes <= cc->scratch_len ? cc->scratch : coll_big(cc, max_bytes);
+	tmp = max_bytes <= cc->scratch_len ? coll_scratch(cc) : coll_big(cc, max_bytes);
 	if (tmp == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: out of memory for a %zu-byte block "
 		                "(in-place alltoall)", coll_wait_what(w), max_bytes);
@@ -71,8 +71,8 @@ static khor_status inplace_alltoallv(coll_comm *cc, uint8_t *buf, const size_t *
 		if (p == r)
 			continue;
 		st = coll_sendrecv(cc, w, p, blk, bytes, p, tmp, bytes, tag, err);
-		if (st == KHOR_SUCCESS && bytes > 0)
-			memcpy(blk, tmp, bytes);
+		if (st == KHOR_SUCCESS)
+			st = coll_copy(cc, blk, tmp, bytes, err);
 	}
 	return st;
 }
@@ -104,8 +104,10 @@ khor_status pairwise_alltoallv(coll_comm *cc, const void *sendbuf, const size_t 
 		st = inplace_alltoallv(cc, out, recvcounts, rdispls, dtype, seq, &w, err);
 		goto out;
 	}
-	if (recvcounts[r] > 0)
-		memmove(out + rdispls[r] * esz, in + sdispls[r] * esz, recvcounts[r] * esz);
+	st = coll_copy(cc, out + rdispls[r] * esz, in + sdispls[r] * esz, recvcounts[r] * esz,
+	               err);
+	if (st != KHOR_SUCCESS)
+		goto out;
 	window = cc->max_lanes < 1 ? 1 : (cc->max_lanes > A2A_MAX_WINDOW ? A2A_MAX_WINDOW :
 	                                  cc->max_lanes);
 	if (window > n - 1)

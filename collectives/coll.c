@@ -2,6 +2,8 @@
 #include "coll.h"
 
 #include "../base/dtype.h"
+#include "../base/log.h"
+#include "reduce.h"
 
 #include <sched.h>
 #include <stdatomic.h>
@@ -24,17 +26,21 @@ static bool inside(uintptr_t p, size_t len, const void *lo, size_t n)
  * a receive buffer of one step is the send buffer of the next.
  */
 static khor_status post_reg(coll_comm *cc, const coll_tp *t, void *buf, size_t len,
-                            regcache_entry **reg_out, kerr *err)
+                            tp_mem_kind kind, regcache_entry **reg_out, kerr *err)
 {
 	const uintptr_t p = (uintptr_t)buf;
 	tp_reg_desc d = {
-		.buf = buf, .len = len, .kind = TP_MEM_HOST, .dmabuf_fd = -1,
+		.buf = buf, .len = len, .kind = kind, .dmabuf_fd = -1,
 		.access = TP_ACCESS_LOCAL_WRITE | TP_ACCESS_REMOTE_WRITE | TP_ACCESS_REMOTE_READ,
 	};
 	uint64_t scope = REGCACHE_ONESHOT;
 	const coll_reg_call *rc = cc->reg_call;
 
-	if (inside(p, len, cc->scratch, cc->scratch_len)) {
+	if (coll_on_device(cc)) {
+		/* The device scratch and temps are freed by mem.c, which knows no registration
+		 * caches: only the call's own buffers are kept (as the runtime says), the rest go
+		 * one-shot. */
+	} else if (inside(p, len, cc->scratch, cc->scratch_len)) {
 		d.buf = cc->scratch;
 		d.len = cc->scratch_len;
 		scope = REGCACHE_KEEP;
@@ -65,13 +71,130 @@ static khor_status post_reg(coll_comm *cc, const coll_tp *t, void *buf, size_t l
 	return st;
 }
 
+/*
+ * Device memory, per transfer (coll_xfer.stage). A transport that can't take device
+ * memory (tcp, shm; ib where GPUDirect registration fails) gets it through a pinned slot:
+ *
+ *   send:  copy device -> slot on the stream ... STAGE_D2H ... isend(slot) ... STAGE_NET
+ *   recv:  irecv(slot) ... STAGE_NET ... copy slot -> device on the stream; done (the slot
+ *          goes back to the pool once that copy has run: kmem_pool_put_after)
+ *
+ * so a schedule's lanes overlap the copy of one slice with the wire of another, and what
+ * a stream-ordered kernel wrote before a send is what goes out. A transport that takes
+ * device memory (caps.device_mem, and the registration worked) gets the buffer itself
+ * once the stream has reached the post (STAGE_PRE: what a kernel writes must be there
+ * before the wire reads it, and what one reads must be read before a receive overwrites
+ * it), and a receive is flushed (caps.needs_flush) before it counts as done (STAGE_FLUSH).
+ */
+enum {
+	STAGE_NONE = 0,
+	STAGE_PRE,   /* direct: waiting for the stream before posting */
+	STAGE_D2H,   /* staged send: waiting for the copy into the slot */
+	STAGE_NET,   /* staged: on the wire through the slot */
+	STAGE_FLUSH, /* direct receive: its flush is in flight */
+};
+
+static khor_status post_plain(coll_comm *cc, coll_xfer *x, const coll_tp *t, void *buf,
+                              size_t len, tp_mem_kind kind, kerr *err)
+{
+	tp_mr *mr = NULL;
+	khor_status st;
+
+	if (t->cache != NULL && len > t->caps.reg_min) {
+		st = post_reg(cc, t, buf, len, kind, &x->reg, err);
+		if (st != KHOR_SUCCESS) {
+			kerr_prefix(err, "%s %zu B %s rank %d (comm %u, seq %u, step %u) over %s",
+			            x->is_send ? "sending" : "receiving", len, x->is_send ? "to" : "from",
+			            x->peer, x->tag.comm, x->tag.seq, x->tag.step, t->ops->name);
+			return st;
+		}
+		mr = regcache_mr(x->reg);
+	}
+	if (x->is_send)
+		st = t->ops->isend(x->link, buf, len, x->tag, mr, &x->req, err);
+	else
+		st = t->ops->irecv(x->link, buf, len, x->tag, mr, &x->req, err);
+	if (st != KHOR_SUCCESS && x->reg != NULL) {
+		regcache_put(t->cache, x->reg);
+		x->reg = NULL;
+	}
+	return st;
+}
+
+/* Whether t takes the device buffer buf itself; says once per comm why not, when it can't. */
+static bool device_direct(coll_comm *cc, const coll_tp *t, void *buf, size_t len)
+{
+	regcache_entry *reg = NULL;
+	kerr e;
+
+	if (!t->caps.device_mem || t->cache == NULL)
+		return false;
+	kerr_clear(&e);
+	if (post_reg(cc, t, buf, len, TP_MEM_CUDA, &reg, &e) == KHOR_SUCCESS) {
+		regcache_put(t->cache, reg); /* the post takes its own reference */
+		return true;
+	}
+	if (!cc->mem->logged_staging) {
+		cc->mem->logged_staging = true;
+		KLOG_INFO("%s can't take %s memory directly (%s): device buffers go through pinned "
+		          "host memory instead", t->ops->name, cc->mem->be->name, e.text);
+	}
+	return false;
+}
+
+static khor_status post_device(coll_comm *cc, coll_xfer *x, const coll_tp *t, void *buf,
+                               size_t len, kerr *err)
+{
+	kmem_state *m = cc->mem;
+	const kmem_backend *be = m->be;
+	khor_status st;
+
+	x->buf = buf;
+	x->len = len;
+	if (device_direct(cc, t, buf, len)) {
+		if ((st = kmem_event_get(m, &x->ev, err)) != KHOR_SUCCESS)
+			return st;
+		if ((st = be->event_record(x->ev, m->stream, err)) != KHOR_SUCCESS) {
+			kmem_event_put(m, x->ev);
+			x->ev = NULL;
+			return st;
+		}
+		x->stage = STAGE_PRE;
+		return KHOR_SUCCESS;
+	}
+	if ((st = kmem_pool_get(m, len, &x->slot, err)) != KHOR_SUCCESS)
+		return st;
+	void *slot = m->pool[x->slot].p;
+	if (!x->is_send) {
+		st = post_plain(cc, x, t, slot, len, TP_MEM_HOST, err);
+		if (st != KHOR_SUCCESS) {
+			kmem_pool_put(m, x->slot);
+			x->slot = -1;
+			return st;
+		}
+		x->stage = STAGE_NET;
+		return KHOR_SUCCESS;
+	}
+	if ((st = kmem_event_get(m, &x->ev, err)) == KHOR_SUCCESS &&
+	    (st = be->copy(slot, buf, len, m->stream, err)) == KHOR_SUCCESS &&
+	    (st = be->event_record(x->ev, m->stream, err)) == KHOR_SUCCESS) {
+		x->stage = STAGE_D2H;
+		return KHOR_SUCCESS;
+	}
+	/* The stream failed: the device is in error and the comm fails with it. The slot
+	 * stays busy rather than be reused under a copy that might still run. */
+	kmem_event_put(m, x->ev);
+	x->ev = NULL;
+	x->slot = -1;
+	return st;
+}
+
 khor_status coll_post(coll_comm *cc, coll_xfer *x, int peer, bool is_send, void *buf,
                       size_t len, tp_tag tag, kdeadline dl, kerr *err)
 {
 	tp_link *link;
 	khor_status st;
 	int tpi;
-	tp_mr *mr = NULL;
 
 	if (cc->map != NULL)
 		peer = cc->map[peer]; /* links belong to the world comm; groups share them */
@@ -82,26 +205,122 @@ khor_status coll_post(coll_comm *cc, coll_xfer *x, int peer, bool is_send, void 
 	x->is_send = is_send;
 	x->tpi = tpi;
 	x->reg = NULL;
+	x->req = NULL;
+	x->stage = STAGE_NONE;
+	x->slot = -1;
+	x->ev = NULL;
+	x->buf = buf;
+	x->len = len;
+	x->link = link;
+	x->tag = tag;
 	const coll_tp *t = &cc->tps[tpi];
-	if (t->cache != NULL && len > t->caps.reg_min) {
-		st = post_reg(cc, t, buf, len, &x->reg, err);
-		if (st != KHOR_SUCCESS) {
-			kerr_prefix(err, "%s %zu B %s rank %d (comm %u, seq %u, step %u) over %s",
-			            is_send ? "sending" : "receiving", len, is_send ? "to" : "from", peer,
-			            tag.comm, tag.seq, tag.step, t->ops->name);
-			return st;
-		}
-		mr = regcache_mr(x->reg);
-	}
-	if (is_send)
-		st = t->ops->isend(link, buf, len, tag, mr, &x->req, err);
-	else
-		st = t->ops->irecv(link, buf, len, tag, mr, &x->req, err);
-	if (st != KHOR_SUCCESS && x->reg != NULL) {
-		regcache_put(t->cache, x->reg);
-		x->reg = NULL;
-	}
+	if (!coll_on_device(cc))
+		return post_plain(cc, x, t, buf, len, TP_MEM_HOST, err);
+	x->tag.meta |= COLL_META_DEVICE;
+	if (len == 0)
+		return post_plain(cc, x, t, buf, 0, TP_MEM_HOST, err);
+	st = post_device(cc, x, t, buf, len, err);
+	if (st != KHOR_SUCCESS)
+		kerr_prefix(err, "%s %zu B of %s memory %s rank %d (comm %u, seq %u, step %u)",
+		            is_send ? "sending" : "receiving", len, cc->mem->be->name,
+		            is_send ? "to" : "from", peer, tag.comm, tag.seq, tag.step);
 	return st;
+}
+
+/* Moves a device transfer on by one stage when it can; true when it is done. */
+static bool device_step(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
+{
+	kmem_state *m = cc->mem;
+	const coll_tp *t = &cc->tps[x->tpi];
+	bool done = false;
+	khor_status s = KHOR_SUCCESS;
+
+	switch (x->stage) {
+	case STAGE_PRE:
+	case STAGE_D2H:
+		s = m->be->event_query(x->ev, &done, err);
+		if (s != KHOR_SUCCESS || !done)
+			break;
+		done = false;
+		kmem_event_put(m, x->ev);
+		x->ev = NULL;
+		if (x->stage == STAGE_PRE) {
+			x->stage = STAGE_NONE; /* a plain transfer of the device buffer from now on */
+			s = post_plain(cc, x, t, x->buf, x->len, TP_MEM_CUDA, err);
+			break;
+		}
+		s = post_plain(cc, x, t, m->pool[x->slot].p, x->len, TP_MEM_HOST, err);
+		if (s != KHOR_SUCCESS) {
+			kmem_pool_put(m, x->slot);
+			x->slot = -1;
+			x->stage = STAGE_NONE;
+			break;
+		}
+		x->stage = STAGE_NET;
+		break;
+	case STAGE_NET: {
+		s = t->ops->test(x->req, &done, err);
+		if (!done)
+			break;
+		x->req = NULL;
+		if (x->reg != NULL) {
+			regcache_put(t->cache, x->reg);
+			x->reg = NULL;
+		}
+		x->stage = STAGE_NONE;
+		if (x->is_send || s != KHOR_SUCCESS) {
+			kmem_pool_put(m, x->slot);
+			x->slot = -1;
+			break;
+		}
+		void *ev = NULL;
+		khor_status c = kmem_event_get(m, &ev, err);
+		if (c == KHOR_SUCCESS)
+			c = m->be->copy(x->buf, m->pool[x->slot].p, x->len, m->stream, err);
+		if (c == KHOR_SUCCESS)
+			c = m->be->event_record(ev, m->stream, err);
+		if (c == KHOR_SUCCESS)
+			kmem_pool_put_after(m, x->slot, ev); /* free once the copy has run */
+		else
+			kmem_event_put(m, ev); /* the slot stays busy: a copy may still read it */
+		x->slot = -1;
+		s = c;
+		break;
+	}
+	case STAGE_FLUSH:
+		s = t->ops->test(x->req, &done, err);
+		if (done) {
+			x->req = NULL;
+			x->stage = STAGE_NONE;
+		}
+		break;
+	}
+	if (s != KHOR_SUCCESS && *st == KHOR_SUCCESS)
+		*st = s;
+	return done && x->stage == STAGE_NONE;
+}
+
+/* Once a direct receive into device memory is complete, flush it where the transport needs
+ * that before a kernel may read it; true when nothing more is to wait for. */
+static bool flush_after(coll_comm *cc, coll_xfer *x, khor_status *s, kerr *err)
+{
+	const coll_tp *t = &cc->tps[x->tpi];
+	regcache_entry *reg = NULL;
+	tp_req *fr = NULL;
+
+	if (!coll_on_device(cc) || x->is_send || x->len == 0 || !t->caps.needs_flush ||
+	    t->ops->flush == NULL || t->cache == NULL)
+		return true;
+	*s = post_reg(cc, t, x->buf, x->len, TP_MEM_CUDA, &reg, err);
+	if (*s == KHOR_SUCCESS)
+		*s = t->ops->flush(x->link, x->buf, x->len, regcache_mr(reg), &fr, err);
+	if (reg != NULL)
+		regcache_put(t->cache, reg);
+	if (*s != KHOR_SUCCESS || fr == NULL)
+		return true;
+	x->req = fr;
+	x->stage = STAGE_FLUSH;
+	return false;
 }
 
 bool coll_done(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
@@ -109,6 +328,8 @@ bool coll_done(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
 	bool done = false;
 	khor_status s;
 
+	if (x->stage != STAGE_NONE)
+		return device_step(cc, x, st, err);
 	if (x->req == NULL)
 		return true;
 	s = cc->tps[x->tpi].ops->test(x->req, &done, err);
@@ -118,14 +339,100 @@ bool coll_done(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
 			regcache_put(cc->tps[x->tpi].cache, x->reg);
 			x->reg = NULL;
 		}
+		if (s == KHOR_SUCCESS)
+			done = flush_after(cc, x, &s, err);
 	}
 	if (s != KHOR_SUCCESS && *st == KHOR_SUCCESS)
 		*st = s;
 	return done;
 }
 
+khor_status coll_copy(coll_comm *cc, void *dst, const void *src, size_t bytes, kerr *err)
+{
+	if (dst == src || bytes == 0)
+		return KHOR_SUCCESS;
+	if (!coll_on_device(cc)) {
+		memmove(dst, src, bytes);
+		return KHOR_SUCCESS;
+	}
+	const kmem_backend *be = cc->mem->be;
+	uint8_t *d = dst;
+	const uint8_t *s = src;
+	if (d + bytes <= s || s + bytes <= d)
+		return be->copy(dst, src, bytes, cc->mem->stream, err);
+	/*
+	 * Overlap (a block that is already near its place: allgather's sendbuf inside
+	 * recvbuf). Device copies don't take it, so move pieces no longer than the distance,
+	 * in the order memmove would: each piece's source is read before anything lands on it.
+	 */
+	const size_t gap = d < s ? (size_t)(s - d) : (size_t)(d - s);
+	for (size_t done = 0; done < bytes;) {
+		size_t n = bytes - done < gap ? bytes - done : gap;
+		size_t off = d < s ? done : bytes - done - n;
+		khor_status st = be->copy(d + off, s + off, n, cc->mem->stream, err);
+		if (st != KHOR_SUCCESS)
+			return st;
+		done += n;
+	}
+	return KHOR_SUCCESS;
+}
+
+khor_status coll_reduce(coll_comm *cc, void *dst, const void *a, const void *b, size_t count,
+                        khor_dtype dtype, khor_op op, kerr *err)
+{
+	if (count == 0)
+		return KHOR_SUCCESS;
+	if (!coll_on_device(cc)) {
+		reduce_kernel(dtype, op)(dst, a, b, count);
+		return KHOR_SUCCESS;
+	}
+	return cc->mem->be->reduce(dst, a, b, count, dtype, op, cc->mem->stream, err);
+}
+
+khor_status coll_avg_finish(coll_comm *cc, void *buf, size_t count, khor_dtype dtype, int n,
+                            kerr *err)
+{
+	if (count == 0 || n <= 1)
+		return KHOR_SUCCESS;
+	if (!coll_on_device(cc)) {
+		reduce_avg_finish(buf, count, dtype, n);
+		return KHOR_SUCCESS;
+	}
+	return cc->mem->be->avg_finish(buf, count, dtype, n, cc->mem->stream, err);
+}
+
+void *coll_scratch(coll_comm *cc)
+{
+	if (!coll_on_device(cc))
+		return cc->scratch;
+	return cc->mem->scratch;
+}
+
+void *coll_tmp(coll_comm *cc, size_t len)
+{
+	kerr ignore;
+
+	if (coll_on_device(cc))
+		return kmem_state_buffer(cc->mem, 1, len, &ignore);
+	if (*cc->tmp_len < len) {
+		void *p = malloc(len);
+		if (p == NULL)
+			return NULL;
+		for (int i = 0; i < cc->ntps; i++)
+			regcache_invalidate(cc->tps[i].cache, *cc->tmp, *cc->tmp_len);
+		free(*cc->tmp);
+		*cc->tmp = p;
+		*cc->tmp_len = len;
+	}
+	return *cc->tmp;
+}
+
 void *coll_big(coll_comm *cc, size_t len)
 {
+	kerr ignore;
+
+	if (coll_on_device(cc))
+		return kmem_state_buffer(cc->mem, 0, len, &ignore);
 	if (*cc->big_len < len) {
 		void *p = malloc(len);
 		if (p == NULL)
@@ -241,11 +548,22 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 	 * hands the core to the rank we are waiting for instead of burning its time slice.
 	 */
 	unsigned mask = 0;
-	for (int i = 0; i < nxs; i++)
+	bool device = false; /* a transfer waits for the device, not the wire */
+	for (int i = 0; i < nxs; i++) {
 		if (xs[i].req != NULL)
 			mask |= 1u << xs[i].tpi;
+		device |= xs[i].stage == STAGE_PRE || xs[i].stage == STAGE_D2H;
+	}
 	if (mask == 0)
 		mask = (1u << cc->ntps) - 1;
+	if (device) {
+		/* No sleep in a transport: nothing would wake it when the copy is done. */
+		st = coll_progress(cc, 0, mask, &moved, err);
+		if (st != KHOR_SUCCESS || moved)
+			return st;
+		sched_yield();
+		goto deadline;
+	}
 	/* Take a spinner's place if one is free (coll.h: max_spinners); else go to sleep. */
 	const bool spin = cc->spinning == NULL ||
 	                  atomic_fetch_add(cc->spinning, 1) < cc->max_spinners;
@@ -280,18 +598,20 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 	st = coll_progress(cc, kdeadline_left_ms(w->dl, 200), mask, NULL, err);
 	if (st != KHOR_SUCCESS)
 		return st;
+deadline:
 	if (kdeadline_passed(w->dl)) {
 		char peers[256] = "";
 		size_t off = 0;
 		int first = -1;
-		for (int i = 0; i < nxs && off + 32 < sizeof(peers); i++) {
-			if (xs[i].req == NULL)
+		for (int i = 0; i < nxs && off + 48 < sizeof(peers); i++) {
+			if (!coll_pending(&xs[i]))
 				continue;
 			if (first < 0 || !xs[i].is_send)
 				first = first < 0 || !xs[i].is_send ? xs[i].peer : first;
-			off += (size_t)snprintf(peers + off, sizeof(peers) - off, "%s%s rank %d",
+			off += (size_t)snprintf(peers + off, sizeof(peers) - off, "%s%s rank %d%s",
 			                        off ? "," : "", xs[i].is_send ? " sending to" : " receiving from",
-			                        xs[i].peer);
+			                        xs[i].peer, xs[i].stage == STAGE_PRE ||
+			                        xs[i].stage == STAGE_D2H ? " (waiting for the device)" : "");
 		}
 		kerr_set(err, KHOR_ERR_TIMEOUT,
 		         "%s: timed out after %lld ms (KHOR_TIMEOUT), still waiting on:%s; "
@@ -311,14 +631,28 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 void coll_drain(coll_comm *cc, coll_xfer *xs, int nxs)
 {
 	for (int i = 0; i < nxs; i++) {
-		if (xs[i].req != NULL) {
-			cc->tps[xs[i].tpi].ops->cancel(xs[i].req);
-			xs[i].req = NULL;
-			if (xs[i].reg != NULL) {
-				regcache_put(cc->tps[xs[i].tpi].cache, xs[i].reg);
-				xs[i].reg = NULL;
-			}
+		coll_xfer *x = &xs[i];
+		if (x->req != NULL) {
+			cc->tps[x->tpi].ops->cancel(x->req);
+			x->req = NULL;
 		}
+		if (x->reg != NULL) {
+			regcache_put(cc->tps[x->tpi].cache, x->reg);
+			x->reg = NULL;
+		}
+		if (x->stage != STAGE_NONE && x->slot >= 0 && cc->mem != NULL) {
+			/* A copy into the slot may still be queued (STAGE_D2H): free it after that. */
+			if (x->ev != NULL)
+				kmem_pool_put_after(cc->mem, x->slot, x->ev);
+			else
+				kmem_pool_put(cc->mem, x->slot);
+			x->ev = NULL;
+			x->slot = -1;
+		}
+		if (x->stage != STAGE_NONE && x->ev != NULL && cc->mem != NULL)
+			kmem_event_put(cc->mem, x->ev);
+		x->ev = NULL;
+		x->stage = STAGE_NONE;
 	}
 }
 
@@ -364,7 +698,11 @@ void coll_lane_range(size_t count, int n, int b, size_t index, size_t slice_el, 
 
 static bool meta_conflict(uint32_t a, uint32_t b)
 {
-	return (a >> 24) != 0 && (b >> 24) != 0 && a != b;
+	const uint32_t sa = a >> 24 & 0x7f, sb = b >> 24 & 0x7f;
+
+	if ((a ^ b) & COLL_META_DEVICE)
+		return true; /* one side's buffers are device memory, the other's host memory */
+	return sa != 0 && sb != 0 && a != b;
 }
 
 static const char *meta_describe(uint32_t meta, char *buf, size_t len)
@@ -375,10 +713,11 @@ static const char *meta_describe(uint32_t meta, char *buf, size_t len)
 	};
 	static const char *const scheds[] = { "", ", ring", ", recursive doubling",
 	                                      ", double binary tree", ", halving-doubling" };
-	unsigned c = meta >> 16 & 0xff, d = meta >> 8 & 0xff, o = meta & 0xff, s = meta >> 24;
+	unsigned c = meta >> 16 & 0xff, d = meta >> 8 & 0xff, o = meta & 0xff, s = meta >> 24 & 0x7f;
 
-	snprintf(buf, len, "%s %s %s%s", c < COLL_KINDS ? colls[c] : "?", kdtype_name(d),
-	         kop_name(o), s < 5 ? scheds[s] : ", ?");
+	snprintf(buf, len, "%s %s %s%s%s", c < COLL_KINDS ? colls[c] : "?", kdtype_name(d),
+	         kop_name(o), s < 5 ? scheds[s] : ", ?",
+	         meta & COLL_META_DEVICE ? " on device memory" : " on host memory");
 	return buf;
 }
 

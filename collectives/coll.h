@@ -9,6 +9,7 @@
 
 #include "../transport/regcache.h"
 #include "../transport/transport.h"
+#include "mem.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -33,6 +34,13 @@ enum coll_kind {
 /* The allreduce schedules; the numbers are also KHOR_ALGO's and coll_meta_sched's. */
 enum allreduce_algo { ALGO_AUTO = 0, ALGO_RING, ALGO_RD, ALGO_TREE, ALGO_HD };
 
+/*
+ * The top bit of a frame's meta says the sender's buffers are device memory: ranks that
+ * mix host and device buffers in one call fail on the first frame (coll_meta_rules), not
+ * with a crash or a wrong sum. coll_post sets it; schedules never do.
+ */
+#define COLL_META_DEVICE 0x80000000u
+
 /* A frame's meta: what both sides must agree on, so a mismatch is an error and not a hang. */
 static inline uint32_t coll_meta_make(unsigned coll, unsigned dtype, unsigned op)
 {
@@ -44,14 +52,14 @@ static inline uint32_t coll_meta_make(unsigned coll, unsigned dtype, unsigned op
  */
 static inline uint32_t coll_meta_sched(uint32_t meta, unsigned sched)
 {
-	return (meta & 0xffffffu) | (sched & 0xff) << 24;
+	return (meta & 0xffffffu) | (sched & 0x7f) << 24;
 }
 /*
  * The rules the transports apply to metas (transport.h): two frames of one call conflict
- * when both name a schedule and the schedules differ. Other metas may legitimately differ
- * within one call (a node-aware allreduce runs a reduce-scatter and then an allgather
- * under the same seq), so only the schedule byte is compared. Described as "allreduce
- * float32 sum, ring".
+ * when both name a schedule and the schedules differ, or when one is from device memory
+ * and the other from host memory. Other metas may legitimately differ within one call (a
+ * node-aware allreduce runs a reduce-scatter and then an allgather under the same seq),
+ * so only those are compared. Described as "allreduce float32 sum, ring on host memory".
  */
 extern const tp_meta_rules coll_meta_rules;
 
@@ -143,8 +151,40 @@ typedef struct coll_comm {
 	size_t scratch_len;
 	void **big;           /* grow-only temp buffer shared by the comm's groups (coll_big) */
 	size_t *big_len;
+	void **tmp;           /* and the second one (coll_tmp) */
+	size_t *tmp_len;
 	coll_reg_call *reg_call; /* shared by the comm's groups; NULL when nothing registers */
+	/*
+	 * The device side (mem.h), shared by the comm's groups: mem->be is set for the length
+	 * of a call on device memory, and then every buffer a schedule touches is device memory
+	 * (the user's and coll_scratch, coll_big and coll_tmp, which follow the call's kind).
+	 * NULL: this comm only ever sees host memory (tests of the schedules alone).
+	 */
+	kmem_state *mem;
 } coll_comm;
+
+/* Whether the call running now is on device memory. */
+static inline bool coll_on_device(const coll_comm *cc)
+{
+	return cc->mem != NULL && cc->mem->be != NULL;
+}
+
+/*
+ * The memory operations of the schedules (mem.h): memmove and the CPU kernels on host
+ * calls, the backend's stream-ordered operations on device calls. A device operation is
+ * only enqueued when these return; the stream order and coll_post's staging make sure
+ * that what a later send reads, or a later receive overwrites, is in place first, so
+ * schedules never wait for them. The host versions never fail.
+ */
+khor_status coll_copy(coll_comm *cc, void *dst, const void *src, size_t bytes, kerr *err);
+/* dst = a (op) b, count elements (reduce.h's semantics; avg sums). */
+khor_status coll_reduce(coll_comm *cc, void *dst, const void *a, const void *b, size_t count,
+                        khor_dtype dtype, khor_op op, kerr *err);
+/* avg's last step: divide count elements by n in place. */
+khor_status coll_avg_finish(coll_comm *cc, void *buf, size_t count, khor_dtype dtype, int n,
+                            kerr *err);
+/* The comm's scratch (scratch_len bytes) of the call's kind. */
+void *coll_scratch(coll_comm *cc);
 
 /* One in-flight transfer a collective is waiting for, kept for progress and timeouts. */
 typedef struct coll_xfer {
@@ -153,7 +193,25 @@ typedef struct coll_xfer {
 	int tpi;      /* which of cc->tps the request belongs to */
 	bool is_send;
 	regcache_entry *reg; /* the registration req uses (put when it is done), or NULL */
+	/*
+	 * Device memory (coll.c: staging): the step the transfer is at when it is not simply
+	 * on the wire, the pinned slot it goes through, the event it waits for, and what a
+	 * deferred post needs.
+	 */
+	uint8_t stage;
+	int slot;
+	void *ev;
+	void *buf;
+	size_t len;
+	tp_link *link;
+	tp_tag tag;
 } coll_xfer;
+
+/* Whether x is still in progress (posted and not yet done, or between staging steps). */
+static inline bool coll_pending(const coll_xfer *x)
+{
+	return x->req != NULL || x->stage != 0;
+}
 
 /*
  * A temp buffer of at least len bytes that lives as long as the comm: large temp buffers
@@ -161,6 +219,11 @@ typedef struct coll_xfer {
  * registrations are kept (REGCACHE_KEEP) and invalidated when it grows.
  */
 void *coll_big(coll_comm *cc, size_t len);
+/*
+ * A second grow-only buffer like coll_big, for a schedule that needs a temp while another
+ * it calls uses coll_big (tree gather and scatter, rd reduce-scatter). Of the call's kind.
+ */
+void *coll_tmp(coll_comm *cc, size_t len);
 
 /*
  * Drives every transport once; *moved tells whether anything happened. A wait sleeps in

@@ -30,8 +30,6 @@
 #include "../base/dtype.h"
 #include "algos.h"
 
-#include "reduce.h"
-
 #include <stdio.h>
 #include <string.h>
 
@@ -119,7 +117,6 @@ khor_status dbtree_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 	const int n = cc->size, r = cc->rank;
 	const size_t esz = kdtype_size(dtype);
 	const uint32_t meta = coll_meta_sched(coll_meta_make(COLL_ALLREDUCE, dtype, op), ALGO_TREE);
-	reduce_fn fn = reduce_kernel(dtype, op);
 	const uint8_t *in = sendbuf;
 	uint8_t *out = recvbuf;
 	struct tnode tn[2];
@@ -130,10 +127,9 @@ khor_status dbtree_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 	khor_status st = KHOR_SUCCESS;
 
 	/* Partial sums are built in place in recvbuf. */
-	if (sendbuf != recvbuf && count > 0)
-		memcpy(out, in, count * esz);
-	if (n == 1)
-		return KHOR_SUCCESS;
+	st = coll_copy(cc, out, in, count * esz, err);
+	if (st != KHOR_SUCCESS || n == 1)
+		return st;
 	tree_of(n, 0, r, &tn[0]);
 	tree_of(n, 1, r, &tn[1]);
 	coll_block(count, 2, 0, &half_off[0], &half_len[0]);
@@ -161,7 +157,7 @@ khor_status dbtree_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 	for (int h = 0; h < 2; h++)
 		for (size_t j = 0; j < window; j++)
 			for (int c = 0; c < 2; c++)
-				jobs[h][j].tmp[c] = (uint8_t *)cc->scratch +
+				jobs[h][j].tmp[c] = (uint8_t *)coll_scratch(cc) +
 				                    (((size_t)h * window + j) * 2 + (size_t)c) * slice_el * esz;
 
 	coll_wait_begin(cc, &w, "allreduce seq %u (tree)", seq, -1);
@@ -202,12 +198,14 @@ khor_status dbtree_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 				switch (J->ph) {
 				case P_UP:
 					/* (left op self) op right, in this order on every run. */
-					if (J->len > 0) {
-						if (t->child[0] >= 0)
-							fn(o, J->tmp[0], o, J->len);
-						if (t->child[1] >= 0)
-							fn(o, o, J->tmp[1], J->len);
-					}
+					if (t->child[0] >= 0)
+						st = coll_reduce(cc, o, J->tmp[0], o, J->len, dtype,
+						                 op, err);
+					if (st == KHOR_SUCCESS && t->child[1] >= 0)
+						st = coll_reduce(cc, o, o, J->tmp[1], J->len, dtype,
+						                 op, err);
+					if (st != KHOR_SUCCESS)
+						break;
 					if (t->parent >= 0) {
 						tag.step = (uint32_t)((J->k * 2 + (size_t)h) * 2);
 						st = coll_post(cc, &J->x[2], t->parent, true, o, J->len * esz, tag,
@@ -215,8 +213,10 @@ khor_status dbtree_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 						J->ph = P_UPSEND;
 						break;
 					}
-					if (op == KHOR_AVG && J->len > 0)
-						reduce_avg_finish(o, J->len, dtype, n);
+					if (op == KHOR_AVG)
+						st = coll_avg_finish(cc, o, J->len, dtype, n, err);
+					if (st != KHOR_SUCCESS)
+						break;
 					J->ph = P_DOWN; /* the root has the result: go straight down */
 					goto down_send;
 				case P_UPSEND:

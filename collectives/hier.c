@@ -25,7 +25,6 @@
 
 #include "algos.h"
 #include "rd.h"
-#include "reduce.h"
 #include "ring.h"
 
 #include <stdlib.h>
@@ -68,14 +67,12 @@ khor_status hier_allreduce(coll_comm *node, coll_comm *cross, int world_size,
 		st = ring_reduce_scatter(node, sendbuf, out + off * esz, count, dtype, inner, seq,
 		                         err);
 	} else {
-		if (sendbuf != recvbuf && count > 0)
-			memcpy(out, sendbuf, count * esz);
-		st = KHOR_SUCCESS;
+		st = coll_copy(node, out, sendbuf, count * esz, err);
 	}
 	if (st == KHOR_SUCCESS && cross->size > 1)
 		st = group_allreduce(cross, out + off * esz, len, dtype, inner, seq, err);
-	if (st == KHOR_SUCCESS && op == KHOR_AVG && len > 0)
-		reduce_avg_finish(out + off * esz, len, dtype, world_size);
+	if (st == KHOR_SUCCESS && op == KHOR_AVG)
+		st = coll_avg_finish(node, out + off * esz, len, dtype, world_size, err);
 	if (st == KHOR_SUCCESS && L > 1) {
 		counts = malloc(2 * (size_t)L * sizeof(size_t));
 		if (counts == NULL)

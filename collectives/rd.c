@@ -44,11 +44,11 @@
 #define RD_MAX_PIECES 4
 
 static khor_status rd_round(coll_comm *cc, coll_wait *w, int peer, const uint8_t *cur,
-                            uint8_t *out, uint8_t *tmp, size_t count, size_t esz, reduce_fn fn,
-                            bool peer_is_lower, uint32_t seq, uint32_t step, uint32_t meta,
-                            kerr *err)
+                            uint8_t *out, uint8_t *tmp, size_t count, khor_dtype dtype,
+                            khor_op op, bool peer_is_lower, uint32_t seq, uint32_t step,
+                            uint32_t meta, kerr *err)
 {
-	const size_t bytes = count * esz;
+	const size_t esz = kdtype_size(dtype), bytes = count * esz;
 	size_t np = (bytes + RD_PIECE - 1) / RD_PIECE, piece_el;
 	coll_xfer xs[2 * RD_MAX_PIECES];
 	khor_status st = KHOR_SUCCESS;
@@ -74,12 +74,11 @@ static khor_status rd_round(coll_comm *cc, coll_wait *w, int peer, const uint8_t
 		for (size_t j = next; j < np; j++)
 			coll_done(cc, &xs[2 * j + 1], &st, err);
 		while (st == KHOR_SUCCESS && next < np && coll_done(cc, &xs[2 * next], &st, err) &&
-		       xs[2 * next + 1].req == NULL) {
+		       !coll_pending(&xs[2 * next + 1])) {
 			size_t off = next * piece_el, len = count - off < piece_el ? count - off : piece_el;
-			if (peer_is_lower)
-				fn(out + off * esz, tmp + off * esz, cur + off * esz, len);
-			else
-				fn(out + off * esz, cur + off * esz, tmp + off * esz, len);
+			const uint8_t *mine = cur + off * esz, *theirs = tmp + off * esz;
+			st = coll_reduce(cc, out + off * esz, peer_is_lower ? theirs : mine,
+			                 peer_is_lower ? mine : theirs, len, dtype, op, err);
 			next++;
 			moved = true;
 		}
@@ -96,7 +95,6 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 {
 	const int n = cc->size, r = cc->rank;
 	const size_t esz = kdtype_size(dtype), bytes = count * esz;
-	reduce_fn fn = reduce_kernel(dtype, op);
 	const uint32_t meta = coll_meta_sched(coll_meta_make(kind, dtype, op), ALGO_RD);
 	uint8_t *out = recvbuf, *tmp;
 	/* This rank's values so far: the input until the first fold writes out. Reading the
@@ -107,15 +105,12 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	coll_wait w;
 	khor_status st = KHOR_SUCCESS;
 
-	tmp = bytes > cc->scratch_len ? coll_big(cc, bytes) : cc->scratch;
+	if (n == 1)
+		return coll_copy(cc, out, sendbuf, bytes, err);
+	tmp = bytes > cc->scratch_len ? coll_big(cc, bytes) : coll_scratch(cc);
 	if (tmp == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "allreduce seq %u (recursive doubling): no "
 		                "memory for a %zu-byte temp buffer", seq, bytes);
-	if (n == 1) {
-		if (sendbuf != recvbuf && bytes > 0)
-			memcpy(out, sendbuf, bytes);
-		return KHOR_SUCCESS;
-	}
 	while (p * 2 <= n)
 		p *= 2;
 	rem = n - p;
@@ -129,8 +124,8 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 			vr = -1;
 		} else {
 			st = coll_sendrecv(cc, &w, -1, NULL, bytes, r - 1, tmp, bytes, tag, err);
-			if (st == KHOR_SUCCESS && count > 0)
-				fn(out, tmp, cur, count); /* (lower rank) op (higher rank) */
+			if (st == KHOR_SUCCESS) /* (lower rank) op (higher rank) */
+				st = coll_reduce(cc, out, tmp, cur, count, dtype, op, err);
 			cur = out;
 			vr = r / 2;
 		}
@@ -147,18 +142,15 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 		int peer = vpeer < rem ? vpeer * 2 + 1 : vpeer + rem;
 		tp_tag tag = { cc->comm_id, seq, step, meta };
 		if (bytes > RD_PIECE && bytes <= (size_t)RD_PIECE * RD_MAX_PIECES) {
-			st = rd_round(cc, &w, peer, cur, out, tmp, count, esz, fn, vpeer < vr, seq, step,
-			              meta, err);
+			st = rd_round(cc, &w, peer, cur, out, tmp, count, dtype, op, vpeer < vr,
+			              seq, step, meta, err);
 			cur = out;
 			continue;
 		}
 		st = coll_sendrecv(cc, &w, peer, cur, bytes, peer, tmp, bytes, tag, err);
-		if (st == KHOR_SUCCESS && count > 0) {
-			if (vpeer < vr)
-				fn(out, tmp, cur, count);
-			else
-				fn(out, cur, tmp, count);
-		}
+		if (st == KHOR_SUCCESS)
+			st = coll_reduce(cc, out, vpeer < vr ? tmp : cur, vpeer < vr ? cur : tmp,
+			                 count, dtype, op, err);
 		cur = out;
 	}
 
@@ -170,8 +162,8 @@ khor_status rd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 		else
 			st = coll_sendrecv(cc, &w, -1, NULL, bytes, r + 1, out, bytes, tag, err);
 	}
-	if (st == KHOR_SUCCESS && op == KHOR_AVG && count > 0)
-		reduce_avg_finish(out, count, dtype, n);
+	if (st == KHOR_SUCCESS && op == KHOR_AVG)
+		st = coll_avg_finish(cc, out, count, dtype, n, err);
 	if (st != KHOR_SUCCESS)
 		coll_wait_fail(&w, err, " (recursive doubling, step %u)", step);
 	return st;
@@ -215,7 +207,6 @@ khor_status hd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	const int n = cc->size, r = cc->rank;
 	const size_t esz = kdtype_size(dtype), bytes = count * esz;
 	const uint32_t meta = coll_meta_sched(coll_meta_make(COLL_ALLREDUCE, dtype, op), ALGO_HD);
-	reduce_fn fn = reduce_kernel(dtype, op);
 	uint8_t *out = recvbuf, *tmp;
 	const uint8_t *cur = sendbuf; /* as in rd_allreduce: the input until a fold writes out */
 	int p = 1, rem, vr, levels = 0;
@@ -224,13 +215,10 @@ khor_status hd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 	coll_wait w;
 	khor_status st = KHOR_SUCCESS;
 
-	if (n == 1) {
-		if (sendbuf != recvbuf && bytes > 0)
-			memcpy(out, sendbuf, bytes);
-		return KHOR_SUCCESS;
-	}
+	if (n == 1)
+		return coll_copy(cc, out, sendbuf, bytes, err);
 	/* The fold needs a whole buffer of temp, the halving half of one. */
-	tmp = bytes > cc->scratch_len ? coll_big(cc, bytes) : cc->scratch;
+	tmp = bytes > cc->scratch_len ? coll_big(cc, bytes) : coll_scratch(cc);
 	if (tmp == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "allreduce seq %u (halving-doubling): "
 		                "no memory for a %zu-byte temp buffer", seq, bytes);
@@ -246,8 +234,8 @@ khor_status hd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 			vr = -1;
 		} else {
 			st = coll_sendrecv(cc, &w, -1, NULL, bytes, r - 1, tmp, bytes, tag, err);
-			if (st == KHOR_SUCCESS && count > 0)
-				fn(out, tmp, cur, count);
+			if (st == KHOR_SUCCESS)
+				st = coll_reduce(cc, out, tmp, cur, count, dtype, op, err);
 			cur = out;
 			vr = r / 2;
 		}
@@ -276,21 +264,19 @@ khor_status hd_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, size
 		/* Both sides agree on lengths: what I give is what the partner keeps. */
 		st = coll_sendrecv(cc, &w, peer, cur + give_lo * esz, (give_hi - give_lo) * esz, peer,
 		                   tmp, (keep_hi - keep_lo) * esz, tag, err);
-		if (st == KHOR_SUCCESS && keep_hi > keep_lo) {
-			uint8_t *o = out + keep_lo * esz;
+		if (st == KHOR_SUCCESS) {
 			const uint8_t *c = cur + keep_lo * esz;
-			if (low)
-				fn(o, c, tmp, keep_hi - keep_lo);
-			else
-				fn(o, tmp, c, keep_hi - keep_lo);
+			st = coll_reduce(cc, out + keep_lo * esz, low ? c : tmp, low ? tmp : c,
+			                 keep_hi - keep_lo, dtype, op, err);
 		}
 		/* out now holds the kept half; what was given away is not read again */
 		cur = out;
 		lo[l + 1] = keep_lo;
 		hi[l + 1] = keep_hi;
 	}
-	if (st == KHOR_SUCCESS && vr >= 0 && op == KHOR_AVG && hi[levels] > lo[levels])
-		reduce_avg_finish(out + lo[levels] * esz, hi[levels] - lo[levels], dtype, n);
+	if (st == KHOR_SUCCESS && vr >= 0 && op == KHOR_AVG)
+		st = coll_avg_finish(cc, out + lo[levels] * esz, hi[levels] - lo[levels], dtype, n,
+		                     err);
 	/* Recursive doubling back: swap finished segments, in the reverse order. */
 	for (int mask = 1, l = levels; st == KHOR_SUCCESS && mask < p; mask *= 2, l--, step++) {
 		if (vr < 0)

@@ -89,7 +89,6 @@ khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbu
 	const size_t esz = kdtype_size(dtype);
 	const uint8_t *in = sendbuf;
 	uint8_t *out = recvbuf;
-	reduce_fn fn = reduce_kernel(dtype, op);
 	size_t my_off, my_len, slice_el, max_block, nlanes, next_lane = 0, lanes_done = 0;
 	int nactive;
 	struct lane lanes[RS_MAX_LANES];
@@ -98,12 +97,9 @@ khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbu
 
 	coll_wait_begin(cc, &w, "reduce_scatter seq %u", seq, -1);
 	coll_block(count, n, r, &my_off, &my_len);
-	if (n == 1) {
-		if (my_len > 0 && out != in)
-			memmove(out, in, my_len * esz);
-		return KHOR_SUCCESS;
-	}
-	if (fn == NULL)
+	if (n == 1)
+		return coll_copy(cc, out, in, my_len * esz, err);
+	if (!reduce_supported(dtype, op))
 		return kerr_set(err, KHOR_ERR_NOT_SUPPORTED, "%s: op %d is not supported for dtype %d",
 		                coll_wait_what(&w), (int)op, (int)dtype);
 	/* Two slots per lane must fit in scratch; give up lanes before shrinking to nothing. */
@@ -124,7 +120,7 @@ khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbu
 		nactive = (int)nlanes;
 	memset(lanes, 0, sizeof(lanes));
 	for (int i = 0; i < nactive; i++) {
-		lanes[i].slot[0] = (uint8_t *)cc->scratch + (size_t)(2 * i) * slice_el * esz;
+		lanes[i].slot[0] = (uint8_t *)coll_scratch(cc) + (size_t)(2 * i) * slice_el * esz;
 		lanes[i].slot[1] = lanes[i].slot[0] + slice_el * esz;
 	}
 
@@ -152,15 +148,19 @@ khor_status ring_reduce_scatter(coll_comm *cc, const void *sendbuf, void *recvbu
 				uint8_t *got = L->slot[L->step % 2];
 				coll_lane_range(count, n, b, L->index, slice_el, &off, &len);
 				if (L->step < nsteps - 1) {
-					if (len > 0)
-						fn(got, in + off * esz, got, len);
+					st = coll_reduce(cc, got, in + off * esz, got, len, dtype,
+					                 op, err);
+					if (st != KHOR_SUCCESS)
+						break;
 				} else {
 					/* b == r: the finished slice goes to its place in recvbuf. */
 					uint8_t *dst = out + (off - my_off) * esz;
-					if (len > 0)
-						fn(dst, in + off * esz, got, len);
-					if (len > 0 && op == KHOR_AVG)
-						reduce_avg_finish(dst, len, dtype, n);
+					st = coll_reduce(cc, dst, in + off * esz, got, len, dtype,
+					                 op, err);
+					if (st == KHOR_SUCCESS && op == KHOR_AVG)
+						st = coll_avg_finish(cc, dst, len, dtype, n, err);
+					if (st != KHOR_SUCCESS)
+						break;
 					L->active = false;
 					lanes_done++;
 					li--; /* reuse this slot for the next lane right away */
@@ -221,7 +221,6 @@ khor_status halving_reduce_scatter(coll_comm *cc, const void *sendbuf, void *rec
 	const int n = cc->size, r = cc->rank;
 	const size_t esz = kdtype_size(dtype);
 	const uint32_t meta = coll_meta_sched(coll_meta_make(COLL_REDUCESCATTER, dtype, op), ALGO_HD);
-	reduce_fn fn = reduce_kernel(dtype, op);
 	const uint8_t *cur = sendbuf; /* the current blocks' partial sums, from element base */
 	size_t base = 0, half;
 	uint8_t *acc, *got;
@@ -255,14 +254,12 @@ khor_status halving_reduce_scatter(coll_comm *cc, const void *sendbuf, void *rec
 		block_range(count, n, g_lo, g_hi, &glo, &ghi);
 		st = coll_sendrecv(cc, &w, peer, cur + (glo - base) * esz, (ghi - glo) * esz, peer,
 		                   got, (khi - klo) * esz, tag, err);
-		if (st == KHOR_SUCCESS && khi > klo) {
+		if (st == KHOR_SUCCESS) {
 			/* The last step folds into recvbuf; earlier ones into the front of acc. */
 			uint8_t *o = m == 1 ? recvbuf : acc;
 			const uint8_t *c = cur + (klo - base) * esz;
-			if (low)
-				fn(o, c, got, khi - klo);
-			else
-				fn(o, got, c, khi - klo);
+			st = coll_reduce(cc, o, low ? c : got, low ? got : c, khi - klo, dtype, op,
+			                 err);
 		}
 		cur = acc;
 		base = klo;
@@ -272,8 +269,7 @@ khor_status halving_reduce_scatter(coll_comm *cc, const void *sendbuf, void *rec
 	if (st == KHOR_SUCCESS && op == KHOR_AVG) {
 		size_t off, len;
 		coll_block(count, n, r, &off, &len);
-		if (len > 0)
-			reduce_avg_finish(recvbuf, len, dtype, n);
+		st = coll_avg_finish(cc, recvbuf, len, dtype, n, err);
 	}
 	if (st != KHOR_SUCCESS)
 		coll_wait_fail(&w, err, " step %u", step);

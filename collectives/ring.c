@@ -30,8 +30,6 @@
 #include "../base/dtype.h"
 #include "ring.h"
 
-#include "reduce.h"
-
 #include <stdio.h>
 #include <string.h>
 
@@ -59,18 +57,14 @@ khor_status ring_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, si
 	const int nsteps = 2 * (n - 1);
 	const uint8_t *in = sendbuf;
 	uint8_t *out = recvbuf;
-	reduce_fn fn = reduce_kernel(dtype, op);
 	size_t slice_el, max_chunk, nlanes, next_lane = 0, lanes_done = 0;
 	int nactive;
 	struct lane lanes[64];
 	coll_wait w;
 	khor_status st = KHOR_SUCCESS;
 
-	if (n == 1) {
-		if (sendbuf != recvbuf && count > 0)
-			memmove(recvbuf, sendbuf, count * esz);
-		return KHOR_SUCCESS;
-	}
+	if (n == 1)
+		return coll_copy(cc, recvbuf, sendbuf, count * esz, err);
 	slice_el = cc->slice_bytes / esz;
 	if (slice_el == 0)
 		slice_el = 1;
@@ -95,7 +89,7 @@ khor_status ring_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, si
 	coll_wait_begin(cc, &w, kind == COLL_BARRIER ? "barrier seq %u" : "allreduce seq %u", seq, -1);
 	memset(lanes, 0, sizeof(lanes));
 	for (int i = 0; i < nactive; i++)
-		lanes[i].scratch = (uint8_t *)cc->scratch + (size_t)i * slice_el * esz;
+		lanes[i].scratch = (uint8_t *)coll_scratch(cc) + (size_t)i * slice_el * esz;
 
 	const uint32_t meta = coll_meta_sched(coll_meta_make(kind, dtype, op), ALGO_RING);
 	while (lanes_done < nlanes && st == KHOR_SUCCESS) {
@@ -121,10 +115,14 @@ khor_status ring_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, si
 					size_t off, len;
 					int c = mod(r - L->step - 1, n);
 					coll_lane_range(count, n, c, L->index, slice_el, &off, &len);
-					if (len > 0)
-						fn(out + off * esz, in + off * esz, L->scratch, len);
-					if (L->step == n - 2 && op == KHOR_AVG && len > 0)
-						reduce_avg_finish(out + off * esz, len, dtype, n);
+					uint8_t *o = out + off * esz;
+					st = coll_reduce(cc, o, in + off * esz, L->scratch, len,
+					                 dtype, op, err);
+					if (st == KHOR_SUCCESS && op == KHOR_AVG &&
+					    L->step == n - 2)
+						st = coll_avg_finish(cc, o, len, dtype, n, err);
+					if (st != KHOR_SUCCESS)
+						break;
 				}
 				moved = true;
 			}

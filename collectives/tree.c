@@ -25,7 +25,8 @@
  * straight from sendbuf. Non-root recvbufs are never touched.
  *
  * gather / scatter: a subtree's blocks travel as one run in relative order; an inner rank
- * keeps them in a malloc'd buffer of its subtree's size. At the root relative order is
+ * keeps them in a temp of its subtree's size: coll_tmp, of the call's memory kind, and not
+ * coll_big, which a caller may be holding across the call. At the root relative order is
  * rotated by root, so a subtree's run may wrap past block n-1 of the root's buffer: such an
  * edge carries its run as two messages (up to block n-1, then from block 0), and the root's
  * buffer is read or written in place with no rotation copy. Every other edge carries one.
@@ -40,7 +41,6 @@
 #include "reduce.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define TREE_MAX_LANES 32
@@ -225,7 +225,6 @@ khor_status binomial_reduce(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 	const uint32_t meta = coll_meta_make(COLL_REDUCE, dtype, op);
 	const uint8_t *in = sendbuf;
 	uint8_t *out = recvbuf;
-	reduce_fn fn = reduce_kernel(dtype, op);
 	struct node t;
 	struct rlane lanes[TREE_MAX_LANES];
 	size_t slice_el, nlanes, next_lane = 0, lanes_done = 0;
@@ -234,12 +233,9 @@ khor_status binomial_reduce(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 	khor_status st = KHOR_SUCCESS;
 
 	coll_wait_begin(cc, &w, "reduce seq %u (root %d)", seq, root);
-	if (n == 1) {
-		if (count > 0 && out != in)
-			memmove(out, in, count * esz);
-		return KHOR_SUCCESS;
-	}
-	if (fn == NULL)
+	if (n == 1)
+		return coll_copy(cc, out, in, count * esz, err);
+	if (!reduce_supported(dtype, op))
 		return kerr_set(err, KHOR_ERR_NOT_SUPPORTED, "%s: op %d is not supported for dtype %d",
 		                coll_wait_what(&w), (int)op, (int)dtype);
 	node_init(&t, n, cc->rank, root);
@@ -259,12 +255,13 @@ khor_status binomial_reduce(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 		nactive = (int)nlanes;
 	memset(lanes, 0, sizeof(lanes));
 
+	uint8_t *const scratch0 = coll_scratch(cc);
 	while (st == KHOR_SUCCESS && lanes_done < nlanes) {
 		bool moved = false;
 
 		for (int li = 0; li < nactive && st == KHOR_SUCCESS; li++) {
 			struct rlane *L = &lanes[li];
-			uint8_t *scratch = (uint8_t *)cc->scratch + (size_t)(2 * li) * slice_el * esz;
+			uint8_t *scratch = scratch0 + (size_t)(2 * li) * slice_el * esz;
 			size_t off, len;
 
 			if (!L->active) {
@@ -285,15 +282,20 @@ khor_status binomial_reduce(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 			off = L->index * slice_el;
 			len = count - off < slice_el ? count - off : slice_el;
 			tp_tag tag = { cc->comm_id, seq, (uint32_t)L->index, meta };
-			if (L->phase >= 0 && L->phase < t.nch && len > 0) {
+			if (L->phase >= 0 && L->phase < t.nch) {
 				/* Child phase's slice is in: fold it in, lower relative ranks first. */
-				fn(L->acc, L->phase == 0 ? in + off * esz : L->acc, L->got, len);
+				const uint8_t *a = L->phase == 0 ? in + off * esz : L->acc;
+				st = coll_reduce(cc, L->acc, a, L->got, len, dtype, op, err);
+				if (st != KHOR_SUCCESS)
+					break;
 			}
 			if (L->phase == t.nch || (L->phase == t.nch - 1 && t.parent < 0)) {
-				if (t.parent < 0 && op == KHOR_AVG && len > 0)
-					reduce_avg_finish(L->acc, len, dtype, n);
-				if (t.parent < 0 && t.nch == 0 && len > 0 && out != in)
-					memmove(L->acc, in + off * esz, len * esz);
+				if (t.parent < 0 && op == KHOR_AVG)
+					st = coll_avg_finish(cc, L->acc, len, dtype, n, err);
+				if (st == KHOR_SUCCESS && t.parent < 0 && t.nch == 0)
+					st = coll_copy(cc, L->acc, in + off * esz, len * esz, err);
+				if (st != KHOR_SUCCESS)
+					break;
 				L->active = false;
 				lanes_done++;
 				li--; /* reuse this slot for the next lane right away */
@@ -340,25 +342,20 @@ khor_status binomial_gather(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 	coll_wait w;
 	khor_status st = KHOR_SUCCESS;
 
-	if (n == 1) {
-		if (bsz > 0 && out != sendbuf)
-			memmove(out, sendbuf, bsz);
-		return KHOR_SUCCESS;
-	}
+	if (n == 1)
+		return coll_copy(cc, out, sendbuf, bsz, err);
 	node_init(&t, n, cc->rank, root);
 	coll_wait_begin(cc, &w, "gather seq %u (root %d)", seq, root);
 	memset(x, 0, sizeof(x));
 	if (t.parent < 0) {
 		/* Before anything arrives: sendbuf may lie inside recvbuf. */
-		if (bsz > 0 && out + (size_t)cc->rank * bsz != sendbuf)
-			memmove(out + (size_t)cc->rank * bsz, sendbuf, bsz);
+		st = coll_copy(cc, out + (size_t)cc->rank * bsz, sendbuf, bsz, err);
 	} else if (t.nch > 0) {
-		tmp = malloc((size_t)t.subtree * bsz + 1);
+		tmp = coll_tmp(cc, (size_t)t.subtree * bsz + 1);
 		if (tmp == NULL)
 			return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: out of memory for the %d blocks "
 			                "of %zu bytes of this rank's subtree", coll_wait_what(&w), t.subtree, bsz);
-		if (bsz > 0)
-			memcpy(tmp, sendbuf, bsz);
+		st = coll_copy(cc, tmp, sendbuf, bsz, err);
 	}
 	/* Every child's run, straight into its place. */
 	for (int i = 0; i < t.nch && st == KHOR_SUCCESS; i++) {
@@ -397,7 +394,6 @@ khor_status binomial_gather(coll_comm *cc, const void *sendbuf, void *recvbuf, s
 	}
 	if (st != KHOR_SUCCESS)
 		tree_fail(cc, x, 2 * TREE_MAX_CHILDREN + 2, coll_wait_what(&w), "binomial tree", err);
-	free(tmp);
 	return st;
 }
 
@@ -414,11 +410,8 @@ khor_status binomial_scatter(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 	coll_wait w;
 	khor_status st = KHOR_SUCCESS;
 
-	if (n == 1) {
-		if (bsz > 0 && out != in)
-			memmove(out, in, bsz);
-		return KHOR_SUCCESS;
-	}
+	if (n == 1)
+		return coll_copy(cc, out, in, bsz, err);
 	node_init(&t, n, cc->rank, root);
 	coll_wait_begin(cc, &w, "scatter seq %u (root %d)", seq, root);
 	memset(x, 0, sizeof(x));
@@ -427,7 +420,7 @@ khor_status binomial_scatter(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 		int len[2];
 		uint8_t *dst = out;
 		if (t.nch > 0) {
-			tmp = malloc((size_t)t.subtree * bsz + 1);
+			tmp = coll_tmp(cc, (size_t)t.subtree * bsz + 1);
 			if (tmp == NULL)
 				return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: out of memory for the %d "
 				                "blocks of %zu bytes of this rank's subtree", coll_wait_what(&w), t.subtree,
@@ -467,14 +460,13 @@ khor_status binomial_scatter(coll_comm *cc, const void *sendbuf, void *recvbuf, 
 	if (st == KHOR_SUCCESS)
 		st = wait_all(cc, &w, x, 2 * t.nch, err);
 	/* Our own block last: at the root recvbuf may overlap blocks still being sent. */
-	if (st == KHOR_SUCCESS && bsz > 0) {
-		if (t.parent < 0 && out != in + (size_t)cc->rank * bsz)
-			memmove(out, in + (size_t)cc->rank * bsz, bsz);
-		else if (t.parent >= 0 && t.nch > 0)
-			memcpy(out, tmp, bsz);
+	if (st == KHOR_SUCCESS) {
+		if (t.parent < 0)
+			st = coll_copy(cc, out, in + (size_t)cc->rank * bsz, bsz, err);
+		else if (t.nch > 0)
+			st = coll_copy(cc, out, tmp, bsz, err);
 	}
 	if (st != KHOR_SUCCESS)
 		tree_fail(cc, x, 2 * TREE_MAX_CHILDREN + 2, coll_wait_what(&w), "binomial tree", err);
-	free(tmp);
 	return st;
 }

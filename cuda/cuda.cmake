@@ -5,15 +5,16 @@
 # nvcc is called directly from a custom command rather than through enable_language(CUDA):
 # the top-level add_compile_options (-Wstrict-prototypes, -Wshadow, the sanitizers) would
 # be handed to nvcc and to g++ in C++ mode, where they are errors or wrong, and CMake 3.25
-# predates CUDA 13's architecture list. The object goes into a static library of its own;
-# libkhor does not link it yet (the memory seam of issue 18 does that).
+# predates CUDA 13's architecture list. The object goes into a static library of its own,
+# which khor_collectives links for the cuda backend of the memory seam (cuda/mem_cuda.c,
+# added to khor_collectives in the top CMakeLists.txt once that library exists).
 #
 # No -ftz, no --use_fast_math: the f16 conversions copied from reduce.c need subnormals.
 # --fmad=false: no FMA contraction the CPU kernels don't do, so the bits match.
 # -fno-exceptions and -fno-threadsafe-statics: nvcc's launch stubs then need nothing from
 # libstdc++ (no __cxa_guard_*, no personality), so C programs and libkhor link khor_cuda as is.
 set(KHOR_HAVE_CUDA_KERNELS OFF)
-if(CUDAToolkit_FOUND AND CUDAToolkit_NVCC_EXECUTABLE AND EXISTS "${CUDAToolkit_NVCC_EXECUTABLE}")
+if(KHOR_CUDA AND CUDAToolkit_FOUND AND CUDAToolkit_NVCC_EXECUTABLE AND EXISTS "${CUDAToolkit_NVCC_EXECUTABLE}")
   set(KHOR_HAVE_CUDA_KERNELS ON)
   set(KHOR_CUDA_ARCH_FLAGS
     -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
@@ -52,9 +53,11 @@ if(CUDAToolkit_FOUND AND CUDAToolkit_NVCC_EXECUTABLE AND EXISTS "${CUDAToolkit_N
   # hard dependency on a CUDA installation (DESIGN.md, "Memory").
   target_link_libraries(khor_cuda INTERFACE CUDA::cudart_static)
   string(REPLACE ";" " " s_arch "${KHOR_CUDA_ARCH_FLAGS}")
-  message(STATUS "  CUDA kernels: built (khor_cuda, nvcc ${CUDAToolkit_VERSION}, ${s_arch}); not linked into libkhor yet")
+  message(STATUS "  CUDA kernels: built (khor_cuda, nvcc ${CUDAToolkit_VERSION}, ${s_arch}); in libkhor as the cuda memory backend")
 elseif(CUDAToolkit_FOUND)
   message(STATUS "  CUDA kernels: not built (no nvcc in the toolkit at ${CUDAToolkit_BIN_DIR})")
+elseif(NOT KHOR_CUDA)
+  message(STATUS "  CUDA kernels: not built (KHOR_CUDA=OFF)")
 else()
   message(STATUS "  CUDA kernels: not built (no CUDA toolkit; set CUDAToolkit_ROOT to build them)")
 endif()

@@ -1,5 +1,5 @@
 /*
- * reduce.cu -- the CUDA reduction kernels (semantics in reduce_cuda.h and
+ * reduce.cu -- the CUDA reduction and scaling kernels (semantics in reduce_cuda.h and
  * collectives/reduce.h).
  *
  * One kernel template serves every (type, op): each thread walks a grid-stride loop of
@@ -145,6 +145,28 @@ struct AvgBF16 {
 	typedef uint16_t type;
 	float n;
 	__device__ uint16_t operator()(uint16_t x, uint16_t) const { return bf16_round(__fdiv_rn(bf16_widen(x), n)); }
+};
+
+/* The engine's pre- and postscale, unary like avg: runtime/execute.c's scale(), bit for bit. */
+struct ScaleF32 {
+	typedef float type;
+	float f;
+	__device__ float operator()(float x, float) const { return __fmul_rn(x, f); }
+};
+struct ScaleF64 {
+	typedef double type;
+	double f;
+	__device__ double operator()(double x, double) const { return __dmul_rn(x, f); }
+};
+struct ScaleF16 {
+	typedef uint16_t type;
+	float f;
+	__device__ uint16_t operator()(uint16_t x, uint16_t) const { return f16_round(__fmul_rn(f16_widen(x), f)); }
+};
+struct ScaleBF16 {
+	typedef uint16_t type;
+	float f;
+	__device__ uint16_t operator()(uint16_t x, uint16_t) const { return bf16_round(__fmul_rn(bf16_widen(x), f)); }
 };
 
 template <typename T> union Vec {
@@ -296,6 +318,23 @@ extern "C" int khor_cuda_avg_finish(void *buf, size_t count, int dtype, int n, v
 	case KHOR_INT32: return launch<AvgInt<int32_t, int32_t>, true>(buf, buf, buf, count, AvgInt<int32_t, int32_t>{n}, stream);
 	case KHOR_INT64: return launch<AvgInt<int64_t, int64_t>, true>(buf, buf, buf, count, AvgInt<int64_t, int64_t>{(int64_t)n}, stream);
 	case KHOR_BOOL: return cudaSuccess;
+	}
+	return cudaErrorInvalidValue;
+}
+
+extern "C" int khor_cuda_scale(void *buf, size_t count, int dtype, double factor, void *stream)
+{
+	/* As scale() on the CPU: a factor of 1 touches nothing (not even a NaN's payload). */
+	if (factor == 1.0 || count == 0)
+		return cudaSuccess;
+	switch (dtype) {
+	case KHOR_FLOAT32: return launch<ScaleF32, true>(buf, buf, buf, count, ScaleF32{(float)factor}, stream);
+	case KHOR_FLOAT64: return launch<ScaleF64, true>(buf, buf, buf, count, ScaleF64{factor}, stream);
+	case KHOR_FLOAT16: return launch<ScaleF16, true>(buf, buf, buf, count, ScaleF16{(float)factor}, stream);
+	case KHOR_BFLOAT16: return launch<ScaleBF16, true>(buf, buf, buf, count, ScaleBF16{(float)factor}, stream);
+	case KHOR_INT8: case KHOR_UINT8: case KHOR_INT16: case KHOR_INT32: case KHOR_INT64:
+	case KHOR_BOOL:
+		return cudaSuccess;
 	}
 	return cudaErrorInvalidValue;
 }

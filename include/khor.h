@@ -228,6 +228,38 @@ KHOR_API khor_status khor_scatter(khor_comm *comm, const void *sendbuf, void *re
                                   khor_dtype dtype, int root);
 
 /*
+ * Device memory. Every collective above takes CUDA device pointers as well as host ones
+ * (the kind is found per call). Every rank of one call must use the same kind: a rank
+ * that receives data from a rank of the other kind fails the call with an error saying
+ * which side used which, and the job fails with it (a rank whose part of a one-way
+ * collective, such as a broadcast's root, saw nothing of the other kind learns it at its
+ * next call, which fails with that cause). The blocking forms
+ * order themselves after work queued on the legacy default stream and return when the
+ * result is in place. The _stream forms take a CUDA stream (a cudaStream_t or CUstream,
+ * as void *; NULL is the legacy default stream): the collective starts after the work
+ * already queued on it and later work queued on it waits for the collective, with no
+ * synchronisation of the host with the device beyond what moving the data between hosts
+ * needs. They return when this rank's part of the communication is done; the result is
+ * in place once the stream has reached that point. Host buffers passed to a _stream form
+ * are handled as by the plain form (the stream is not used).
+ */
+KHOR_API khor_status khor_allreduce_stream(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                           size_t count, khor_dtype dtype, khor_op op,
+                                           void *stream);
+KHOR_API khor_status khor_broadcast_stream(khor_comm *comm, void *buf, size_t count,
+                                           khor_dtype dtype, int root, void *stream);
+KHOR_API khor_status khor_reduce_stream(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                        size_t count, khor_dtype dtype, khor_op op, int root,
+                                        void *stream);
+KHOR_API khor_status khor_allgather_stream(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                           size_t count, khor_dtype dtype, void *stream);
+KHOR_API khor_status khor_reduce_scatter_stream(khor_comm *comm, const void *sendbuf,
+                                                void *recvbuf, size_t count, khor_dtype dtype,
+                                                khor_op op, void *stream);
+KHOR_API khor_status khor_alltoall_stream(khor_comm *comm, const void *sendbuf, void *recvbuf,
+                                          size_t count, khor_dtype dtype, void *stream);
+
+/*
  * Non-blocking forms. The collective runs on the comm's collective thread (started on first
  * use) in call order, after any earlier collective on the same comm; blocking calls keep that
  * order too. Buffers must stay valid until the request completes.
@@ -370,6 +402,17 @@ KHOR_API khor_status khor_engine_stats(const khor_engine *engine, int set, uint6
  * unique among the set's names in flight. dims: ndim sizes (ndim 0 = a scalar). input and
  * output may be the same buffer (in place) where the shapes allow.
  *
+ * Memory: a tensor's buffers are host memory or device memory (CUDA), found per tensor at
+ * enqueue; its input and output must both be host memory or both memory of one device.
+ * Host and device tensors may be enqueued in the same cycle: they run, and fuse, apart
+ * (device tensors through a device fusion buffer, on the engine's own stream). The kind is
+ * not negotiated: every rank must give a tensor of the same kind. An allgather or alltoall
+ * of a device tensor needs an alloc callback that returns memory of the input's device (the
+ * engine allocates host memory only; alloc == NULL fails the enqueue). Device inputs that a
+ * stream is still producing go through the _event forms below; the plain forms read them at
+ * once. Either way a handle completes when its output is in place, with nothing of it left
+ * on any stream.
+ *
  * allreduce: output = postscale * op over ranks of (prescale * input). Scale factors
  * apply to floating-point dtypes only (1.0 elsewhere).
  */
@@ -448,8 +491,79 @@ KHOR_API khor_status khor_enqueue_barrier(khor_engine *engine, int set,
  * run with the joined ranks contributing zeros (avg still divides by the set's size); other
  * ops fail while a rank has joined. Completes when every member has joined;
  * khor_handle_join_rank then gives the rank that joined last (the same on every rank).
+ * A joined rank's zeros are in the kind of memory of the last allreduce it ran itself
+ * (host memory if it ran none): join works with device tensors where a job's allreduces are
+ * all host or all device memory, not where it mixes them.
  */
 KHOR_API khor_status khor_enqueue_join(khor_engine *engine, int set, khor_handle **handle_out);
+
+/*
+ * The _event forms: the enqueue calls above, for inputs that a device stream is still
+ * producing (Horovod's ready events). ready_event is a CUDA event (cudaEvent_t or CUevent,
+ * as void *) recorded on the stream that produces the input, after the producing work;
+ * NULL means the input is ready now (the plain form). The grouped forms take one event per
+ * tensor (ready_events: n entries, any NULL; or NULL for none). The event stays the
+ * caller's and must stay valid until the handle completes. The engine waits for it on its
+ * own thread, at most KHOR_TIMEOUT, before it reads the input; an event that never
+ * completes fails the handle with an error naming the tensor, and the rest of its process
+ * set with it (the other ranks' collective cannot run without this rank's input). Only
+ * inputs in device (or pinned host) memory may have an event: it is waited for with the
+ * backend of the input's memory.
+ */
+KHOR_API khor_status khor_enqueue_allreduce_event(khor_engine *engine, int set,
+                                                  const char *name, const void *input,
+                                                  void *output, khor_dtype dtype, int ndim,
+                                                  const int64_t *dims, khor_op op,
+                                                  double prescale, double postscale,
+                                                  void *ready_event, khor_handle **handle_out);
+KHOR_API khor_status khor_enqueue_grouped_allreduce_event(khor_engine *engine, int set, int n,
+                                                          const char *const *names,
+                                                          const void *const *inputs,
+                                                          void *const *outputs,
+                                                          const khor_dtype *dtypes,
+                                                          const int *ndims,
+                                                          const int64_t *dims, khor_op op,
+                                                          double prescale, double postscale,
+                                                          void *const *ready_events,
+                                                          khor_handle **handle_out);
+KHOR_API khor_status khor_enqueue_allgather_event(khor_engine *engine, int set,
+                                                  const char *name, const void *input,
+                                                  khor_dtype dtype, int ndim,
+                                                  const int64_t *dims, khor_alloc_fn alloc,
+                                                  void *alloc_arg, void *ready_event,
+                                                  khor_handle **handle_out);
+KHOR_API khor_status khor_enqueue_grouped_allgather_event(khor_engine *engine, int set, int n,
+                                                          const char *const *names,
+                                                          const void *const *inputs,
+                                                          const khor_dtype *dtypes,
+                                                          const int *ndims,
+                                                          const int64_t *dims,
+                                                          khor_alloc_fn alloc, void *alloc_arg,
+                                                          void *const *ready_events,
+                                                          khor_handle **handle_out);
+KHOR_API khor_status khor_enqueue_broadcast_event(khor_engine *engine, int set,
+                                                  const char *name, const void *input,
+                                                  void *output, khor_dtype dtype, int ndim,
+                                                  const int64_t *dims, int root,
+                                                  void *ready_event, khor_handle **handle_out);
+KHOR_API khor_status khor_enqueue_alltoall_event(khor_engine *engine, int set,
+                                                 const char *name, const void *input,
+                                                 khor_dtype dtype, int ndim,
+                                                 const int64_t *dims, const int64_t *splits,
+                                                 khor_alloc_fn alloc, void *alloc_arg,
+                                                 void *ready_event, khor_handle **handle_out);
+KHOR_API khor_status khor_enqueue_reducescatter_event(khor_engine *engine, int set,
+                                                      const char *name, const void *input,
+                                                      void *output, khor_dtype dtype,
+                                                      int ndim, const int64_t *dims,
+                                                      khor_op op, double prescale,
+                                                      double postscale, void *ready_event,
+                                                      khor_handle **handle_out);
+KHOR_API khor_status khor_enqueue_grouped_reducescatter_event(
+	khor_engine *engine, int set, int n, const char *const *names, const void *const *inputs,
+	void *const *outputs, const khor_dtype *dtypes, const int *ndims, const int64_t *dims,
+	khor_op op, double prescale, double postscale, void *const *ready_events,
+	khor_handle **handle_out);
 
 /* KHOR_SUCCESS or the handle's error once complete; KHOR_IN_PROGRESS before. Never blocks. */
 KHOR_API khor_status khor_handle_test(khor_handle *handle);

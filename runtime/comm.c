@@ -27,6 +27,7 @@
  * instead of at their own deadline.
  */
 #include "comm.h"
+#include "nccl.h"
 
 #include "../base/dtype.h"
 
@@ -590,6 +591,9 @@ khor_status comm_create(kctx *x, const khor_comm *parent, const int *members, in
 	c->cc.map = c->world_ranks;
 	c->cc.big = &c->big;
 	c->cc.big_len = &c->big_len;
+	c->cc.tmp = &c->tmp;
+	c->cc.tmp_len = &c->tmp_len;
+	c->cc.mem = &c->mem;
 	c->reg_call.scope = REGCACHE_ONESHOT;
 	c->cc.reg_call = x->ncaches > 0 ? &c->reg_call : NULL;
 	c->cc.comm_id = id;
@@ -632,16 +636,20 @@ static void comm_free_fields(khor_comm *c)
 {
 	if (c->ctx != NULL) {
 		comm_reg_invalidate(c->ctx, c->big, c->big_len);
+		comm_reg_invalidate(c->ctx, c->tmp, c->tmp_len);
 		comm_reg_invalidate(c->ctx, c->cc.scratch, c->cc.scratch_len);
 	}
+	nccl_comm_free(c);
+	kmem_state_destroy(&c->mem);
 	free(c->world_ranks);
 	free(c->big);
+	free(c->tmp);
 	free(c->node_map);
 	free(c->cross_map);
 	free(c->host_ranks);
 	free(c->cc.scratch);
 	c->world_ranks = c->node_map = c->cross_map = c->host_ranks = NULL;
-	c->big = c->cc.scratch = NULL;
+	c->big = c->tmp = c->cc.scratch = NULL;
 	c->ctx = NULL;
 	comm_release(c);
 }

@@ -43,6 +43,8 @@ struct khor_request {
 	int color, key;      /* COLL_SPLIT: this rank's arguments */
 	khor_comm *newcomm;  /* COLL_SPLIT: the result */
 	uint8_t reg_policy;  /* enum comm_reg_policy: how long its buffers stay registered */
+	void *stream;        /* the stream variants' stream (device memory), when has_stream */
+	bool has_stream;
 	bool done;
 	bool heap;           /* made by an i* call; freed by khor_request_free */
 	khor_status status;
@@ -115,6 +117,10 @@ struct khor_comm {
 	uint32_t trial_seq;    /* sequence numbers of trial calls, under the trial comm id */
 	void *big;            /* coll_big's buffer, shared by cc, node_cc and cross_cc */
 	size_t big_len;
+	void *tmp;            /* coll_tmp's, likewise */
+	size_t tmp_len;
+	kmem_state mem;       /* the device side of calls on device memory (cc.mem) */
+	void *nccl;           /* runtime/nccl.c's node communicator, made on first use */
 	coll_reg_call reg_call; /* the running call's buffers (coll.h), for cc.reg_call */
 
 	/* Execution order: seq numbers are given at call time; one collective runs at a time. */

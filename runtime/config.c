@@ -39,6 +39,7 @@ const struct config_var config_vars[] = {
 	{ "KHOR_ALGO", "auto", "Allreduce algorithm: ring, tree (double binary), rd (recursive doubling), hd (halving-doubling) or auto (cost model)" },
 	{ "KHOR_AUTO_TRIALS", "3", "Auto: rounds of timed calls of each allreduce schedule the model predicts close, inside the first call of each power-of-two size (0 = the model alone; 0 when KHOR_COST_* are set)" },
 	{ "KHOR_HIER", "auto", "Node-aware allreduce/broadcast across hosts: on, off or auto (cost model)" },
+	{ "KHOR_NCCL", "auto", "Device buffers: NCCL inside each node (libnccl.so.2, loaded at run time), khor across nodes: auto (CUDA memory, a dtype NCCL has, more than one rank per node), on (also one rank per node; a call NCCL can't take fails saying why) or off" },
 	{ "KHOR_RD_MAX_BYTES", NULL, "When set: broadcast uses the binomial tree, allgather Bruck and reduce-scatter recursive halving up to this size (total bytes), chain and ring above; unset = cost model" },
 	{ "KHOR_COST_ALPHA_US", NULL, "Cost model: per-message time in us (with BETA and GAMMA set, init skips its measurement)" },
 	{ "KHOR_COST_BETA_GBPS", NULL, "Cost model: link bandwidth in GB/s" },
@@ -257,6 +258,21 @@ khor_status config_parse_hier(const char *p, int *hier, kerr *err)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_HIER='%s': expected on, off or auto",
 		                p);
 	*hier = on ? 1 : 0;
+	return KHOR_SUCCESS;
+}
+
+khor_status config_parse_nccl(const char *p, int *nccl, kerr *err)
+{
+	bool on = false;
+
+	if (p == NULL || strcmp(p, "auto") == 0) {
+		*nccl = 2;
+		return KHOR_SUCCESS;
+	}
+	if (!kparse_bool(p, &on))
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_NCCL='%s': expected auto, on or off",
+		                p);
+	*nccl = on ? 1 : 0;
 	return KHOR_SUCCESS;
 }
 
@@ -527,6 +543,7 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	                 : ncost != 0 ? 0
 	                              : atoi(config_default("KHOR_AUTO_TRIALS"));
 	if ((st = config_parse_hier(config_lookup(cfg, "KHOR_HIER"), &s->hier, err)) ||
+	    (st = config_parse_nccl(config_lookup(cfg, "KHOR_NCCL"), &s->nccl, err)) ||
 	    (st = config_parse_algo(config_lookup(cfg, "KHOR_ALGO"), &s->algo, err)))
 		return st;
 	return KHOR_SUCCESS;

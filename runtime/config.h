@@ -56,6 +56,7 @@ typedef struct settings {
 	uint64_t spin_us;
 	int auto_trials;        /* KHOR_AUTO_TRIALS: timed calls per close schedule and size */
 	int hier;               /* 0 off, 1 on, 2 auto */
+	int nccl;               /* KHOR_NCCL: 0 off, 1 on, 2 auto (runtime/nccl.c) */
 	double cost[3];         /* alpha s, beta s/B, gamma s/B from config; 0 = measure */
 	int reg_entries;        /* KHOR_REG_CACHE_ENTRIES */
 	uint64_t reg_bytes;     /* KHOR_REG_CACHE_MB, in bytes */
@@ -74,5 +75,7 @@ khor_status config_parse(const struct khor_config *cfg, settings *out, kerr *err
 /* KHOR_ALGO (NULL = auto) as enum allreduce_algo; KHOR_HIER (NULL = auto) as 0/1/2. */
 khor_status config_parse_algo(const char *value, int *algo, kerr *err);
 khor_status config_parse_hier(const char *value, int *hier, kerr *err);
+/* KHOR_NCCL (NULL = auto) as 0 off, 1 on, 2 auto. */
+khor_status config_parse_nccl(const char *value, int *nccl, kerr *err);
 
 #endif

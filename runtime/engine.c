@@ -388,9 +388,49 @@ static khor_status bad(kerr *err, const char *fmt, ...)
 	return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s", msg);
 }
 
+/*
+ * The memory of a tensor's buffers (t->mem, collectives/mem.h): the one the collective runs
+ * on (the input, or a broadcast's output where the input is not read) and, when used, the
+ * other must be of the same kind: both host (pageable or pinned) memory or both memory of
+ * one device. A ready event needs a backend to wait with, which the input's memory names.
+ */
+static khor_status mem_check(int kind, const eng_targ *a, bool in_used, bool out_used,
+                             etensor *t, kerr *err)
+{
+	const char *fn = eng_kind_name(kind);
+	char x[64], y[64];
+
+	if (in_used)
+		kmem_query(a->in, &t->mem);
+	else if (out_used)
+		kmem_query(a->out, &t->mem);
+	else
+		kmem_query(NULL, &t->mem);
+	if (in_used && out_used && a->out != a->in) {
+		kmem_where w;
+		kmem_query(a->out, &w);
+		bool dev_in = t->mem.kind == KMEM_DEVICE, dev_out = w.kind == KMEM_DEVICE;
+		if (dev_in != dev_out ||
+		    (dev_in && (w.be != t->mem.be || w.device != t->mem.device)))
+			return bad(err, "%s '%s': the input is %s but the output is %s: a tensor's input "
+			           "and output must both be host memory or both memory of one device",
+			           fn, a->name, kmem_describe(&t->mem, x, sizeof(x)),
+			           kmem_describe(&w, y, sizeof(y)));
+	}
+	if (a->ready != NULL && t->count > 0) {
+		if (t->mem.be == NULL)
+			return bad(err, "%s '%s': a ready event was given for a tensor in host memory: "
+			           "the event is waited for with the backend of the input's memory "
+			           "(device or pinned host memory); pass NULL when the input is ready",
+			           fn, a->name);
+		t->ready = a->ready;
+	}
+	return KHOR_SUCCESS;
+}
+
 /* One tensor's checks; fills t (name copied). */
 static khor_status tensor_check(const eset *s, int kind, const eng_targ *a, bool need_out,
-                                khor_op op, etensor *t, kerr *err)
+                                khor_op op, int root, etensor *t, kerr *err)
 {
 	const char *fn = eng_kind_name(kind);
 	size_t esz = kdtype_size(a->dtype), count = 1;
@@ -439,6 +479,11 @@ static khor_status tensor_check(const eset *s, int kind, const eng_targ *a, bool
 	t->count = count;
 	t->in = a->in;
 	t->out = a->out;
+	bool in_used = count > 0 && kind != EK_BARRIER && kind != EK_JOIN &&
+	               (kind != EK_BROADCAST || s->rank == root);
+	khor_status st = mem_check(kind, a, in_used, need_out && out_count > 0, t, err);
+	if (st != KHOR_SUCCESS)
+		return st;
 	if (kind == EK_ALLTOALL) {
 		int64_t sum = 0;
 		if (a->splits == NULL && a->dims[0] % s->size != 0)
@@ -507,8 +552,18 @@ khor_status engine_enqueue(struct khor_engine *e, int set, int kind, int n, cons
 	h->join_rank = -1;
 	h->n = n;
 	for (int i = 0; i < n; i++) {
-		if ((st = tensor_check(s, kind, &ta[i], need_out, op, &h->t[i], err)) != KHOR_SUCCESS)
+		if ((st = tensor_check(s, kind, &ta[i], need_out, op, root, &h->t[i], err)) !=
+		    KHOR_SUCCESS)
 			goto fail_free;
+		if ((kind == EK_ALLGATHER || kind == EK_ALLTOALL) && alloc == NULL &&
+		    h->t[i].mem.kind == KMEM_DEVICE) {
+			char w[64];
+			st = bad(err, "%s '%s': the input is %s, and a device tensor's %s needs an alloc "
+			         "callback that returns device memory (the engine allocates host memory "
+			         "only)", eng_kind_name(kind), ta[i].name,
+			         kmem_describe(&h->t[i].mem, w, sizeof(w)), eng_kind_name(kind));
+			goto fail_free;
+		}
 		if (!is_float(ta[i].dtype) && (prescale != 1.0 || postscale != 1.0) &&
 		    kind != EK_BARRIER) {
 			st = bad(err, "%s '%s': prescale/postscale apply to floating-point tensors only "
@@ -687,6 +742,7 @@ static void *set_main(void *arg)
 
 	if (s->size == 1) {
 		solo_loop(s);
+		execute_dev_release(s); /* on this thread, where its context is bound */
 		return NULL;
 	}
 	for (;;) {
@@ -694,6 +750,7 @@ static void *set_main(void *arg)
 		if (!go)
 			break;
 	}
+	execute_dev_release(s);
 	/* Whatever is left (after a failure, or a stop) completes now. */
 	kerr x;
 	pthread_mutex_lock(&s->e->mu);
@@ -738,6 +795,7 @@ static void set_free(eset *s)
 	if (s == NULL)
 		return;
 	negotiate_free(s);
+	execute_dev_release(s); /* nothing left, unless its thread never ended */
 	if (s->data != NULL) {
 		comm_reg_invalidate(s->data->ctx, s->fusion, s->fusion_len);
 		comm_free(s->data);

@@ -11,7 +11,8 @@
  *
  * engine.c owns the lifecycle, the handles and the set threads; negotiate.c the cycle's
  * messages, the coordinator's table, the response cache, mismatch and stall messages;
- * execute.c runs a cycle's responses (fusion, scale factors, joined ranks' zeros);
+ * execute.c runs a cycle's responses (fusion, scale factors, joined ranks' zeros, on host
+ * or device memory, with the inputs' ready events);
  * timeline.c writes the Chrome trace; autotune.c tunes fusion and cycle time.
  */
 #ifndef KHOR_RUNTIME_ENGINE_H
@@ -67,6 +68,15 @@ typedef struct etensor {
 	int64_t out_dims[ENG_MAX_DIMS];
 	int64_t *splits;         /* alltoall: rows to each rank, NULL = even (owned) */
 	int64_t *rsplits;        /* alltoall: rows from each rank (owned) */
+	/*
+	 * What memory the tensor's buffers are (kmem_query at enqueue; input and output agree):
+	 * host (or pinned host) memory runs as it always has, device memory through its
+	 * backend on the set's stream (execute.c). A ghost tensor (a joined rank's) is host.
+	 */
+	kmem_where mem;
+	/* The caller's event (not owned): the input is ready once it completes; NULL = now.
+	 * Cleared once the set thread has waited for it. */
+	void *ready;
 } etensor;
 
 struct eset;
@@ -156,6 +166,21 @@ typedef struct eitem {
 	char *msg;           /* error: the coordinator's sentence */
 } eitem;
 
+/*
+ * The device side of a set (execute.c), for one device at a time, made on the set thread
+ * at its first device tensor and freed when that thread ends: the engine's own stream,
+ * which every copy, scale and collective of a device tensor goes to in order, and the
+ * device fusion buffer (grow-only, like the host one).
+ */
+typedef struct edev {
+	const kmem_backend *be; /* NULL: no device tensor ran yet */
+	void *ctx;
+	int device;
+	void *stream;
+	void *fusion;
+	size_t fusion_len;
+} edev;
+
 typedef struct eset {
 	struct khor_engine *e;
 	int id;
@@ -182,6 +207,13 @@ typedef struct eset {
 	bool stop_sent;
 	uint8_t *fusion;
 	size_t fusion_len;
+	edev dev;
+	/*
+	 * Device-ness is not negotiated: a joined rank contributes its zeros in the memory of
+	 * the last allreduce it ran itself (device memory of dev when this is set), so that
+	 * its fusion plan and its calls' kind match the others' in the usual all-GPU job.
+	 */
+	bool join_on_dev;
 	uint64_t last_cycle_ns;
 	/* The coordinator's (rank 0). */
 	emap table;
@@ -225,6 +257,7 @@ typedef struct eng_targ {
 	int ndim;
 	const int64_t *dims;
 	const int64_t *splits;
+	void *ready;             /* the input's ready event (a _event form), or NULL */
 } eng_targ;
 
 /* Every enqueue: checks the arguments, makes the handle and hands it to the set thread. */
@@ -267,6 +300,8 @@ bool apply_response(eset *s, const uint8_t *p, size_t len);
 
 /* execute.c: runs a cycle's items in order (fusing allreduces); completes the handles. */
 void execute_items(eset *s, eitem *items, int n);
+/* execute.c: frees the set's device side (edev), on the set thread when it ends. */
+void execute_dev_release(eset *s);
 /* The set failed: every handle of it fails with s->err, now and at every later enqueue. */
 void engine_fail_set(eset *s, const kerr *e);
 

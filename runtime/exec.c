@@ -21,6 +21,7 @@
 #include "../collectives/select.h"
 #include "../collectives/reduce.h"
 #include "../collectives/ring.h"
+#include "nccl.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -187,6 +188,14 @@ static khor_status run_trials(khor_comm *c, const struct khor_request *r, trial_
 	coll_comm g = c->cc;
 	struct khor_request x = *r;
 	uint32_t i = 0;
+
+	/*
+	 * The trials run on host buffers even for a call on device memory: every rank must
+	 * take the same decisions whatever its buffers are (ranks that disagree on the kind
+	 * then fail on the call's first frame, instead of waiting in different trials), and
+	 * the choice between schedules is about the wire, which both kinds share.
+	 */
+	g.mem = NULL;
 	khor_status st = KHOR_SUCCESS;
 	bool done = false;
 	int a = ALGO_RING;
@@ -323,43 +332,31 @@ static khor_status alltoall_run(coll_comm *cc, struct khor_request *r, kerr *err
 }
 
 /* Local-only semantics of each collective on a one-rank comm. */
-static khor_status run_single(struct khor_request *r, kerr *err)
+static khor_status run_single(coll_comm *cc, struct khor_request *r, kerr *err)
 {
-	size_t bytes = r->count * kdtype_size(r->dtype);
+	size_t esz = kdtype_size(r->dtype), bytes = r->count * esz;
 
 	switch (r->kind) {
 	case COLL_ALLREDUCE: case COLL_REDUCE: case COLL_ALLGATHER: case COLL_REDUCESCATTER:
 	case COLL_GATHER: case COLL_SCATTER:
 		if (r->kind == COLL_ALLGATHER && r->rcounts != NULL)
-			bytes = r->rcounts[0] * kdtype_size(r->dtype);
-		if (r->kind == COLL_ALLGATHER && r->rcounts != NULL) {
-			if (bytes > 0)
-				memmove((char *)r->recvbuf + r->rdispls[0] * kdtype_size(r->dtype),
-				        r->sendbuf, bytes);
-		} else if (r->sendbuf != r->recvbuf && bytes > 0) {
-			memmove(r->recvbuf, r->sendbuf, bytes);
-		}
-		break;
-	case COLL_ALLTOALL: {
-		size_t esz = kdtype_size(r->dtype);
+			return coll_copy(cc, (char *)r->recvbuf + r->rdispls[0] * esz, r->sendbuf,
+			                 r->rcounts[0] * esz, err);
+		return coll_copy(cc, r->recvbuf, r->sendbuf, bytes, err);
+	case COLL_ALLTOALL:
 		if (r->scounts != NULL) {
 			if (r->scounts[0] != r->rcounts[0])
 				return kerr_set(err, KHOR_ERR_INVALID_ARG, "alltoallv seq %u: this rank sends "
 				                "itself %zu elements but expects %zu", r->seq, r->scounts[0],
 				                r->rcounts[0]);
-			bytes = r->scounts[0] * esz;
-			if (bytes > 0)
-				memmove((char *)r->recvbuf + r->rdispls[0] * esz,
-				        (const char *)r->sendbuf + r->sdispls[0] * esz, bytes);
-		} else if (r->sendbuf != r->recvbuf && bytes > 0) {
-			memmove(r->recvbuf, r->sendbuf, bytes);
+			return coll_copy(cc, (char *)r->recvbuf + r->rdispls[0] * esz,
+			                 (const char *)r->sendbuf + r->sdispls[0] * esz,
+			                 r->scounts[0] * esz, err);
 		}
-		break;
-	}
+		return coll_copy(cc, r->recvbuf, r->sendbuf, bytes, err);
 	default:
-		break;
+		return KHOR_SUCCESS;
 	}
-	return KHOR_SUCCESS;
 }
 
 /*
@@ -443,7 +440,7 @@ static khor_status rd_reduce_scatter(coll_comm *cc, struct khor_request *r, kerr
 {
 	size_t esz = kdtype_size(r->dtype), off, len;
 	/* Small by construction; not coll_big, which rd_allreduce may use for its own temp. */
-	uint8_t *tmp = malloc(r->count * esz + 1);
+	uint8_t *tmp = coll_tmp(cc, r->count * esz + 1);
 	khor_status st;
 
 	if (tmp == NULL)
@@ -453,21 +450,27 @@ static khor_status rd_reduce_scatter(coll_comm *cc, struct khor_request *r, kerr
 	                  COLL_REDUCESCATTER, err);
 	coll_block(r->count, cc->size, cc->rank, &off, &len);
 	if (st == KHOR_SUCCESS && len > 0)
-		memcpy(r->recvbuf, tmp + off * esz, len * esz);
-	free(tmp);
+		st = coll_copy(cc, r->recvbuf, tmp + off * esz, len * esz, err);
 	return st;
 }
 
 /* Picks the schedule for one collective and runs it. */
-static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
+static khor_status dispatch(khor_comm *c, struct khor_request *r, const kmem_where *where,
+                            kerr *err)
 {
 	coll_comm *cc = &c->cc;
 	size_t esz = kdtype_size(r->dtype), bytes = r->count * esz;
 	bool binomial, bruck;
 	int rs;
 
+	if (coll_on_device(cc) && c->size > 1) {
+		bool handled = false;
+		khor_status st = nccl_run(c, r, where, &handled, err);
+		if (handled)
+			return st;
+	}
 	if (c->size == 1 && r->kind != COLL_SPLIT)
-		return run_single(r, err);
+		return run_single(cc, r, err);
 	switch (r->kind) {
 	case COLL_ALLREDUCE:
 		if (use_hier(c, bytes)) {
@@ -548,6 +551,119 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, kerr *err)
 	}
 }
 
+static const char *const kind_names[COLL_KINDS] = {
+	"allreduce", "broadcast", "barrier", "reduce", "allgather", "reduce_scatter",
+	"alltoall", "gather", "scatter", "probe", "comm split", "negotiation",
+};
+
+/*
+ * The buffers r reads or writes on this rank, with their names for messages: a rank
+ * that is not the root of a reduce or gather has no recvbuf, nor of a scatter a sendbuf.
+ */
+static int call_buffers(const khor_comm *c, const struct khor_request *r, const void *b[2],
+                        const char *names[2])
+{
+	names[0] = "sendbuf";
+	names[1] = "recvbuf";
+	b[0] = r->sendbuf;
+	b[1] = r->recvbuf;
+	switch (r->kind) {
+	case COLL_BROADCAST:
+		names[0] = "buf";
+		b[0] = r->recvbuf;
+		return 1;
+	case COLL_REDUCE:
+	case COLL_GATHER:
+		if (c->rank != r->root)
+			b[1] = NULL;
+		return 2;
+	case COLL_SCATTER:
+		if (c->rank != r->root)
+			b[0] = NULL;
+		return 2;
+	case COLL_ALLREDUCE: case COLL_ALLGATHER: case COLL_REDUCESCATTER: case COLL_ALLTOALL:
+		return 2;
+	default:
+		return 0;
+	}
+}
+
+/*
+ * Finds what memory r's buffers are (mem.h) and, for device memory, readies the comm's
+ * device state on the call's stream. Both buffers must be of one kind: host and pinned
+ * host memory count as one, device memory as another.
+ */
+static khor_status mem_begin(khor_comm *c, struct khor_request *r, kmem_where *where,
+                             kerr *err)
+{
+	const void *b[2];
+	const char *names[2];
+	kmem_where w[2];
+	int n = call_buffers(c, r, b, names), dev = -1, host = -1;
+
+	where->kind = KMEM_HOST;
+	where->be = NULL;
+	where->device = -1;
+	where->ctx = NULL;
+	for (int i = 0; i < n; i++) {
+		if (b[i] == NULL)
+			continue;
+		kmem_query(b[i], &w[i]);
+		if (w[i].kind == KMEM_DEVICE) {
+			if (dev >= 0 && (w[i].be != w[dev].be || w[i].device != w[dev].device))
+				return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s seq %u: %s and %s are on "
+				                "different devices (%s device %d, %s device %d): a call "
+				                "runs on one", kind_names[r->kind], r->seq, names[dev],
+				                names[i], w[dev].be->name, w[dev].device, w[i].be->name,
+				                w[i].device);
+			dev = i;
+		} else {
+			host = i;
+		}
+	}
+	if (dev < 0)
+		return KHOR_SUCCESS;
+	if (host >= 0) {
+		char a[64], d[64];
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s seq %u: %s is %s but %s is %s: both "
+		                "buffers of a call must be host memory or both device memory",
+		                kind_names[r->kind], r->seq, names[host],
+		                kmem_describe(&w[host], a, sizeof(a)), names[dev],
+		                kmem_describe(&w[dev], d, sizeof(d)));
+	}
+	*where = w[dev];
+	khor_status st = kmem_state_begin(&c->mem, where, r->has_stream, r->stream,
+	                                  c->cc.scratch_len, err);
+	if (st != KHOR_SUCCESS)
+		kerr_prefix(err, "%s seq %u on %s device %d", kind_names[r->kind], r->seq,
+		            where->be->name, where->device);
+	return st;
+}
+
+/*
+ * Ends a call's device side: a blocking call (no stream of the caller's) returns once the
+ * result is in place, so it waits for the stream here, up to the comm's timeout; a stream
+ * form leaves that to the stream. After an error the stream is waited for too (briefly),
+ * so that nothing queued still writes into the comm's scratch under the next call.
+ */
+static khor_status mem_end(khor_comm *c, struct khor_request *r, khor_status st, kerr *err)
+{
+	kmem_state *m = &c->mem;
+	char what[64];
+	kerr e;
+
+	if (m->be == NULL)
+		return st;
+	snprintf(what, sizeof(what), "%s seq %u", kind_names[r->kind], r->seq);
+	if (st != KHOR_SUCCESS) {
+		(void)kmem_stream_sync(m->be, m->stream, kdeadline_in_ms(2000), what, &e);
+	} else if (!r->has_stream) {
+		st = kmem_stream_sync(m->be, m->stream, kdeadline_in_ms(c->cc.timeout_ms), what, err);
+	}
+	kmem_state_end(m);
+	return st;
+}
+
 static khor_status run_one(khor_comm *c, struct khor_request *r)
 {
 	kerr err;
@@ -564,10 +680,16 @@ static khor_status run_one(khor_comm *c, struct khor_request *r)
 	/* One collective runs at a time, so the groups can take this call's settings. */
 	c->cc.algo = c->node_cc.algo = c->cross_cc.algo = r->algo;
 	c->run_hier = r->hier;
-	/* Registration of the call's buffers (comm.h: comm_reg_policy) starts and ends here. */
-	comm_reg_begin(c, r);
-	st = dispatch(c, r, &err);
-	comm_reg_end(c);
+	/* The memory the call runs on (mem.h), then its buffers' registration (comm.h:
+	 * comm_reg_policy), begin and end here. */
+	kmem_where where;
+	st = mem_begin(c, r, &where, &err);
+	if (st == KHOR_SUCCESS) {
+		comm_reg_begin(c, r);
+		st = dispatch(c, r, &where, &err);
+		comm_reg_end(c);
+		st = mem_end(c, r, st, &err);
+	}
 	if (st == KHOR_ERR_TIMEOUT && err.peer >= 0 && c->ctx->store != NULL)
 		blame_timeout(c, &err);
 	if (st == KHOR_ERR_REMOTE && c->ctx->store != NULL &&

@@ -732,7 +732,7 @@ static tp_req *posted_take(tp_link *l, const struct rec_hdr *h)
  */
 static bool rx_conflict(tp_link *l, const struct rec_hdr *h)
 {
-	char b1[64], b2[64];
+	char b1[96], b2[96];
 
 	for (tp_link *o = l->ctx->all; o != NULL; o = o->next_all) {
 		for (tp_req *r = o->posted.head; r != NULL; r = r->next) {
@@ -753,11 +753,11 @@ static bool rx_conflict(tp_link *l, const struct rec_hdr *h)
 /* The first record of a message met its receive: both sides must agree on what it is. */
 static bool rx_check(tp_link *l, tp_req *r, const struct rec_hdr *h)
 {
-	char b1[64], b2[64];
+	char b1[96], b2[96];
 
 	if (h->meta != r->tag.meta) {
 		link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was sent by %s but "
-		          "this rank posted %s: the ranks called different collectives, dtypes/ops or algorithms",
+		          "this rank posted %s: the ranks called different collectives, dtypes/ops, algorithms or memory kinds",
 		          h->comm, h->seq, h->step, tp_meta_describe(l->ctx->meta, h->meta, b1, sizeof(b1)),
 		          tp_meta_describe(l->ctx->meta, r->tag.meta, b2, sizeof(b2)));
 		return false;

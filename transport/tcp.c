@@ -1028,12 +1028,12 @@ static struct chunk *sched_conflict(tp_ctx *ctx, const struct frame_hdr *h)
 /* h's frame goes to receive c: same meta and lengths, or the link breaks (false). */
 static bool frame_fits(struct tsock *s, const struct frame_hdr *h, const struct chunk *c)
 {
-	char b1[64], b2[64];
+	char b1[96], b2[96];
 
 	if (h->meta != c->hdr.meta) {
 		sock_fail(s, KHOR_ERR_PROTOCOL,
 		          "message (comm %u, seq %u, step %u) was sent by %s but this rank posted %s: "
-		          "the ranks called different collectives, dtypes/ops or algorithms",
+		          "the ranks called different collectives, dtypes/ops, algorithms or memory kinds",
 		          h->comm, h->seq, h->step, tp_meta_describe(s->ctx->meta, h->meta, b1, sizeof(b1)),
 		          tp_meta_describe(s->ctx->meta, c->hdr.meta, b2, sizeof(b2)));
 		return false;
@@ -1096,7 +1096,7 @@ static bool recv_match(struct tsock *s)
 {
 	struct frame_hdr *h = &s->rhdr;
 	struct chunk *c;
-	char b1[64], b2[64];
+	char b1[96], b2[96];
 
 	if (h->kind == FRAME_CTS) {
 		/* The peer is ready for the payload of our large send. */
@@ -1743,7 +1743,7 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 			    tp_meta_conflict(l->ctx->meta, t->rhdr.meta, tag.meta))
 				recv_match(t);
 			for (u = t->uq_head; u != NULL && t->state == SS_DATA; u = u->next) {
-				char b1[64], b2[64];
+				char b1[96], b2[96];
 				if (u->ch.hdr.comm != tag.comm || u->ch.hdr.seq != tag.seq ||
 				    !tp_meta_conflict(l->ctx->meta, u->ch.hdr.meta, tag.meta))
 					continue;
