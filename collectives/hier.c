@@ -30,8 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static khor_status group_allreduce(coll_comm *g, void *buf, size_t count, khor_dtype dtype,
-                                   khor_op op, uint32_t seq, kerr *err)
+khor_status hier_group_allreduce(coll_comm *g, void *buf, size_t count, khor_dtype dtype,
+                                  khor_op op, uint32_t seq, kerr *err)
 {
 	size_t bytes = count * kdtype_size(dtype);
 
@@ -70,7 +70,7 @@ khor_status hier_allreduce(coll_comm *node, coll_comm *cross, int world_size,
 		st = coll_copy(node, out, sendbuf, count * esz, err);
 	}
 	if (st == KHOR_SUCCESS && cross->size > 1)
-		st = group_allreduce(cross, out + off * esz, len, dtype, inner, seq, err);
+		st = hier_group_allreduce(cross, out + off * esz, len, dtype, inner, seq, err);
 	if (st == KHOR_SUCCESS && op == KHOR_AVG)
 		st = coll_avg_finish(node, out + off * esz, len, dtype, world_size, err);
 	if (st == KHOR_SUCCESS && L > 1) {

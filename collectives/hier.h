@@ -17,4 +17,8 @@ khor_status hier_allgather(coll_comm *node, coll_comm *cross, const void *sendbu
                            void *recvbuf, size_t count, khor_dtype dtype, uint32_t seq,
                            kerr *err);
 
+/* An allreduce of buf in place on group g, with the schedule the group's model picks. */
+khor_status hier_group_allreduce(coll_comm *g, void *buf, size_t count, khor_dtype dtype,
+                                 khor_op op, uint32_t seq, kerr *err);
+
 #endif

@@ -361,38 +361,6 @@ static bool add_wait(emu_op *op, emu_timeline *tl, uint64_t seq)
 	return true;
 }
 
-/* The same rule as runtime/execute.c's scale(): floats only, f16/bf16 through f32. */
-static void emu_scale_run(void *p, size_t count, khor_dtype dt, double f)
-{
-	switch (dt) {
-	case KHOR_FLOAT32: {
-		float *v = p, g = (float)f;
-		for (size_t i = 0; i < count; i++)
-			v[i] *= g;
-		break;
-	}
-	case KHOR_FLOAT64: {
-		double *v = p;
-		for (size_t i = 0; i < count; i++)
-			v[i] *= f;
-		break;
-	}
-	case KHOR_FLOAT16: {
-		uint16_t *v = p;
-		for (size_t i = 0; i < count; i++)
-			v[i] = reduce_f32_to_f16(reduce_f16_to_f32(v[i]) * (float)f);
-		break;
-	}
-	case KHOR_BFLOAT16: {
-		uint16_t *v = p;
-		for (size_t i = 0; i < count; i++)
-			v[i] = reduce_f32_to_bf16(reduce_bf16_to_f32(v[i]) * (float)f);
-		break;
-	}
-	default:
-		break;
-	}
-}
 
 static void wait_for(const emu_wait *w)
 {
@@ -442,7 +410,7 @@ static void op_run(emu_stream *s, emu_op *op)
 		reduce_avg_finish(op->dst, op->count, op->dtype, op->n);
 		break;
 	case OP_SCALE:
-		emu_scale_run(op->dst, op->count, op->dtype, op->factor);
+		reduce_scale(op->dst, op->count, op->dtype, op->factor);
 		break;
 	case OP_ZERO:
 		memset(op->dst, 0, op->count);

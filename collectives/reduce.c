@@ -453,3 +453,37 @@ void reduce_avg_finish(void *buf, size_t count, khor_dtype dtype, int n)
 		break;
 	}
 }
+
+void reduce_scale(void *p, size_t count, khor_dtype dt, double f)
+{
+	if (f == 1.0 || count == 0)
+		return;
+	switch (dt) {
+	case KHOR_FLOAT32: {
+		float *v = p, g = (float)f;
+		for (size_t i = 0; i < count; i++)
+			v[i] *= g;
+		break;
+	}
+	case KHOR_FLOAT64: {
+		double *v = p;
+		for (size_t i = 0; i < count; i++)
+			v[i] *= f;
+		break;
+	}
+	case KHOR_FLOAT16: {
+		uint16_t *v = p;
+		for (size_t i = 0; i < count; i++)
+			v[i] = reduce_f32_to_f16(reduce_f16_to_f32(v[i]) * (float)f);
+		break;
+	}
+	case KHOR_BFLOAT16: {
+		uint16_t *v = p;
+		for (size_t i = 0; i < count; i++)
+			v[i] = reduce_f32_to_bf16(reduce_bf16_to_f32(v[i]) * (float)f);
+		break;
+	}
+	default:
+		break; /* integers and bool: the engine refuses scale factors for them */
+	}
+}

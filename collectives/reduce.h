@@ -34,6 +34,13 @@ reduce_fn reduce_kernel(khor_dtype dtype, khor_op op);
 /* Divides count elements by n (>= 1; n == 1 does nothing) in place, as described above. */
 void reduce_avg_finish(void *buf, size_t count, khor_dtype dtype, int n);
 bool reduce_supported(khor_dtype dtype, khor_op op);
+/*
+ * buf[i] *= factor for the floating dtypes, in place (the engine's pre- and postscale):
+ * f32 multiplies by (float)factor, f64 by factor, f16 and bf16 widen to f32, multiply by
+ * (float)factor and round once to nearest even. Integers and bool: nothing. The device
+ * backends' scale gives the same bits.
+ */
+void reduce_scale(void *buf, size_t count, khor_dtype dtype, double factor);
 
 /*
  * The same kernel without hand-written SIMD paths (only compiler-vectorised loops), which

@@ -17,7 +17,7 @@
  *
  * Device memory (collectives/mem.h): a tensor's kind is found at enqueue, and the classes
  * split by it too, so host and device tensors of a cycle never share a run. Host tensors
- * take the CPU paths below (memcpy, scale()) as they always have. Device tensors go, in
+ * take the CPU paths below (memcpy, reduce_scale) as they always have. Device tensors go, in
  * order, onto the set's own stream (engine.h: edev): the copies into the device fusion
  * buffer, the scale factors, the collective as a stream-form call on that same stream
  * (so it starts after the copies, with no host wait between), the copies out; then one
@@ -36,39 +36,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void scale(void *p, size_t count, khor_dtype dt, double f)
-{
-	if (f == 1.0 || count == 0)
-		return;
-	switch (dt) {
-	case KHOR_FLOAT32: {
-		float *v = p, g = (float)f;
-		for (size_t i = 0; i < count; i++)
-			v[i] *= g;
-		break;
-	}
-	case KHOR_FLOAT64: {
-		double *v = p;
-		for (size_t i = 0; i < count; i++)
-			v[i] *= f;
-		break;
-	}
-	case KHOR_FLOAT16: {
-		uint16_t *v = p;
-		for (size_t i = 0; i < count; i++)
-			v[i] = reduce_f32_to_f16(reduce_f16_to_f32(v[i]) * (float)f);
-		break;
-	}
-	case KHOR_BFLOAT16: {
-		uint16_t *v = p;
-		for (size_t i = 0; i < count; i++)
-			v[i] = reduce_f32_to_bf16(reduce_bf16_to_f32(v[i]) * (float)f);
-		break;
-	}
-	default:
-		break; /* integers: enqueue refused scale factors */
-	}
-}
 
 /* The host fusion buffer, grown to at least len bytes. */
 static void *fusion(eset *s, size_t len)
@@ -183,7 +150,7 @@ static khor_status m_zero(edev *d, void *p, size_t len, kerr *err)
 static khor_status m_scale(edev *d, void *p, size_t count, khor_dtype dt, double f, kerr *err)
 {
 	if (d == NULL) {
-		scale(p, count, dt, f);
+		reduce_scale(p, count, dt, f);
 		return KHOR_SUCCESS;
 	}
 	if (f == 1.0 || count == 0)

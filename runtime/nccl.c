@@ -36,6 +36,8 @@
  */
 #include "nccl.h"
 
+#include "../collectives/hier.h"
+
 #include "../base/dtype.h"
 #include "../base/log.h"
 #include "../collectives/algos.h"
@@ -436,22 +438,6 @@ static khor_status get_comm(khor_comm *c, const kmem_where *where, kerr *err)
 	return comm_init_nccl(c, s, where, err);
 }
 
-/* khor's allreduce of buf in place on a cross group, with the schedule the group would pick. */
-static khor_status cross_allreduce(coll_comm *g, void *buf, size_t count, khor_dtype dtype,
-                                   khor_op op, uint32_t seq, kerr *err)
-{
-	switch (allreduce_pick(g, (enum allreduce_algo)g->algo, count * kdtype_size(dtype))) {
-	case ALGO_RD:
-		return rd_allreduce(g, buf, buf, count, dtype, op, seq, COLL_ALLREDUCE, err);
-	case ALGO_TREE:
-		return dbtree_allreduce(g, buf, buf, count, dtype, op, seq, err);
-	case ALGO_HD:
-		return hd_allreduce(g, buf, buf, count, dtype, op, seq, err);
-	default:
-		return ring_allreduce(g, buf, buf, count, dtype, op, seq, COLL_ALLREDUCE, err);
-	}
-}
-
 static khor_status run_allreduce(khor_comm *c, struct khor_request *r, ncclDataType_t t,
                                  kerr *err)
 {
@@ -486,7 +472,8 @@ static khor_status run_allreduce(khor_comm *c, struct khor_request *r, ncclDataT
 	                   err)) != KHOR_SUCCESS)
 		return st;
 	if (len > 0) {
-		st = cross_allreduce(&c->cross_cc, out + off * esz, len, r->dtype, inner, r->seq, err);
+		st = hier_group_allreduce(&c->cross_cc, out + off * esz, len, r->dtype, inner, r->seq,
+		                          err);
 		if (st == KHOR_SUCCESS && r->op == KHOR_AVG)
 			st = coll_avg_finish(&c->cross_cc, out + off * esz, len, r->dtype, c->size, err);
 		if (st != KHOR_SUCCESS) {

@@ -158,40 +158,6 @@ static size_t first_mismatch(const unsigned char *got, const unsigned char *want
 	return count;
 }
 
-/* runtime/execute.c's scale(), the rule the cuda backend's scale must match. */
-static void cpu_scale(void *p, size_t count, khor_dtype dt, double f)
-{
-	if (f == 1.0 || count == 0)
-		return;
-	switch (dt) {
-	case KHOR_FLOAT32: {
-		float *v = p, g = (float)f;
-		for (size_t i = 0; i < count; i++)
-			v[i] *= g;
-		break;
-	}
-	case KHOR_FLOAT64: {
-		double *v = p;
-		for (size_t i = 0; i < count; i++)
-			v[i] *= f;
-		break;
-	}
-	case KHOR_FLOAT16: {
-		uint16_t *v = p;
-		for (size_t i = 0; i < count; i++)
-			v[i] = reduce_f32_to_f16(reduce_f16_to_f32(v[i]) * (float)f);
-		break;
-	}
-	case KHOR_BFLOAT16: {
-		uint16_t *v = p;
-		for (size_t i = 0; i < count; i++)
-			v[i] = reduce_f32_to_bf16(reduce_bf16_to_f32(v[i]) * (float)f);
-		break;
-	}
-	default:
-		break;
-	}
-}
 
 Test(cuda_mem, without_a_gpu_every_buffer_is_host_memory)
 {
@@ -542,7 +508,7 @@ Test(cuda_mem, scale_matches_the_engines_rule, .timeout = 120)
 		for (size_t f = 0; f < sizeof(factors) / sizeof(factors[0]); f++) {
 			fill_random(v, bytes);
 			memcpy(want, v, bytes);
-			cpu_scale(want, count, (khor_dtype)d, factors[f]);
+			reduce_scale(want, count, (khor_dtype)d, factors[f]);
 			OK(be->copy(dv, v, bytes, s, ERR));
 			OK(be->scale(dv, count, (khor_dtype)d, factors[f], s, ERR));
 			OK(be->copy(got, dv, bytes, s, ERR));
