@@ -38,8 +38,7 @@ static khor_status post_reg(coll_comm *cc, const coll_tp *t, void *buf, size_t l
 
 	if (coll_on_device(cc)) {
 		/* The device scratch and temps are freed by mem.c, which knows no registration
-		 * caches: only the call's own buffers are kept (as the runtime says), the rest go
-		 * one-shot. */
+		 * caches: they go one-shot; the call's own buffers as the runtime says (below). */
 	} else if (inside(p, len, cc->scratch, cc->scratch_len)) {
 		d.buf = cc->scratch;
 		d.len = cc->scratch_len;
@@ -48,7 +47,8 @@ static khor_status post_reg(coll_comm *cc, const coll_tp *t, void *buf, size_t l
 		d.buf = *cc->big;
 		d.len = *cc->big_len;
 		scope = REGCACHE_KEEP;
-	} else {
+	}
+	if (scope == REGCACHE_ONESHOT) {
 		for (int i = 0; rc != NULL && i < rc->n; i++) {
 			if (inside(p, len, (const void *)rc->buf[i].lo, rc->buf[i].len)) {
 				d.buf = (void *)rc->buf[i].lo;
@@ -100,7 +100,9 @@ static khor_status post_plain(coll_comm *cc, coll_xfer *x, const coll_tp *t, voi
 	tp_mr *mr = NULL;
 	khor_status st;
 
-	if (t->cache != NULL && len > t->caps.reg_min) {
+	if (x->reg != NULL) {
+		mr = regcache_mr(x->reg); /* taken before (device_direct) */
+	} else if (t->cache != NULL && len > t->caps.reg_min) {
 		st = post_reg(cc, t, buf, len, kind, &x->reg, err);
 		if (st != KHOR_SUCCESS) {
 			kerr_prefix(err, "%s %zu B %s rank %d (comm %u, seq %u, step %u) over %s",
@@ -121,19 +123,22 @@ static khor_status post_plain(coll_comm *cc, coll_xfer *x, const coll_tp *t, voi
 	return st;
 }
 
-/* Whether t takes the device buffer buf itself; says once per comm why not, when it can't. */
-static bool device_direct(coll_comm *cc, const coll_tp *t, void *buf, size_t len)
+/*
+ * Whether t takes the device buffer buf itself, with the registration it will post with
+ * (*reg_out); says once per comm why not, when it can't. Messages the transport copies
+ * into its own memory (up to caps.reg_min: ib's eager slots) are staged: that copy is
+ * the CPU's.
+ */
+static bool device_direct(coll_comm *cc, const coll_tp *t, void *buf, size_t len,
+                          regcache_entry **reg_out)
 {
-	regcache_entry *reg = NULL;
 	kerr e;
 
-	if (!t->caps.device_mem || t->cache == NULL)
+	if (!t->caps.device_mem || t->cache == NULL || len <= t->caps.reg_min)
 		return false;
 	kerr_clear(&e);
-	if (post_reg(cc, t, buf, len, TP_MEM_CUDA, &reg, &e) == KHOR_SUCCESS) {
-		regcache_put(t->cache, reg); /* the post takes its own reference */
+	if (post_reg(cc, t, buf, len, TP_MEM_CUDA, reg_out, &e) == KHOR_SUCCESS)
 		return true;
-	}
 	if (!cc->mem->logged_staging) {
 		cc->mem->logged_staging = true;
 		KLOG_INFO("%s can't take %s memory directly (%s): device buffers go through pinned "
@@ -151,16 +156,18 @@ static khor_status post_device(coll_comm *cc, coll_xfer *x, const coll_tp *t, vo
 
 	x->buf = buf;
 	x->len = len;
-	if (device_direct(cc, t, buf, len)) {
-		if ((st = kmem_event_get(m, &x->ev, err)) != KHOR_SUCCESS)
-			return st;
-		if ((st = be->event_record(x->ev, m->stream, err)) != KHOR_SUCCESS) {
-			kmem_event_put(m, x->ev);
-			x->ev = NULL;
-			return st;
+	if (device_direct(cc, t, buf, len, &x->reg)) {
+		/* x->reg is the post's registration now (post_plain uses it, coll_done puts it). */
+		if ((st = kmem_event_get(m, &x->ev, err)) == KHOR_SUCCESS &&
+		    (st = be->event_record(x->ev, m->stream, err)) == KHOR_SUCCESS) {
+			x->stage = STAGE_PRE;
+			return KHOR_SUCCESS;
 		}
-		x->stage = STAGE_PRE;
-		return KHOR_SUCCESS;
+		kmem_event_put(m, x->ev);
+		x->ev = NULL;
+		regcache_put(t->cache, x->reg);
+		x->reg = NULL;
+		return st;
 	}
 	if ((st = kmem_pool_get(m, len, &x->slot, err)) != KHOR_SUCCESS)
 		return st;

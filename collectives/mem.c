@@ -5,6 +5,8 @@
  */
 #include "mem.h"
 
+#include "../base/log.h"
+
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
@@ -100,15 +102,38 @@ khor_status kmem_stream_sync(const kmem_backend *be, void *stream, kdeadline dl,
 static void state_release(kmem_state *st)
 {
 	const kmem_backend *be = st->dev_be;
+	void *prev;
 	kerr ignore;
 
 	if (be == NULL)
 		return;
+	prev = be->current != NULL ? be->current() : NULL;
 	if (be->bind(st->dev_ctx, &ignore) != KHOR_SUCCESS)
 		goto forget; /* the context is gone: so is what was in it */
+	/*
+	 * Nothing may still run on what is freed below: the own stream's work, the last call's
+	 * on a stream of the caller's (a stream form the caller has not waited for yet), and
+	 * the copies out of the staging slots.
+	 */
+	const kdeadline dl = kdeadline_in_ms(5000);
+	bool idle = true;
 	if (st->own_stream != NULL)
-		(void)kmem_stream_sync(be, st->own_stream, kdeadline_in_ms(5000), "freeing a comm",
-		                       &ignore);
+		idle &= kmem_stream_sync(be, st->own_stream, dl, "freeing a comm", &ignore) ==
+		        KHOR_SUCCESS;
+	if (st->last_set)
+		idle &= kmem_event_wait(be, st->last_ev, dl, "freeing a comm", &ignore) ==
+		        KHOR_SUCCESS;
+	for (int i = 0; i < KMEM_POOL_SLOTS; i++)
+		if (st->pool[i].after != NULL)
+			idle &= kmem_event_wait(be, st->pool[i].after, dl, "freeing a comm",
+			                        &ignore) == KHOR_SUCCESS;
+	if (!idle) {
+		/* Better a leak than a device writing into freed memory. */
+		KLOG_WARN("freeing a comm's %s memory: its streams did not finish within 5 s; "
+		          "its device buffers and pinned staging memory are left allocated",
+		          be->name);
+		goto forget;
+	}
 	for (int i = 0; i < KMEM_POOL_SLOTS; i++) {
 		if (st->pool[i].after != NULL)
 			be->event_destroy(st->pool[i].after);
@@ -127,6 +152,8 @@ static void state_release(kmem_state *st)
 		be->event_destroy(st->last_ev);
 	if (st->own_stream != NULL)
 		be->stream_destroy(st->own_stream);
+	if (be->restore != NULL && prev != st->dev_ctx)
+		be->restore(prev);
 forget:
 	memset(st, 0, sizeof(*st));
 }
@@ -140,6 +167,7 @@ khor_status kmem_state_begin(kmem_state *st, const kmem_where *where, bool given
 	if (st->dev_be != NULL && (st->dev_be != be || st->dev_ctx != where->ctx ||
 	                           st->device != where->device))
 		state_release(st);
+	st->prev_ctx = be->current != NULL ? be->current() : NULL;
 	if ((s = be->bind(where->ctx, err)) != KHOR_SUCCESS)
 		return s;
 	st->dev_be = be;
@@ -154,8 +182,10 @@ khor_status kmem_state_begin(kmem_state *st, const kmem_where *where, bool given
 		return s;
 	if (st->scratch == NULL || st->scratch_len < scratch_len) {
 		if (st->scratch != NULL) {
-			(void)kmem_stream_sync(be, st->stream, kdeadline_in_ms(5000),
-			                       "growing the device scratch", err);
+			s = kmem_stream_sync(be, st->stream, kdeadline_in_ms(5000),
+			                     "growing the device scratch", err);
+			if (s != KHOR_SUCCESS)
+				return s; /* not freed under work that may still use it */
 			be->dev_free(st->scratch);
 			st->scratch = NULL;
 		}
@@ -175,6 +205,8 @@ void kmem_state_end(kmem_state *st)
 	                       st->be->event_create(&st->last_ev, &ignore) == KHOR_SUCCESS))
 		st->last_set = st->be->event_record(st->last_ev, st->stream, &ignore) == KHOR_SUCCESS;
 	st->last_stream = st->stream;
+	if (st->be != NULL && st->be->restore != NULL && st->prev_ctx != st->dev_ctx)
+		st->be->restore(st->prev_ctx);
 	st->be = NULL;
 	st->stream = NULL;
 }

@@ -70,6 +70,14 @@ struct kmem_backend {
 	bool (*query)(const void *p, kmem_where *out);
 	/* Makes ctx (from query) current on the calling thread, before any other operation. */
 	khor_status (*bind)(void *ctx, kerr *err);
+	/*
+	 * The context current on the calling thread now, and making that one current again
+	 * after a call: a thread of the caller's keeps the device it had (a process driving
+	 * several GPUs would otherwise find its next CUDA call on another). NULL: nothing to
+	 * keep (the pretend device).
+	 */
+	void *(*current)(void);
+	void (*restore)(void *prev);
 	/* A stream of the calling thread's bound device; destroy waits for nothing. */
 	khor_status (*stream_create)(void **stream_out, kerr *err);
 	void (*stream_destroy)(void *stream);
@@ -162,6 +170,7 @@ typedef struct kmem_state {
 	void *last_ev;
 	void *last_stream;
 	bool last_set;
+	void *prev_ctx; /* the calling thread's context before this call (backend current) */
 } kmem_state;
 
 /*

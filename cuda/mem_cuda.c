@@ -370,6 +370,31 @@ static int current_device(void)
 	return (int)d;
 }
 
+/*
+ * khor_cuda_preload once per context (reduce_cuda.h says why): the contexts done so far.
+ * A failure is not an error here: the first launch then says what is wrong.
+ */
+static void preload(CUcontext ctx)
+{
+	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+	static CUcontext done[32];
+	static int ndone;
+	bool found = false;
+
+	pthread_mutex_lock(&mu);
+	for (int i = 0; i < ndone && !found; i++)
+		found = done[i] == ctx;
+	if (!found) {
+		int r = khor_cuda_preload();
+		if (r != 0)
+			KLOG_DEBUG("cuda: loading the reduction kernels up front failed (CUDA runtime "
+			           "error %d); they load at their first launch", r);
+		if (ndone < 32)
+			done[ndone++] = ctx;
+	}
+	pthread_mutex_unlock(&mu);
+}
+
 static khor_status cuda_bind(void *ctx, kerr *err)
 {
 	CUcontext cur = NULL;
@@ -380,17 +405,33 @@ static khor_status cuda_bind(void *ctx, kerr *err)
 	if ((r = cu.cuCtxGetCurrent(&cur)) != CUDA_SUCCESS)
 		return cu_fail(err, r, "cuCtxGetCurrent");
 	if (ctx == NULL) {
-		if (cur != NULL)
+		if (cur != NULL) {
+			preload(cur);
 			return KHOR_SUCCESS;
+		}
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "cuda: the buffer's device has no "
 		                "context khor could bind, and none is current on this thread; "
 		                "make one current (cudaSetDevice) before the call");
 	}
-	if (cur == (CUcontext)ctx)
-		return KHOR_SUCCESS;
-	if ((r = cu.cuCtxSetCurrent((CUcontext)ctx)) != CUDA_SUCCESS)
+	if (cur != (CUcontext)ctx && (r = cu.cuCtxSetCurrent((CUcontext)ctx)) != CUDA_SUCCESS)
 		return cu_fail(err, r, "cuCtxSetCurrent");
+	preload((CUcontext)ctx);
 	return KHOR_SUCCESS;
+}
+
+static void *cuda_current(void)
+{
+	CUcontext cur = NULL;
+
+	if (!cu_ready() || cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS)
+		return NULL;
+	return cur;
+}
+
+static void cuda_restore(void *prev)
+{
+	if (cu_ready())
+		(void)cu.cuCtxSetCurrent((CUcontext)prev); /* NULL unbinds, as it was */
 }
 
 static khor_status cuda_stream_create(void **stream_out, kerr *err)
@@ -630,6 +671,8 @@ const kmem_backend kmem_cuda_backend = {
 	.name = "cuda",
 	.query = cuda_query,
 	.bind = cuda_bind,
+	.current = cuda_current,
+	.restore = cuda_restore,
 	.stream_create = cuda_stream_create,
 	.stream_destroy = cuda_stream_destroy,
 	.copy = cuda_copy,

@@ -213,6 +213,9 @@ reduce_kernel(typename F::type *out, const typename F::type *a, const typename F
 	}
 }
 
+/* Set while khor_cuda_preload walks every kernel: launch loads instead of launching. */
+thread_local bool preloading;
+
 template <typename F, bool UNARY>
 int launch(void *out, const void *a, const void *b, size_t count, F f, void *stream)
 {
@@ -221,6 +224,10 @@ int launch(void *out, const void *a, const void *b, size_t count, F f, void *str
 	uintptr_t po = (uintptr_t)out, pa = (uintptr_t)a, pb = UNARY ? pa : (uintptr_t)b;
 	size_t mis = po % VEC, head = count, nvec = 0;
 
+	if (preloading) {
+		cudaFuncAttributes attr;
+		return (int)cudaFuncGetAttributes(&attr, reduce_kernel<F, UNARY>);
+	}
 	if (count == 0)
 		return cudaSuccess;
 	if (pa % VEC == mis && pb % VEC == mis && mis % sizeof(T) == 0) {
@@ -337,4 +344,28 @@ extern "C" int khor_cuda_scale(void *buf, size_t count, int dtype, double factor
 		return cudaSuccess;
 	}
 	return cudaErrorInvalidValue;
+}
+
+/*
+ * With lazy loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) a kernel is
+ * loaded at its first launch, which may wait for the whole context: behind an NCCL kernel
+ * of another comm that waits for a peer, that is a deadlock. Loading them all up front,
+ * once per context, takes that wait out of the collectives.
+ */
+extern "C" int khor_cuda_preload(void)
+{
+	int first = 0;
+
+	preloading = true;
+	for (int d = KHOR_FLOAT32; d <= KHOR_INT16 && first == 0; d++) {
+		for (int op = KHOR_SUM; op <= KHOR_PROD && first == 0; op++)
+			if (khor_cuda_reduce_supported(d, op))
+				first = khor_cuda_reduce(NULL, NULL, NULL, 1, d, op, NULL);
+		if (first == 0)
+			first = khor_cuda_avg_finish(NULL, 1, d, 2, NULL);
+		if (first == 0)
+			first = khor_cuda_scale(NULL, 1, d, 2.0, NULL);
+	}
+	preloading = false;
+	return first;
 }

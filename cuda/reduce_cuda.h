@@ -38,6 +38,9 @@ int khor_cuda_avg_finish(void *buf, size_t count, int dtype, int n, void *stream
 int khor_cuda_scale(void *buf, size_t count, int dtype, double factor, void *stream);
 /* 1 where khor_cuda_reduce takes dtype and op (exactly where reduce_supported is true), else 0. */
 int khor_cuda_reduce_supported(int dtype, int op);
+/* Loads every kernel into the current context now (not at its first launch): 0 or the
+ * first cudaError_t. */
+int khor_cuda_preload(void);
 
 #ifdef __cplusplus
 }

@@ -646,6 +646,40 @@ static khor_status mem_begin(khor_comm *c, struct khor_request *r, kmem_where *w
  * form leaves that to the stream. After an error the stream is waited for too (briefly),
  * so that nothing queued still writes into the comm's scratch under the next call.
  */
+/*
+ * Waits on the host for everything queued on the call's stream so far, up to the comm's
+ * timeout, looking once a second whether another rank has failed the job (work queued
+ * on the device, an NCCL kernel, may wait for a rank that will never come).
+ */
+static khor_status stream_wait(khor_comm *c, const char *what, int64_t timeout_ms, kerr *err)
+{
+	kmem_state *m = &c->mem;
+	const kdeadline dl = kdeadline_in_ms(timeout_ms);
+	void *ev = NULL;
+	khor_status st = kmem_event_get(m, &ev, err);
+
+	if (st == KHOR_SUCCESS)
+		st = m->be->event_record(ev, m->stream, err);
+	while (st == KHOR_SUCCESS) {
+		kdeadline slice = kdeadline_in_ms(1000);
+		if (kdeadline_left_ms(dl, 1000) < 1000)
+			slice = dl;
+		st = kmem_event_wait(m->be, ev, slice, what, err);
+		if (st != KHOR_ERR_TIMEOUT || kdeadline_passed(dl))
+			break;
+		kerr_clear(err);
+		if (c->cc.check_abort != NULL &&
+		    (st = c->cc.check_abort(c->cc.owner, err)) != KHOR_SUCCESS)
+			break;
+		st = KHOR_SUCCESS;
+	}
+	if (ev != NULL && st == KHOR_SUCCESS)
+		kmem_event_put(m, ev);
+	else if (ev != NULL)
+		m->be->event_destroy(ev); /* it may still be pending: not for reuse */
+	return st;
+}
+
 static khor_status mem_end(khor_comm *c, struct khor_request *r, khor_status st, kerr *err)
 {
 	kmem_state *m = &c->mem;
@@ -656,9 +690,13 @@ static khor_status mem_end(khor_comm *c, struct khor_request *r, khor_status st,
 		return st;
 	snprintf(what, sizeof(what), "%s seq %u", kind_names[r->kind], r->seq);
 	if (st != KHOR_SUCCESS) {
-		(void)kmem_stream_sync(m->be, m->stream, kdeadline_in_ms(2000), what, &e);
+		/* Free what may still wait inside NCCL, then let the stream drain a moment. */
+		nccl_comm_abort(c);
+		(void)stream_wait(c, what, 2000, &e);
 	} else if (!r->has_stream) {
-		st = kmem_stream_sync(m->be, m->stream, kdeadline_in_ms(c->cc.timeout_ms), what, err);
+		st = stream_wait(c, what, c->cc.timeout_ms, err);
+		if (st != KHOR_SUCCESS)
+			nccl_comm_abort(c);
 	}
 	kmem_state_end(m);
 	return st;

@@ -477,6 +477,8 @@ static khor_status run_allreduce(khor_comm *c, struct khor_request *r, ncclDataT
 		if (st == KHOR_SUCCESS && r->op == KHOR_AVG)
 			st = coll_avg_finish(&c->cross_cc, out + off * esz, len, r->dtype, c->size, err);
 		if (st != KHOR_SUCCESS) {
+			/* The node's other ranks may wait in NCCL for this one: free their kernels. */
+			nccl_abort(c);
 			kerr_prefix(err, "across hosts (elements %zu-%zu)", off, off + len);
 			return st;
 		}
@@ -521,6 +523,7 @@ static khor_status run_broadcast(khor_comm *c, struct khor_request *r, kerr *err
 		st = binomial ? binomial_broadcast(g, r->recvbuf, r->count, r->dtype, host, r->seq, err)
 		              : chain_broadcast(g, r->recvbuf, r->count, r->dtype, host, r->seq, err);
 		if (st != KHOR_SUCCESS) {
+			nccl_abort(c); /* the node's other ranks may wait in NCCL for this one */
 			kerr_prefix(err, "across hosts");
 			return st;
 		}
@@ -536,10 +539,15 @@ static khor_status run_allgather(khor_comm *c, struct khor_request *r, kerr *err
 	const int L = c->node_n, H = c->nhosts;
 	const size_t bytes = r->count * kdtype_size(r->dtype);
 	char *out = r->recvbuf, *region = out + (size_t)c->cross_me * (size_t)L * bytes;
+	char *mine = out + (size_t)c->rank * bytes; /* = region + node_me * bytes: blocked */
 	khor_status st;
 
-	st = enqueued(c, lib.AllGather(r->sendbuf, region, bytes, ncclUint8, s->comm,
-	                               c->mem.stream), "allgather inside the node", err);
+	/* In place is the one overlap NCCL takes: put this rank's block there first (a copy
+	 * on the stream, nothing when the caller already has). */
+	if ((st = coll_copy(&c->node_cc, mine, r->sendbuf, bytes, err)) != KHOR_SUCCESS)
+		return st;
+	st = enqueued(c, lib.AllGather(mine, region, bytes, ncclUint8, s->comm, c->mem.stream),
+	              "allgather inside the node", err);
 	if (st != KHOR_SUCCESS || H == 1)
 		return st;
 	if (c->node_me == 0) {
@@ -554,6 +562,7 @@ static khor_status run_allgather(khor_comm *c, struct khor_request *r, kerr *err
 		st = ring_allgatherv(&c->cross_cc, region, out, a, a + H, r->dtype, r->seq, err);
 		free(a);
 		if (st != KHOR_SUCCESS) {
+			nccl_abort(c); /* the node's other ranks may wait in NCCL for this one */
 			kerr_prefix(err, "across hosts");
 			return st;
 		}
@@ -562,15 +571,35 @@ static khor_status run_allgather(khor_comm *c, struct khor_request *r, kerr *err
 	                                 c->mem.stream), "broadcast inside the node", err);
 }
 
+/* Whether ranges [a, a + alen) and [b, b + blen) share a byte. */
+static bool overlaps(const void *a, size_t alen, const void *b, size_t blen)
+{
+	const char *x = a, *y = b;
+	return alen > 0 && blen > 0 && x < y + blen && y < x + alen;
+}
+
 /* One host, count a multiple of the ranks (checked by the caller). */
 static khor_status run_reduce_scatter(khor_comm *c, struct khor_request *r, ncclDataType_t t,
                                       kerr *err)
 {
 	nccl_state *s = c->nccl;
-	const size_t q = r->count / (size_t)c->size;
+	const size_t esz = kdtype_size(r->dtype), q = r->count / (size_t)c->size;
+	const void *in = r->sendbuf;
 	khor_status st;
 
-	st = enqueued(c, lib.ReduceScatter(r->sendbuf, r->recvbuf, q, t, nccl_op(r->op), s->comm,
+	/* NCCL takes in place (recvbuf at this rank's block of sendbuf) or no overlap at all:
+	 * any other overlap goes from a copy of the input. */
+	if (r->recvbuf != (const char *)in + (size_t)c->rank * q * esz &&
+	    overlaps(in, r->count * esz, r->recvbuf, q * esz)) {
+		void *tmp = coll_tmp(&c->node_cc, r->count * esz);
+		if (tmp == NULL)
+			return kerr_set(err, KHOR_ERR_NO_MEMORY, "reduce_scatter seq %u (nccl): no "
+			                "device memory for a copy of the input", r->seq);
+		if ((st = coll_copy(&c->node_cc, tmp, in, r->count * esz, err)) != KHOR_SUCCESS)
+			return st;
+		in = tmp;
+	}
+	st = enqueued(c, lib.ReduceScatter(in, r->recvbuf, q, t, nccl_op(r->op), s->comm,
 	                                   c->mem.stream), "reduce-scatter", err);
 	if (st == KHOR_SUCCESS && r->op == KHOR_AVG)
 		st = coll_avg_finish(&c->node_cc, r->recvbuf, q, r->dtype, c->size, err);
@@ -605,6 +634,11 @@ void nccl_comm_free(khor_comm *c)
 	c->nccl = NULL;
 }
 
+void nccl_comm_abort(khor_comm *c)
+{
+	nccl_abort(c);
+}
+
 #else /* no nccl.h at build time */
 
 typedef int ncclDataType_t;
@@ -628,14 +662,12 @@ void nccl_comm_free(khor_comm *c)
 	c->nccl = NULL;
 }
 
-#endif
-
-/* Whether ranges [a, a + alen) and [b, b + blen) share a byte. */
-static bool overlaps(const void *a, size_t alen, const void *b, size_t blen)
+void nccl_comm_abort(khor_comm *c)
 {
-	const char *x = a, *y = b;
-	return alen > 0 && blen > 0 && x < y + blen && y < x + alen;
+	(void)c;
 }
+
+#endif
 
 /*
  * Whether this call has an NCCL plan at all, whatever its memory: a collective and a form
@@ -643,25 +675,20 @@ static bool overlaps(const void *a, size_t alen, const void *b, size_t blen)
  */
 static bool has_plan(const khor_comm *c, const struct khor_request *r, bool blocked)
 {
-	const size_t esz = kdtype_size(r->dtype), bytes = r->count * esz;
-
 	switch (r->kind) {
 	case COLL_ALLREDUCE:
 	case COLL_BROADCAST:
 		return true;
+	/*
+	 * Not the buffers' addresses: each rank has its own, and a plan chosen from them could
+	 * differ between ranks. Overlaps NCCL can't take are moved out of its way instead
+	 * (run_allgather, run_reduce_scatter).
+	 */
 	case COLL_ALLGATHER:
-		if (r->rcounts != NULL || (c->nhosts > 1 && !blocked))
-			return false;
-		/* NCCL's in place is the rank's own block; any other overlap is khor's business. */
-		return r->sendbuf == (const char *)r->recvbuf + (size_t)c->rank * bytes ||
-		       !overlaps(r->sendbuf, bytes, r->recvbuf, bytes * (size_t)c->size);
-	case COLL_REDUCESCATTER: {
-		if (c->nhosts != 1 || r->count % (size_t)c->size != 0)
-			return false; /* khor's blocks differ in length: NCCL's are equal */
-		const size_t q = r->count / (size_t)c->size;
-		return r->recvbuf == (const char *)r->sendbuf + (size_t)c->rank * q * esz ||
-		       !overlaps(r->sendbuf, bytes, r->recvbuf, q * esz);
-	}
+		return r->rcounts == NULL && (c->nhosts == 1 || blocked);
+	case COLL_REDUCESCATTER:
+		/* khor's blocks differ in length where the count doesn't divide: NCCL's are equal */
+		return c->nhosts == 1 && r->count % (size_t)c->size == 0;
 	default:
 		return false;
 	}
@@ -709,6 +736,20 @@ khor_status nccl_run(khor_comm *c, struct khor_request *r, const kmem_where *whe
 		return kerr_set(err, KHOR_ERR_NOT_SUPPORTED, "%s seq %u: KHOR_NCCL=on: NCCL has no %s "
 		                "type, so it can't reduce this call (KHOR_NCCL=auto runs khor's own "
 		                "kernels for it)", name, r->seq, kdtype_name(r->dtype));
+	}
+	/*
+	 * NCCL's float min and max drop a NaN (fminf/fmaxf); khor's propagate it, as
+	 * torch.minimum does. The result must not depend on whether NCCL ran, so these stay on
+	 * khor's kernels, with KHOR_NCCL=on too (said once).
+	 */
+	const bool floating = r->dtype == KHOR_FLOAT32 || r->dtype == KHOR_FLOAT64 ||
+	                      r->dtype == KHOR_FLOAT16 || r->dtype == KHOR_BFLOAT16;
+	if (reduces && floating && (r->op == KHOR_MIN || r->op == KHOR_MAX)) {
+		static _Atomic int said_nan;
+		if (mode == NCCL_MODE_ON && said_nan++ == 0)
+			KLOG_INFO("KHOR_NCCL=on: float min and max run khor's own kernels, which keep "
+			          "NaN as the CPU path does (NCCL's drop it)");
+		return KHOR_SUCCESS;
 	}
 	if (mode == NCCL_MODE_AUTO && c->node_n < 2)
 		return KHOR_SUCCESS; /* one rank per node: nothing for NCCL to do that khor can't */

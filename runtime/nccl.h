@@ -18,7 +18,7 @@
  *
  * Taken: allreduce, broadcast, allgather (equal blocks; one host, or ranks numbered host
  * by host) and reduce_scatter (one host, count a multiple of the ranks), on comms whose
- * hosts have equal rank counts. KHOR_NCCL=on fails the call (*handled true, an error)
+ * hosts have equal rank counts; not float min and max, whose NaN NCCL drops. KHOR_NCCL=on fails the call (*handled true, an error)
  * when NCCL can't run it for a reason the user can fix: the library does not load, the
  * buffers are not CUDA memory, NCCL has no such dtype. Every rank of a call decides alike
  * from what it shares with the others (settings, topology, count, dtype, memory kind).
@@ -27,6 +27,12 @@ khor_status nccl_run(khor_comm *c, struct khor_request *r, const kmem_where *whe
                      bool *handled, kerr *err);
 /* Frees c's NCCL communicator, if it has one: destroyed, or aborted after an error. */
 void nccl_comm_free(khor_comm *c);
+/*
+ * Aborts c's NCCL communicator, if it has one (the call failed, or its stream did not
+ * finish in time): kernels of this rank and of its node's other ranks that wait inside
+ * NCCL are freed; the next device call makes a new communicator.
+ */
+void nccl_comm_abort(khor_comm *c);
 /*
  * Whether libnccl.so.2 can be used here (loaded once per process); when not, why (dlerror,
  * a missing symbol, too old a version, or a libkhor built without nccl.h) into why.

@@ -1,8 +1,10 @@
 /*
- * test_device.c -- every collective on device buffers (the emulated device of
- * collectives/mem_emu.c), through the public API, over real tcp and shm links, n = 1..4.
+ * test_device.c -- every collective on device buffers, through the public API, over real
+ * tcp and shm links, n = 1..4, on the device KHOR_TEST_DEVICE names: emu (the default: the
+ * emulated device of collectives/mem_emu.c) or cuda (a real GPU, device 0, shared by the
+ * ranks; CTest's test_device_gpu). With cuda and no usable GPU every test skips, saying why.
  *
- * Each case runs twice in every rank: on host buffers, then on emu device buffers with the
+ * Each case runs twice in every rank: on host buffers, then on device buffers with the
  * same input. The device run must leave both buffers, guard bytes and untouched gaps
  * included, byte for byte as the host run left them. Inputs are small integers, so the
  * result is exact whatever schedule the call picks; the allreduce schedules (ring, rd,
@@ -14,8 +16,8 @@
  * on a stream of their own and on the default stream (NULL), each after a 200 ms delay and
  * a queued copy that fills the input (the collective must start after it) with the result
  * read back by a copy queued after the call (which must wait for it); the i-forms with
- * khor_wait. One job runs with KHOR_MEM_EMU_DELAY_US=50, which makes every stream operation
- * sleep first: a missing stream-ordered wait then reads stale data.
+ * khor_wait. One job runs with KHOR_MEM_EMU_DELAY_US=50, which makes every emu stream
+ * operation sleep first: a missing stream-ordered wait then reads stale data (emu only).
  *
  * Mixing kinds: host buffers on one rank and device buffers on another, or a host send
  * buffer with a device receive buffer on one rank, fail on every rank, quickly, with an
@@ -25,12 +27,20 @@
 
 #include "../../collectives/mem_emu.h"
 #include "../../collectives/reduce.h"
+#ifdef KHOR_HAVE_CUDA_KERNELS
+#include "../../cuda/mem_cuda.h"
+
+#include <cuda_runtime_api.h>
+#endif
 
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 static const khor_dtype dtypes[] = {
 	KHOR_FLOAT32, KHOR_FLOAT64, KHOR_INT32, KHOR_INT64,
@@ -44,7 +54,249 @@ static const khor_op ops[] = { KHOR_SUM, KHOR_AVG, KHOR_MIN, KHOR_MAX, KHOR_PROD
 #define POISON 0xa5
 #define TEXT 1024
 
-static const kmem_backend *const be = &kmem_emu_backend;
+/* ---- the device under test ---------------------------------------------------------- */
+
+/*
+ * What the test itself does with device memory, beside the backend's own table (be): the
+ * test fills and reads device buffers and holds streams back, which mem.h has no call for.
+ * Picked in the test process (device_pick), before the ranks fork; start runs in each rank.
+ */
+typedef struct test_dev {
+	const char *name; /* KHOR_TEST_DEVICE's value */
+	const kmem_backend *be;
+	/* In a rank, before anything else touches the device: false with why when it can't. */
+	bool (*start)(char *why, size_t len);
+	void *(*alloc)(size_t len); /* device memory, or NULL (the reason is logged) */
+	void (*free)(void *p);
+	/* A copy between any host and device pointers, waited for (60 s). */
+	khor_status (*copy_sync)(void *dst, const void *src, size_t len);
+	/* Waits (60 s) for everything enqueued on stream (NULL: the default stream). */
+	khor_status (*stream_sync)(void *stream);
+	/* Holds stream back us microseconds: what is enqueued after waits for it. */
+	khor_status (*delay)(void *stream, unsigned us, kerr *err);
+	/*
+	 * Host memory for the host ends of the copies the stream cases queue. CUDA may stage a
+	 * copy from or to pageable memory by first waiting, on the host, for the stream: the
+	 * fill would then be done before the collective is even called, and a collective that
+	 * ignored stream order would pass. Pinned memory keeps those copies queued.
+	 */
+	void *(*host_alloc)(size_t len);
+	void (*host_free)(void *p);
+} test_dev;
+
+static bool emu_start(char *why, size_t len)
+{
+	(void)why;
+	(void)len;
+	return true;
+}
+
+static const test_dev emu_dev = {
+	.name = "emu",
+	.be = &kmem_emu_backend,
+	.start = emu_start,
+	.alloc = kmem_emu_alloc,
+	.free = kmem_emu_free,
+	.copy_sync = kmem_emu_copy_sync,
+	.stream_sync = kmem_emu_stream_sync,
+	.delay = kmem_emu_delay,
+	.host_alloc = malloc,
+	.host_free = free,
+};
+
+#ifdef KHOR_HAVE_CUDA_KERNELS
+/* Device 0's primary context, bound on this thread (khor binds its own threads itself). */
+static bool cuda_start(char *why, size_t len)
+{
+	void *ctx = NULL;
+	kerr e;
+
+	if (!mem_cuda_usable(why, len))
+		return false;
+	kerr_clear(&e);
+	if (mem_cuda_device_ctx(0, &ctx, &e) != KHOR_SUCCESS ||
+	    kmem_cuda_backend.bind(ctx, &e) != KHOR_SUCCESS) {
+		snprintf(why, len, "%s", e.text);
+		return false;
+	}
+	return true;
+}
+
+static void *cuda_alloc(size_t len)
+{
+	void *p = NULL;
+	kerr e;
+
+	kerr_clear(&e);
+	if (kmem_cuda_backend.dev_alloc(len, &p, &e) != KHOR_SUCCESS) {
+		fprintf(stderr, "test_device: %s\n", e.text);
+		return NULL;
+	}
+	return p;
+}
+
+static void cuda_free(void *p)
+{
+	if (p != NULL)
+		kmem_cuda_backend.dev_free(p);
+}
+
+static khor_status cuda_stream_sync(void *stream)
+{
+	kerr e;
+
+	kerr_clear(&e);
+	khor_status st = kmem_stream_sync(&kmem_cuda_backend, stream, kdeadline_in_ms(60000),
+	                                  "test_device's stream", &e);
+	if (st != KHOR_SUCCESS)
+		fprintf(stderr, "test_device: %s\n", e.text);
+	return st;
+}
+
+static khor_status cuda_copy_sync(void *dst, const void *src, size_t len)
+{
+	kerr e;
+
+	kerr_clear(&e);
+	if (kmem_cuda_backend.copy(dst, src, len, NULL, &e) != KHOR_SUCCESS) {
+		fprintf(stderr, "test_device: %s\n", e.text);
+		return e.status;
+	}
+	return cuda_stream_sync(NULL);
+}
+
+static void CUDART_CB cuda_sleep(void *arg)
+{
+	unsigned us = (unsigned)(uintptr_t)arg;
+	struct timespec ts = { (time_t)(us / 1000000), (long)(us % 1000000) * 1000 };
+
+	while (nanosleep(&ts, &ts) != 0)
+		;
+}
+
+/*
+ * A host function that sleeps, in stream order: the stream runs nothing after it until it
+ * returns, as kmem_emu_delay's sleep does. (A big device-to-device copy would keep an
+ * H200 busy for well under a millisecond per 256 MiB, too short to tell a collective that
+ * waits for the stream from one that does not.)
+ */
+static khor_status cuda_delay(void *stream, unsigned us, kerr *err)
+{
+	cudaError_t r = cudaLaunchHostFunc((cudaStream_t)stream, cuda_sleep, (void *)(uintptr_t)us);
+
+	if (r != cudaSuccess)
+		return kerr_set(err, KHOR_ERR_INTERNAL, "cudaLaunchHostFunc (a %u us sleep): %s",
+		                us, cudaGetErrorString(r));
+	return KHOR_SUCCESS;
+}
+
+static void *cuda_host_alloc(size_t len)
+{
+	void *p = NULL;
+	kerr e;
+
+	kerr_clear(&e);
+	if (kmem_cuda_backend.host_alloc(len, &p, &e) != KHOR_SUCCESS) {
+		fprintf(stderr, "test_device: %s\n", e.text);
+		return NULL;
+	}
+	return p;
+}
+
+static void cuda_host_free(void *p)
+{
+	if (p != NULL)
+		kmem_cuda_backend.host_free(p);
+}
+
+static const test_dev cuda_dev = {
+	.name = "cuda",
+	.be = &kmem_cuda_backend,
+	.start = cuda_start,
+	.alloc = cuda_alloc,
+	.free = cuda_free,
+	.copy_sync = cuda_copy_sync,
+	.stream_sync = cuda_stream_sync,
+	.delay = cuda_delay,
+	.host_alloc = cuda_host_alloc,
+	.host_free = cuda_host_free,
+};
+
+/*
+ * Whether the ranks will have a GPU, asked in a child process: cuInit here would leave
+ * CUDA unusable in every rank forked after it. Also whether the CUDA runtime khor's
+ * kernels were built with accepts the driver (as test_cuda_mem.c checks).
+ */
+static bool cuda_probe(char *why, size_t len)
+{
+	int fd[2];
+
+	if (pipe(fd) != 0) {
+		snprintf(why, len, "pipe failed");
+		return false;
+	}
+	pid_t pid = fork();
+	if (pid == 0) {
+		char msg[TEXT] = "";
+		int n = 0;
+		char why_not[512] = "";
+		cudaError_t r = cudaSuccess;
+		bool ok = mem_cuda_usable(why_not, sizeof(why_not));
+		if (!ok)
+			snprintf(msg, sizeof(msg), "no usable CUDA GPU here: %s", why_not);
+		else if ((r = cudaGetDeviceCount(&n)) != cudaSuccess || n <= 0)
+			snprintf(msg, sizeof(msg), "khor's CUDA kernels cannot run here: "
+			         "cudaGetDeviceCount: %s", cudaGetErrorString(r));
+		ok = ok && r == cudaSuccess && n > 0;
+		ssize_t w = write(fd[1], msg, strlen(msg));
+		(void)w;
+		_exit(ok ? 0 : 1);
+	}
+	close(fd[1]);
+	ssize_t got = pid > 0 ? read(fd[0], why, len - 1) : -1;
+	why[got > 0 ? got : 0] = '\0';
+	close(fd[0]);
+	int status = 1;
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		snprintf(why, len, "fork failed");
+	return pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+#endif
+
+static const test_dev *dev = &emu_dev;
+
+/* Sets dev from KHOR_TEST_DEVICE: false, with why, when that device is not usable here. */
+static bool device_pick(char *why, size_t len)
+{
+	const char *v = getenv("KHOR_TEST_DEVICE");
+
+	if (v == NULL || *v == '\0' || strcmp(v, "emu") == 0) {
+		dev = &emu_dev;
+		return true;
+	}
+	if (strcmp(v, "cuda") != 0)
+		cr_assert_fail("KHOR_TEST_DEVICE='%s': expected emu or cuda", v);
+#ifdef KHOR_HAVE_CUDA_KERNELS
+	dev = &cuda_dev;
+	if (cuda_probe(why, len))
+		return true;
+	char cause[TEXT];
+	snprintf(cause, sizeof(cause), "%s", why);
+	snprintf(why, len, "KHOR_TEST_DEVICE=cuda: %s", cause);
+	return false;
+#else
+	snprintf(why, len, "KHOR_TEST_DEVICE=cuda: this build has no cuda backend (no nvcc at "
+	         "configure time)");
+	return false;
+#endif
+}
+
+#define NEED_DEVICE()                                                                      \
+	do {                                                                               \
+		char why_[TEXT];                                                           \
+		if (!device_pick(why_, sizeof(why_)))                                      \
+			cr_skip_test("%s", why_);                                          \
+	} while (0)
 
 /* ---- values (as in test_collectives.c) ---------------------------------------------- */
 
@@ -422,10 +674,10 @@ static void describe_diff(const uint8_t *want, const uint8_t *got, size_t len, s
 /* A device buffer of len bytes and its guards, holding what host[0 .. len + 2 GUARD) holds. */
 static uint8_t *dev_copy_of(const uint8_t *host, size_t len)
 {
-	uint8_t *d = kmem_emu_alloc(len + 2 * GUARD);
+	uint8_t *d = dev->alloc(len + 2 * GUARD);
 
-	if (d != NULL && kmem_emu_copy_sync(d, host, len + 2 * GUARD) != KHOR_SUCCESS) {
-		kmem_emu_free(d);
+	if (d != NULL && dev->copy_sync(d, host, len + 2 * GUARD) != KHOR_SUCCESS) {
+		dev->free(d);
 		return NULL;
 	}
 	return d;
@@ -445,8 +697,16 @@ static bool run_case(struct ctx *c, const dcase *d)
 	         "salt %u%s", kind_names[d->kind], how_names[c->how], d->dt, d->op, d->count,
 	         d->root, d->mode, d->salt, d->random ? " random floats" : "");
 	size_t alen = l.alen + 2 * GUARD, blen = l.blen + 2 * GUARD;
-	uint8_t *ha = malloc(alen), *hb = malloc(blen), *a0 = malloc(alen), *b0 = malloc(blen);
-	uint8_t *ta = malloc(alen), *tb = malloc(blen), *da = NULL, *db = NULL;
+	/* a0, b0 (the inputs) and ta, tb (the device run's results): ends of queued copies. */
+	bool queued = c->how == H_AFTER_QUEUE || c->how == H_STREAM || c->how == H_STREAM_NULL;
+	void *(*halloc)(size_t) = queued ? dev->host_alloc : malloc;
+	void (*hfree)(void *) = queued ? dev->host_free : free;
+	uint8_t *ha = malloc(alen), *hb = malloc(blen), *a0 = halloc(alen), *b0 = halloc(blen);
+	uint8_t *ta = halloc(alen), *tb = halloc(blen), *da = NULL, *db = NULL;
+	if (a0 == NULL || b0 == NULL || ta == NULL || tb == NULL) {
+		snprintf(diff, sizeof(diff), "no pinned host memory (%zu B)", alen + blen);
+		goto out;
+	}
 	memset(ha, POISON, alen);
 	memset(hb, POISON, blen);
 	fill_case(c, d, &l, ha + GUARD, hb + GUARD);
@@ -467,7 +727,7 @@ static bool run_case(struct ctx *c, const dcase *d)
 		da = dev_copy_of(a0, l.alen);
 		db = dev_copy_of(b0, l.blen);
 		if (da == NULL || db == NULL) {
-			snprintf(diff, sizeof(diff), "emu alloc or upload failed");
+			snprintf(diff, sizeof(diff), "%s alloc or upload failed", dev->name);
 			goto out;
 		}
 		st = issue(c, d, &l, da + GUARD, db + GUARD);
@@ -483,24 +743,24 @@ static bool run_case(struct ctx *c, const dcase *d)
 		da = dev_copy_of(ta, l.alen);
 		db = dev_copy_of(tb, l.blen);
 		if (da == NULL || db == NULL) {
-			snprintf(diff, sizeof(diff), "emu alloc or upload failed");
+			snprintf(diff, sizeof(diff), "%s alloc or upload failed", dev->name);
 			goto out;
 		}
 		kerr_clear(&e);
-		if (kmem_emu_delay(s, 200000, &e) != KHOR_SUCCESS ||
-		    be->copy(da, a0, alen, s, &e) != KHOR_SUCCESS ||
-		    be->copy(db, b0, blen, s, &e) != KHOR_SUCCESS) {
+		if (dev->delay(s, 200000, &e) != KHOR_SUCCESS ||
+		    dev->be->copy(da, a0, alen, s, &e) != KHOR_SUCCESS ||
+		    dev->be->copy(db, b0, blen, s, &e) != KHOR_SUCCESS) {
 			snprintf(diff, sizeof(diff), "queueing the inputs: %s", e.text);
 			goto out;
 		}
 		st = issue(c, d, &l, da + GUARD, db + GUARD);
 		if (st == KHOR_SUCCESS && how != H_AFTER_QUEUE &&
-		    (be->copy(ta, da, alen, s, &e) != KHOR_SUCCESS ||
-		     be->copy(tb, db, blen, s, &e) != KHOR_SUCCESS)) {
+		    (dev->be->copy(ta, da, alen, s, &e) != KHOR_SUCCESS ||
+		     dev->be->copy(tb, db, blen, s, &e) != KHOR_SUCCESS)) {
 			snprintf(diff, sizeof(diff), "queueing the read-back: %s", e.text);
 			goto out;
 		}
-		if (kmem_emu_stream_sync(s) != KHOR_SUCCESS) {
+		if (dev->stream_sync(s) != KHOR_SUCCESS) {
 			snprintf(diff, sizeof(diff), "the stream did not finish in 60 s");
 			goto out;
 		}
@@ -511,8 +771,8 @@ static bool run_case(struct ctx *c, const dcase *d)
 		goto out;
 	}
 	if (how == H_BLOCK || how == H_NONBLOCKING || how == H_AFTER_QUEUE) {
-		if (kmem_emu_copy_sync(ta, da, alen) != KHOR_SUCCESS ||
-		    kmem_emu_copy_sync(tb, db, blen) != KHOR_SUCCESS) {
+		if (dev->copy_sync(ta, da, alen) != KHOR_SUCCESS ||
+		    dev->copy_sync(tb, db, blen) != KHOR_SUCCESS) {
 			snprintf(diff, sizeof(diff), "reading the device buffers back failed");
 			goto out;
 		}
@@ -532,14 +792,14 @@ static bool run_case(struct ctx *c, const dcase *d)
 	ok = true;
 	c->passed++;
 out:
-	kmem_emu_free(da);
-	kmem_emu_free(db);
+	dev->free(da);
+	dev->free(db);
 	free(ha);
 	free(hb);
-	free(a0);
-	free(b0);
-	free(ta);
-	free(tb);
+	hfree(a0);
+	hfree(b0);
+	hfree(ta);
+	hfree(tb);
 	if (!ok)
 		FAIL(c, "%s", diff);
 	return true;
@@ -678,7 +938,9 @@ static bool run_forms(struct ctx *c, unsigned *salt)
  * Back-to-back calls that switch streams, with no sync between them: with slow stream
  * operations (KHOR_MEM_EMU_DELAY_US) a call's last device work is still queued when the
  * next call, on another stream, starts reusing the comm's device scratch and staging.
- * Every result is read only at the end.
+ * Every result is read only at the end. On a GPU the streams are fast and that window
+ * short: there the case checks the results of stream switches, and catches a race only
+ * when it happens to land.
  */
 #define NSWITCH 12
 
@@ -701,7 +963,7 @@ static bool run_switch(struct ctx *c, unsigned *salt)
 	bool ok = true;
 
 	kerr_clear(&e);
-	if (be->stream_create(&streams[1], &e) != KHOR_SUCCESS)
+	if (dev->be->stream_create(&streams[1], &e) != KHOR_SUCCESS)
 		FAIL(c, "stream_create: %s", e.text);
 	memset(calls, 0, sizeof(calls));
 	for (int i = 0; i < NSWITCH && ok; i++) {
@@ -741,18 +1003,18 @@ static bool run_switch(struct ctx *c, unsigned *salt)
 	c->how = H_BLOCK;
 	if (!ok)
 		FAIL(c, "failed: %s", khor_comm_error(c->comm));
-	if (kmem_emu_stream_sync(streams[0]) != KHOR_SUCCESS ||
-	    kmem_emu_stream_sync(streams[1]) != KHOR_SUCCESS ||
-	    kmem_emu_stream_sync(NULL) != KHOR_SUCCESS)
+	if (dev->stream_sync(streams[0]) != KHOR_SUCCESS ||
+	    dev->stream_sync(streams[1]) != KHOR_SUCCESS ||
+	    dev->stream_sync(NULL) != KHOR_SUCCESS)
 		FAIL(c, "the streams did not finish in 60 s");
-	be->stream_destroy(streams[1]);
+	dev->be->stream_destroy(streams[1]);
 	for (int i = 0; i < NSWITCH; i++) {
 		struct one *o = &calls[i];
 		size_t alen = o->l.alen + 2 * GUARD, blen = o->l.blen + 2 * GUARD;
 		snprintf(c->where, sizeof(c->where), "stream switch %d: %s (%s, stream %d)", i,
 		         kind_names[o->d.kind], how_names[hows[i % 6]], which[i % 6]);
-		if (kmem_emu_copy_sync(o->ta, o->da, alen) != KHOR_SUCCESS ||
-		    kmem_emu_copy_sync(o->tb, o->db, blen) != KHOR_SUCCESS)
+		if (dev->copy_sync(o->ta, o->da, alen) != KHOR_SUCCESS ||
+		    dev->copy_sync(o->tb, o->db, blen) != KHOR_SUCCESS)
 			FAIL(c, "reading back failed");
 		if (memcmp(o->ta, o->ha, alen) != 0 || memcmp(o->tb, o->hb, blen) != 0) {
 			char m[160];
@@ -762,8 +1024,8 @@ static bool run_switch(struct ctx *c, unsigned *salt)
 			FAIL(c, "%s buffer differs from the host call's: %s", inb ? "receive" : "send",
 			     m);
 		}
-		kmem_emu_free(o->da);
-		kmem_emu_free(o->db);
+		dev->free(o->da);
+		dev->free(o->db);
 		free(o->ha);
 		free(o->hb);
 		free(o->ta);
@@ -795,13 +1057,22 @@ static int body(int rank, int n, khor_config *cfg, void *arg)
 	/* The emu backend reads its knob once, at its first use: this process's. */
 	if (j->delay_us != NULL)
 		setenv("KHOR_MEM_EMU_DELAY_US", j->delay_us, 1);
+	if (!dev->start(err, sizeof(err))) {
+		snprintf(c.report, TEXT, "rank %d: %s: %s", rank, dev->name, err);
+		return 9;
+	}
 	khor_config_set(cfg, "KHOR_TRANSPORT", j->transport);
+	/*
+	 * khor's own schedules are what is under test: KHOR_NCCL=auto would hand CUDA memory to
+	 * NCCL inside the node (which refuses ranks that share one GPU).
+	 */
+	khor_config_set(cfg, "KHOR_NCCL", "off");
 	if (khor_init(cfg, err, sizeof(err), &c.comm) != KHOR_SUCCESS) {
 		snprintf(c.report, TEXT, "rank %d: init: %s", rank, err);
 		return 10;
 	}
 	kerr_clear(&e);
-	if (be->stream_create(&c.stream, &e) != KHOR_SUCCESS) {
+	if (dev->be->stream_create(&c.stream, &e) != KHOR_SUCCESS) {
 		snprintf(c.report, TEXT, "rank %d: stream_create: %s", rank, e.text);
 		return 11;
 	}
@@ -822,12 +1093,12 @@ static int body(int rank, int n, khor_config *cfg, void *arg)
 			if (!run_switch(&c, &salt))
 				return 45;
 	}
-	be->stream_destroy(c.stream);
+	dev->be->stream_destroy(c.stream);
 	if (khor_barrier(c.comm) != KHOR_SUCCESS)
 		return 50;
 	if (rank == 0)
-		fprintf(stderr, "%s n=%d%s%s: %u cases gave the host calls' bytes\n", j->transport,
-		        n, j->delay_us != NULL ? " KHOR_MEM_EMU_DELAY_US=" : "",
+		fprintf(stderr, "%s %s n=%d%s%s: %u cases gave the host calls' bytes\n", dev->name,
+		        j->transport, n, j->delay_us != NULL ? " KHOR_MEM_EMU_DELAY_US=" : "",
 		        j->delay_us != NULL ? j->delay_us : "", c.passed);
 	khor_finalize(c.comm);
 	return 0;
@@ -842,10 +1113,10 @@ static void run_job(int n, const char *transport, const char *delay, enum what w
 	bool ok = harness_run(&o, body, &j, &res);
 
 	for (int r = 0; r < n; r++)
-		cr_expect_eq(res.status[r], 0, "n=%d %s%s%s: rank %d exited %d%s%s", n, transport,
-		             delay ? " delay " : "", delay ? delay : "", r, res.status[r],
-		             j.report[r][0] ? ": " : "", j.report[r]);
-	cr_assert(ok && !res.timed_out, "n=%d %s: failed%s", n, transport,
+		cr_expect_eq(res.status[r], 0, "%s n=%d %s%s%s: rank %d exited %d%s%s", dev->name,
+		             n, transport, delay ? " delay " : "", delay ? delay : "", r,
+		             res.status[r], j.report[r][0] ? ": " : "", j.report[r]);
+	cr_assert(ok && !res.timed_out, "%s n=%d %s: failed%s", dev->name, n, transport,
 	          res.timed_out ? " (timed out)" : "");
 	harness_shared_free(j.report, HARNESS_MAX_RANKS * TEXT);
 }
@@ -853,6 +1124,7 @@ static void run_job(int n, const char *transport, const char *delay, enum what w
 #define ALL_TEST(T, N)                                                                     \
 	Test(device, every_collective_##T##_n##N, .timeout = 300)                          \
 	{                                                                                  \
+		NEED_DEVICE();                                                             \
 		run_job(N, #T, NULL, W_ALL, 280);                                          \
 	}
 
@@ -866,11 +1138,16 @@ ALL_TEST(shm, 4)
 
 Test(device, every_collective_with_stream_delays_tcp_n3, .timeout = 300)
 {
+	NEED_DEVICE();
+	if (dev != &emu_dev)
+		cr_skip_test("KHOR_MEM_EMU_DELAY_US slows the emulated device's streams only: "
+		             "on %s this would repeat every_collective_tcp_n3", dev->name);
 	run_job(3, "tcp", "50", W_ALL, 280);
 }
 
 Test(device, allreduce_schedules_random_floats, .timeout = 300)
 {
+	NEED_DEVICE();
 	run_job(2, "shm", NULL, W_ALGOS, 90);
 	run_job(3, "tcp", NULL, W_ALGOS, 90);
 	run_job(4, "shm", NULL, W_ALGOS, 90);
@@ -878,6 +1155,7 @@ Test(device, allreduce_schedules_random_floats, .timeout = 300)
 
 Test(device, stream_forms_and_nonblocking, .timeout = 300)
 {
+	NEED_DEVICE();
 	run_job(1, "tcp", NULL, W_FORMS, 60);
 	run_job(2, "tcp", NULL, W_FORMS, 100);
 	run_job(3, "shm", "50", W_FORMS, 100);
@@ -886,6 +1164,7 @@ Test(device, stream_forms_and_nonblocking, .timeout = 300)
 
 Test(device, calls_that_switch_streams_back_to_back, .timeout = 200)
 {
+	NEED_DEVICE();
 	run_job(2, "tcp", "2000", W_SWITCH, 90);
 	run_job(3, "shm", "2000", W_SWITCH, 90);
 }
@@ -914,15 +1193,20 @@ static int body_mix(int rank, int n, khor_config *cfg, void *arg)
 	const size_t count = 4099, len = count * 4;
 	khor_comm *comm;
 
+	if (!dev->start(err, sizeof(err))) {
+		snprintf(out, TEXT, "%s: %s", dev->name, err);
+		return 9;
+	}
 	khor_config_set(cfg, "KHOR_TRANSPORT", m->transport);
+	khor_config_set(cfg, "KHOR_NCCL", "off"); /* as in body */
 	if (khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS) {
 		snprintf(out, TEXT, "init: %s", err);
 		return 10;
 	}
 	float *hs = calloc(count, 4), *hr = calloc(count, 4);
-	void *ds = kmem_emu_alloc(len), *dr = kmem_emu_alloc(len);
-	if (ds == NULL || dr == NULL || kmem_emu_copy_sync(ds, hs, len) != KHOR_SUCCESS) {
-		snprintf(out, TEXT, "emu alloc failed");
+	void *ds = dev->alloc(len), *dr = dev->alloc(len);
+	if (ds == NULL || dr == NULL || dev->copy_sync(ds, hs, len) != KHOR_SUCCESS) {
+		snprintf(out, TEXT, "%s alloc or upload failed", dev->name);
 		return 11;
 	}
 	bool host = rank == 0 && m->mix <= MIX_BROADCAST_FROM_HOST;
@@ -963,8 +1247,8 @@ static int body_mix(int rank, int n, khor_config *cfg, void *arg)
 	} else {
 		snprintf(out, TEXT, "status %d after %.2f s: %s", st, secs, text);
 	}
-	kmem_emu_free(ds);
-	kmem_emu_free(dr);
+	dev->free(ds);
+	dev->free(dr);
 	free(hs);
 	free(hr);
 	khor_finalize(comm);
@@ -973,6 +1257,7 @@ static int body_mix(int rank, int n, khor_config *cfg, void *arg)
 
 Test(device, mixed_host_and_device_memory_is_an_error_on_every_rank, .timeout = 200)
 {
+	NEED_DEVICE();
 	static const struct {
 		enum mix mix;
 		int n;

@@ -2044,7 +2044,9 @@ static void ib_caps(const tp_ctx *ctx, tp_caps *out)
 {
 	out->needs_reg = true;
 	out->reg_min = IB_EAGER_MAX;
-	out->device_mem = ctx->gdr != IB_GDR_NONE;
+	/* Maybe: the first device registration probes GPUDirect (reg_mr), and where it
+	 * fails the collectives stage instead. */
+	out->device_mem = !ctx->gdr_probed || ctx->gdr != IB_GDR_NONE;
 	out->one_sided = true;
 	out->needs_flush = true;
 }
@@ -2530,10 +2532,15 @@ static khor_status ib_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err)
 		ctx->fcq = NULL;
 		ctx->fmr = NULL;
 	}
-	ctx->gdr = ctx->fqp != NULL ? ib_gdr_probe(api, ctx->pd, ctx->gdr_why, sizeof(ctx->gdr_why))
-	                            : IB_GDR_NONE;
-	ctx->gdr_probed = true;
-	KLOG_DEBUG("ib on %s: GPUDirect RDMA: %s", ctx->dev_name, ctx->gdr_why);
+	/*
+	 * GPUDirect is probed at the first registration of device memory, not here: the probe
+	 * starts the CUDA driver (cuInit), which a job on host memory must not pay for, and
+	 * after which CUDA would not work in children forked later.
+	 */
+	ctx->gdr = IB_GDR_NONE;
+	ctx->gdr_probed = ctx->fqp == NULL;
+	if (ctx->fqp == NULL)
+		snprintf(ctx->gdr_why, sizeof(ctx->gdr_why), "no loopback queue pair for flushes");
 	ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (ctx->epfd < 0) {
 		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_create1: %s", errstr(errno));
