@@ -233,9 +233,10 @@ KHOR_API khor_status khor_scatter(khor_comm *comm, const void *sendbuf, void *re
  * that receives data from a rank of the other kind fails the call with an error saying
  * which side used which, and the job fails with it (a rank whose part of a one-way
  * collective, such as a broadcast's root, saw nothing of the other kind learns it at its
- * next call, which fails with that cause). The blocking forms
- * order themselves after work queued on the legacy default stream and return when the
- * result is in place. The _stream forms take a CUDA stream (a cudaStream_t or CUstream,
+ * next call, which fails with that cause). The blocking forms order themselves after
+ * work queued on the legacy default stream and return when the result is in place
+ * (work on other streams, a per-thread default stream included, is not waited for: use
+ * the _stream forms, or synchronise first). The _stream forms take a CUDA stream (a cudaStream_t or CUstream,
  * as void *; NULL is the legacy default stream): the collective starts after the work
  * already queued on it and later work queued on it waits for the collective, with no
  * synchronisation of the host with the device beyond what moving the data between hosts

@@ -268,6 +268,20 @@ static khor_status flat_allreduce(khor_comm *c, struct khor_request *r, size_t b
 	int a = t != NULL && t->state == TRIAL_DONE
 	        ? trial_pick(t, &cc->model, c->size, bytes, dbtree_slice_bytes(cc))
 	        : (int)allreduce_pick(cc, (enum allreduce_algo)cc->algo, bytes);
+	/*
+	 * Device memory staged through host memory pays a copy per message before the wire:
+	 * recursive doubling and halving-doubling send large halves whole, so that copy can't
+	 * overlap anything, where the ring's lanes overlap one slice's copy with another's
+	 * send. Auto takes the ring for them from a few slices up (the model knows no copies;
+	 * every rank of a call has the same kind, or the call fails anyway).
+	 */
+	if (coll_on_device(cc) && cc->algo == ALGO_AUTO && (a == ALGO_RD || a == ALGO_HD) &&
+	    bytes >= 4 * cc->slice_bytes) {
+		if (klog_threshold >= KLOG_DEBUG && first_at_size(cc, LOGGED_AUTO, bytes))
+			KLOG_DEBUG("allreduce %zu B on device memory: ring instead of %s (its lanes "
+			           "overlap the staging copies)", bytes, algo_names[a]);
+		a = ALGO_RING;
+	}
 	c->last_sched = algo_names[a];
 	return run_allreduce(cc, r, a, err);
 }
