@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <malloc.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,17 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define HARNESS_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HARNESS_ASAN 1
+#endif
+#endif
+#ifdef HARNESS_ASAN
+#include <sanitizer/lsan_interface.h>
+#endif
 
 static double now_s(void)
 {
@@ -212,4 +224,37 @@ long long harness_heap_bytes(void)
 {
 	struct mallinfo2 mi = mallinfo2();
 	return (long long)(mi.uordblks + mi.hblkhd);
+}
+
+double harness_now(void)
+{
+	return now_s();
+}
+
+void harness_sleep_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
+}
+
+int harness_fail(char *err, size_t len, int rank, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err, len, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "rank %d: %s\n", rank, err);
+	return code;
+}
+
+bool harness_leaks(void)
+{
+#ifdef HARNESS_ASAN
+	return __lsan_do_recoverable_leak_check() != 0;
+#else
+	return false;
+#endif
 }

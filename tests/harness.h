@@ -54,4 +54,19 @@ long long harness_heap_bytes(void);
 /* FNV-1a over bytes, to compare buffers across ranks. */
 uint64_t harness_hash(const void *p, size_t len);
 
+/* CLOCK_MONOTONIC, in seconds. */
+double harness_now(void);
+/* Sleeps ms milliseconds, through signals. */
+void harness_sleep_ms(int ms);
+/*
+ * A rank's failure: writes the message into err (len bytes, for the parent to report, e.g.
+ * a slot of shared memory), prints it as "rank R: ..." and returns code, the rank's exit
+ * status: `return harness_fail(...)`.
+ */
+int harness_fail(char *err, size_t len, int rank, int code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* Under AddressSanitizer, whether LeakSanitizer finds leaks now (reported on stderr, and
+ * the process goes on); false in other builds. For a rank after khor_finalize. */
+bool harness_leaks(void);
+
 #endif

@@ -24,6 +24,7 @@
  * error that says which memory was which.
  */
 #include "../harness.h"
+#include "../values.h"
 
 #include "../../collectives/mem_emu.h"
 #include "../../collectives/reduce.h"
@@ -31,6 +32,8 @@
 #include "../../cuda/mem_cuda.h"
 
 #include <cuda_runtime_api.h>
+
+#include "../cuda/gpu_check.h"
 #endif
 
 #include <criterion/criterion.h>
@@ -223,43 +226,23 @@ static const test_dev cuda_dev = {
 };
 
 /*
- * Whether the ranks will have a GPU, asked in a child process: cuInit here would leave
- * CUDA unusable in every rank forked after it. Also whether the CUDA runtime khor's
- * kernels were built with accepts the driver (as test_cuda_mem.c checks).
+ * Whether the ranks will have a GPU, and whether the CUDA runtime khor's kernels were built
+ * with accepts the driver (as test_cuda_mem.c checks). device_pick asks in a child process:
+ * cuInit here would leave CUDA unusable in every rank forked after it.
  */
-static bool cuda_probe(char *why, size_t len)
+static bool cuda_usable(char *why, size_t len)
 {
-	int fd[2];
+	char cause[512];
 
-	if (pipe(fd) != 0) {
-		snprintf(why, len, "pipe failed");
+	if (!mem_cuda_usable(cause, sizeof(cause))) {
+		snprintf(why, len, "no usable CUDA GPU here: %s", cause);
 		return false;
 	}
-	pid_t pid = fork();
-	if (pid == 0) {
-		char msg[TEXT] = "";
-		int n = 0;
-		char why_not[512] = "";
-		cudaError_t r = cudaSuccess;
-		bool ok = mem_cuda_usable(why_not, sizeof(why_not));
-		if (!ok)
-			snprintf(msg, sizeof(msg), "no usable CUDA GPU here: %s", why_not);
-		else if ((r = cudaGetDeviceCount(&n)) != cudaSuccess || n <= 0)
-			snprintf(msg, sizeof(msg), "khor's CUDA kernels cannot run here: "
-			         "cudaGetDeviceCount: %s", cudaGetErrorString(r));
-		ok = ok && r == cudaSuccess && n > 0;
-		ssize_t w = write(fd[1], msg, strlen(msg));
-		(void)w;
-		_exit(ok ? 0 : 1);
+	if (!gpu_cudart_usable(cause, sizeof(cause))) {
+		snprintf(why, len, "khor's CUDA kernels cannot run here: %s", cause);
+		return false;
 	}
-	close(fd[1]);
-	ssize_t got = pid > 0 ? read(fd[0], why, len - 1) : -1;
-	why[got > 0 ? got : 0] = '\0';
-	close(fd[0]);
-	int status = 1;
-	if (pid < 0 || waitpid(pid, &status, 0) != pid)
-		snprintf(why, len, "fork failed");
-	return pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+	return true;
 }
 #endif
 
@@ -278,7 +261,7 @@ static bool device_pick(char *why, size_t len)
 		cr_assert_fail("KHOR_TEST_DEVICE='%s': expected emu or cuda", v);
 #ifdef KHOR_HAVE_CUDA_KERNELS
 	dev = &cuda_dev;
-	if (cuda_probe(why, len))
+	if (gpu_probe_in_child(cuda_usable, why, len))
 		return true;
 	char cause[TEXT];
 	snprintf(cause, sizeof(cause), "%s", why);
@@ -298,24 +281,7 @@ static bool device_pick(char *why, size_t len)
 			cr_skip_test("%s", why_);                                          \
 	} while (0)
 
-/* ---- values (as in test_collectives.c) ---------------------------------------------- */
-
-static void put(void *buf, khor_dtype dt, size_t i, double v)
-{
-	int64_t iv = (int64_t)v;
-	uint64_t u = (uint64_t)iv;
-
-	switch (dt) {
-	case KHOR_FLOAT32: ((float *)buf)[i] = (float)v; break;
-	case KHOR_FLOAT64: ((double *)buf)[i] = v; break;
-	case KHOR_INT32: ((uint32_t *)buf)[i] = (uint32_t)u; break;
-	case KHOR_INT64: ((uint64_t *)buf)[i] = u; break;
-	case KHOR_FLOAT16: ((uint16_t *)buf)[i] = reduce_f32_to_f16((float)v); break;
-	case KHOR_BFLOAT16: ((uint16_t *)buf)[i] = reduce_f32_to_bf16((float)v); break;
-	case KHOR_INT16: ((uint16_t *)buf)[i] = (uint16_t)u; break;
-	case KHOR_INT8: case KHOR_UINT8: case KHOR_BOOL: ((uint8_t *)buf)[i] = (uint8_t)u; break;
-	}
-}
+/* ---- values ------------------------------------------------------------------------ */
 
 static bool is_unsigned(khor_dtype dt)
 {
@@ -348,10 +314,7 @@ static double mval(int who, size_t i, unsigned salt)
 /* Same sequence on every rank: counts all ranks must agree on. */
 static uint32_t rnd(uint64_t *s)
 {
-	*s ^= *s << 13;
-	*s ^= *s >> 7;
-	*s ^= *s << 17;
-	return (uint32_t)(*s >> 11);
+	return (uint32_t)(values_xorshift(s) >> 11);
 }
 
 /* ---- cases ------------------------------------------------------------------------- */
@@ -495,10 +458,7 @@ static uint64_t rng_state;
 
 static double random_value(khor_dtype dt)
 {
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	uint64_t r = rng_state * 0x2545f4914f6cdd1dull;
+	uint64_t r = values_xorshift64s(&rng_state);
 	double m = (double)(r >> 11 & 0xffffff) / 0x1p24 + 0.5;
 	return ldexp((r >> 10 & 1) ? -m : m, (int)(r >> 4 & 7) - 3 + (dt == KHOR_FLOAT16 ? 0 : 2));
 }
@@ -516,46 +476,49 @@ static void fill_case(const struct ctx *c, const dcase *d, const layout *l, uint
 	case K_ALLREDUCE: case K_REDUCE: {
 		bool inplace = d->mode == 1 && (d->kind == K_ALLREDUCE || root);
 		for (size_t i = 0; i < count; i++)
-			put(inplace ? b : a, d->dt, i,
-			    d->random && is_float(d->dt) ? random_value(d->dt)
-			                                 : rin(c->rank, i, d->op, d->salt, d->dt));
+			values_put(inplace ? b : a, d->dt, i,
+			           d->random && is_float(d->dt)
+			               ? random_value(d->dt)
+			               : rin(c->rank, i, d->op, d->salt, d->dt));
 		break;
 	}
 	case K_REDUCE_SCATTER:
 		for (size_t i = 0; i < count; i++)
-			put(a, d->dt, i, rin(c->rank, i, d->op, d->salt, d->dt));
+			values_put(a, d->dt, i, rin(c->rank, i, d->op, d->salt, d->dt));
 		break;
 	case K_BROADCAST:
 		for (size_t i = 0; i < count && root; i++)
-			put(b, d->dt, i, mval(d->root, i, d->salt));
+			values_put(b, d->dt, i, mval(d->root, i, d->salt));
 		break;
 	case K_ALLGATHER: case K_GATHER: {
 		bool inplace = d->mode == 1 && (d->kind == K_ALLGATHER || root);
 		uint8_t *sb = inplace ? b + r * count * esz : a;
 		for (size_t i = 0; i < count; i++)
-			put(sb, d->dt, i, mval(c->rank, i, d->salt));
+			values_put(sb, d->dt, i, mval(c->rank, i, d->salt));
 		break;
 	}
 	case K_SCATTER:
 		for (size_t j = 0; j < n && root; j++)
 			for (size_t i = 0; i < count; i++)
-				put(a, d->dt, j * count + i, mval((int)j, i, d->salt));
+				values_put(a, d->dt, j * count + i, mval((int)j, i, d->salt));
 		break;
 	case K_ALLTOALL: {
 		uint8_t *sb = d->mode == 1 ? b : a;
 		for (size_t j = 0; j < n; j++)
 			for (size_t k = 0; k < count; k++)
-				put(sb, d->dt, j * count + k, mval((int)(r * n + j), k, d->salt));
+				values_put(sb, d->dt, j * count + k,
+				           mval((int)(r * n + j), k, d->salt));
 		break;
 	}
 	case K_ALLGATHERV:
 		for (size_t i = 0; i < l->counts[r]; i++)
-			put(a, d->dt, i, mval(c->rank, i, d->salt));
+			values_put(a, d->dt, i, mval(c->rank, i, d->salt));
 		break;
 	case K_ALLTOALLV:
 		for (size_t j = 0; j < n; j++)
 			for (size_t k = 0; k < l->sc[j]; k++)
-				put(a, d->dt, l->sd[j] + k, mval((int)(r * n + j), k, d->salt));
+				values_put(a, d->dt, l->sd[j] + k,
+				           mval((int)(r * n + j), k, d->salt));
 		break;
 	}
 }

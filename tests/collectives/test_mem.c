@@ -16,6 +16,8 @@
 #include "../../base/dtype.h"
 #include "../../collectives/mem_emu.h"
 #include "../../collectives/reduce.h"
+#include "../mem_check.h"
+#include "../values.h"
 
 #include <math.h>
 #include <signal.h>
@@ -121,21 +123,13 @@ static const khor_op ops[] = { KHOR_SUM, KHOR_AVG, KHOR_MIN, KHOR_MAX, KHOR_PROD
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
-static uint64_t rng(void)
-{
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	return rng_state * 0x2545f4914f6cdd1dull;
-}
-
 /* Random bytes, with a few small values and zeros mixed in so results are not all NaN. */
 static void fill(void *p, size_t len)
 {
 	uint8_t *b = p;
 
 	for (size_t i = 0; i < len; i++) {
-		uint64_t r = rng();
+		uint64_t r = values_xorshift64s(&rng_state);
 		b[i] = (uint8_t)(r % 5 == 0 ? (r >> 8) % 4 : r >> 24);
 	}
 }
@@ -395,60 +389,43 @@ Test(mem, reduce_avg_scale_match_the_cpu_kernels, .timeout = 120)
 		size_t esz = kdtype_size(dt);
 		for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
 			size_t n = counts[c], len = n * esz;
-			uint8_t *a = malloc(len), *b = malloc(len), *want = malloc(len),
-			        *got = malloc(len);
-			char *da = dalloc(len), *db = dalloc(len), *dout = dalloc(len);
-			fill(a, len);
-			fill(b, len);
+			mem_check m;
+			OK(mem_check_alloc(&m, be, len, E));
+			fill(m.a, len);
+			fill(m.b, len);
 			for (size_t o = 0; o < NOPS; o++) {
 				khor_op op = ops[o];
 				if (!reduce_supported(dt, op)) {
 					kerr e;
 					kerr_clear(&e);
-					cr_assert_eq(be->reduce(dout, da, db, n, dt, op, s, &e),
-					             KHOR_ERR_NOT_SUPPORTED, "dtype %d op %d", dt,
-					             op);
+					cr_assert_eq(
+					    be->reduce(m.dout, m.da, m.db, n, dt, op, s, &e),
+					    KHOR_ERR_NOT_SUPPORTED, "dtype %d op %d", dt, op);
 					cr_assert(strstr(e.text, "not supported") != NULL, "%s",
 					          e.text);
 					unsupported_seen = true;
 					continue;
 				}
-				reduce_kernel(dt, op)(want, a, b, n);
-				if (op == KHOR_AVG)
-					reduce_avg_finish(want, n, dt, 3);
 				for (int inplace = 0; inplace < 2; inplace++) {
-					void *dst = inplace ? da : dout;
-					OK(be->copy(da, a, len, s, E));
-					OK(be->copy(db, b, len, s, E));
-					OK(be->memset_zero(dout, len, s, E));
-					OK(be->reduce(dst, da, db, n, dt, op, s, E));
-					if (op == KHOR_AVG)
-						OK(be->avg_finish(dst, n, dt, 3, s, E));
-					OK(be->copy(got, dst, len, s, E));
-					sync_stream(s);
-					cr_assert(memcmp(got, want, len) == 0, "dtype %d op %d n "
-					          "%zu%s: the device result differs from the CPU's",
+					OK(mem_check_reduce(&m, s, n, dt, op, inplace, 3, E));
+					cr_assert(memcmp(m.got, m.want, len) == 0,
+					          "dtype %d op %d n %zu%s: the device result "
+					          "differs from the CPU's",
 					          dt, op, n, inplace ? " in place" : "");
 				}
 			}
 			static const double factors[] = { 0.5, 3.0, 1.0 / 3.0, 1.0 };
 			for (size_t f = 0; f < sizeof(factors) / sizeof(factors[0]); f++) {
-				memcpy(want, a, len);
-				scale_ref(want, n, dt, factors[f]);
-				OK(be->copy(da, a, len, s, E));
-				OK(be->scale(da, n, dt, factors[f], s, E));
-				OK(be->copy(got, da, len, s, E));
+				memcpy(m.want, m.a, len);
+				scale_ref(m.want, n, dt, factors[f]);
+				OK(be->copy(m.da, m.a, len, s, E));
+				OK(be->scale(m.da, n, dt, factors[f], s, E));
+				OK(be->copy(m.got, m.da, len, s, E));
 				sync_stream(s);
-				cr_assert(memcmp(got, want, len) == 0,
+				cr_assert(memcmp(m.got, m.want, len) == 0,
 				          "dtype %d n %zu: scale by %g differs", dt, n, factors[f]);
 			}
-			be->dev_free(da);
-			be->dev_free(db);
-			be->dev_free(dout);
-			free(a);
-			free(b);
-			free(want);
-			free(got);
+			mem_check_free(&m);
 		}
 	}
 	cr_expect(unsupported_seen, "bool has no reductions: expected one refused pair");

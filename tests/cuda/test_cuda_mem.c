@@ -21,7 +21,6 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,41 +28,26 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../mem_check.h"
+#include "../values.h"
+#include "gpu_check.h"
+
 #define NDTYPES 10
 #define NOPS 5
 #define AVG_N 3
 
 static const kmem_backend *const be = &kmem_cuda_backend;
 
-#define NEED_GPU()                                                                         \
-	do {                                                                               \
-		char why_[512];                                                            \
-		if (!mem_cuda_usable(why_, sizeof(why_)))                                  \
-			cr_skip_test("no usable CUDA GPU here: %s", why_);                 \
-	} while (0)
+#define NEED_GPU() GPU_NEED(mem_cuda_usable, "no usable CUDA GPU here")
 
 /*
  * The tests that run khor's kernels also need the CUDA runtime they were built with to
  * accept the driver (as test_cuda_reduce.c checks): an older driver skips them, with why.
  */
-static bool kernels_here(char *why, size_t len)
-{
-	int n = 0;
-	cudaError_t e = cudaGetDeviceCount(&n);
-
-	if (e == cudaSuccess && n > 0)
-		return true;
-	snprintf(why, len, "cudaGetDeviceCount: %s (%s)", cudaGetErrorName(e),
-	         cudaGetErrorString(e));
-	return false;
-}
-
 #define NEED_KERNELS()                                                                     \
 	do {                                                                               \
-		char kwhy_[512];                                                           \
 		NEED_GPU();                                                                \
-		if (!kernels_here(kwhy_, sizeof(kwhy_)))                                   \
-			cr_skip_test("khor's CUDA kernels cannot run here: %s", kwhy_);    \
+		GPU_NEED(gpu_cudart_usable, "khor's CUDA kernels cannot run here");       \
 	} while (0)
 
 #define OK(call)                                                                           \
@@ -99,65 +83,10 @@ static khor_status sync_stream(void *stream, kerr *err)
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
-static uint64_t rng(void)
-{
-	uint64_t x = rng_state;
-
-	x ^= x << 13;
-	x ^= x >> 7;
-	x ^= x << 17;
-	return rng_state = x;
-}
-
 static void fill_random(unsigned char *p, size_t bytes)
 {
-	for (size_t i = 0; i < bytes; i += 8) {
-		uint64_t r = rng();
-		memcpy(p + i, &r, bytes - i < 8 ? bytes - i : 8);
-	}
+	values_fill_random(p, bytes, &rng_state);
 }
-
-static bool is_nan_elem(const void *p, khor_dtype d)
-{
-	uint16_t h;
-	float f;
-	double x;
-
-	switch (d) {
-	case KHOR_FLOAT32:
-		memcpy(&f, p, 4);
-		return isnan(f);
-	case KHOR_FLOAT64:
-		memcpy(&x, p, 8);
-		return isnan(x);
-	case KHOR_FLOAT16:
-		memcpy(&h, p, 2);
-		return (h & 0x7fff) > 0x7c00;
-	case KHOR_BFLOAT16:
-		memcpy(&h, p, 2);
-		return (h & 0x7fff) > 0x7f80;
-	default:
-		return false;
-	}
-}
-
-/* First mismatching element, or count; arith: NaN against NaN agrees. */
-static size_t first_mismatch(const unsigned char *got, const unsigned char *want, size_t count,
-                             khor_dtype d, bool arith)
-{
-	size_t es = kdtype_size(d);
-
-	for (size_t i = 0; i < count; i++) {
-		const unsigned char *g = got + i * es, *w = want + i * es;
-		if (memcmp(g, w, es) == 0)
-			continue;
-		if (arith && is_nan_elem(g, d) && is_nan_elem(w, d))
-			continue;
-		return i;
-	}
-	return count;
-}
-
 
 Test(cuda_mem, without_a_gpu_every_buffer_is_host_memory)
 {
@@ -264,7 +193,7 @@ Test(cuda_mem, query_finds_the_kind_of_every_allocation, .timeout = 120)
 	expect_kind(&len, KMEM_HOST, "the stack");
 
 	char why[512];
-	bool rt = kernels_here(why, sizeof(why));
+	bool rt = gpu_cudart_usable(why, sizeof(why));
 	if (rt) {
 		CUDART_OK(cudaMalloc(&rt_dev, len));
 		expect_kind(rt_dev, KMEM_DEVICE, "cudaMalloc'd memory");
@@ -426,45 +355,19 @@ Test(cuda_mem, copies_between_every_kind, .timeout = 120)
 /* One backend reduce (and avg) against the CPU kernels; out = a when in_place. */
 static void check_reduce(void *s, khor_dtype d, khor_op op, size_t count, bool in_place)
 {
-	size_t es = kdtype_size(d), bytes = count * es;
-	unsigned char *a = malloc(bytes + 1), *b = malloc(bytes + 1), *want = malloc(bytes + 1),
-	              *got = malloc(bytes + 1);
-	void *da, *db, *dout;
+	mem_check m;
 
-	cr_assert(a && b && want && got);
-	fill_random(a, bytes);
-	fill_random(b, bytes);
-	reduce_kernel(d, op)(want, a, b, count);
-	if (op == KHOR_AVG)
-		reduce_avg_finish(want, count, d, AVG_N);
-	OK(be->dev_alloc(bytes, &da, ERR));
-	OK(be->dev_alloc(bytes, &db, ERR));
-	OK(be->dev_alloc(bytes, &dout, ERR));
-	OK(be->copy(da, a, bytes, s, ERR));
-	OK(be->copy(db, b, bytes, s, ERR));
-	void *out = in_place ? da : dout;
-	OK(be->reduce(out, da, db, count, d, op, s, ERR));
-	if (op == KHOR_AVG)
-		OK(be->avg_finish(out, count, d, AVG_N, s, ERR));
-	OK(be->copy(got, out, bytes, s, ERR));
-	OK(sync_stream(s, ERR));
-	size_t bad = first_mismatch(got, want, count, d,
-	                            op == KHOR_SUM || op == KHOR_AVG || op == KHOR_PROD);
-	if (bad < count) {
-		uint64_t g = 0, w = 0;
-		memcpy(&g, got + bad * es, es);
-		memcpy(&w, want + bad * es, es);
+	OK(mem_check_alloc(&m, be, count * kdtype_size(d), ERR));
+	fill_random(m.a, m.bytes);
+	fill_random(m.b, m.bytes);
+	OK(mem_check_reduce(&m, s, count, d, op, in_place, AVG_N, ERR));
+	size_t bad = values_first_mismatch(m.got, m.want, count, d, values_arith(op));
+	if (bad < count)
 		cr_assert_fail("%s %s, count %zu%s: element %zu: gpu 0x%llx, cpu 0x%llx",
 		               kdtype_name(d), kop_name(op), count, in_place ? ", in place" : "",
-		               bad, (unsigned long long)g, (unsigned long long)w);
-	}
-	be->dev_free(da);
-	be->dev_free(db);
-	be->dev_free(dout);
-	free(a);
-	free(b);
-	free(want);
-	free(got);
+		               bad, (unsigned long long)values_bits(m.got, d, bad),
+		               (unsigned long long)values_bits(m.want, d, bad));
+	mem_check_free(&m);
 }
 
 Test(cuda_mem, reduce_and_avg_match_the_cpu_kernels, .timeout = 300)
@@ -502,29 +405,26 @@ Test(cuda_mem, scale_matches_the_engines_rule, .timeout = 120)
 	OK(be->stream_create(&s, ERR));
 	OK(be->dev_alloc(count * 8, &dv, ERR));
 	for (int d = 0; d < NDTYPES; d++) {
-		size_t es = kdtype_size((khor_dtype)d), bytes = count * es;
+		khor_dtype dt = (khor_dtype)d;
+		size_t es = kdtype_size(dt), bytes = count * es;
 		unsigned char *v = malloc(bytes), *want = malloc(bytes), *got = malloc(bytes);
 		cr_assert(v && want && got);
 		for (size_t f = 0; f < sizeof(factors) / sizeof(factors[0]); f++) {
 			fill_random(v, bytes);
 			memcpy(want, v, bytes);
-			reduce_scale(want, count, (khor_dtype)d, factors[f]);
+			reduce_scale(want, count, dt, factors[f]);
 			OK(be->copy(dv, v, bytes, s, ERR));
-			OK(be->scale(dv, count, (khor_dtype)d, factors[f], s, ERR));
+			OK(be->scale(dv, count, dt, factors[f], s, ERR));
 			OK(be->copy(got, dv, bytes, s, ERR));
 			OK(sync_stream(s, ERR));
 			/* factor 1 (and integers) leave every bit, NaN payloads too */
-			size_t bad = first_mismatch(got, want, count, (khor_dtype)d,
-			                            factors[f] != 1.0);
-			if (bad < count) {
-				uint64_t g = 0, w = 0, x = 0;
-				memcpy(&g, got + bad * es, es);
-				memcpy(&w, want + bad * es, es);
-				memcpy(&x, v + bad * es, es);
+			size_t bad = values_first_mismatch(got, want, count, dt, factors[f] != 1.0);
+			if (bad < count)
 				cr_assert_fail("%s * %g: element %zu (0x%llx): gpu 0x%llx, cpu 0x%llx",
-				               kdtype_name(d), factors[f], bad, (unsigned long long)x,
-				               (unsigned long long)g, (unsigned long long)w);
-			}
+				               kdtype_name(d), factors[f], bad,
+				               (unsigned long long)values_bits(v, dt, bad),
+				               (unsigned long long)values_bits(got, dt, bad),
+				               (unsigned long long)values_bits(want, dt, bad));
 		}
 		free(v);
 		free(want);

@@ -16,39 +16,19 @@
 
 #include <criterion/criterion.h>
 #include <cuda_runtime_api.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../values.h"
+#include "gpu_check.h"
+
 #define NDTYPES 10
 #define NOPS 5
 #define AVG_N 3
 
-static bool gpu_here(char *why, size_t len)
-{
-	int n = 0;
-	cudaError_t e = cudaGetDeviceCount(&n);
-
-	if (e != cudaSuccess) {
-		snprintf(why, len, "cudaGetDeviceCount: %s (%s)", cudaGetErrorName(e),
-		         cudaGetErrorString(e));
-		return false;
-	}
-	if (n == 0) {
-		snprintf(why, len, "cudaGetDeviceCount found no CUDA device");
-		return false;
-	}
-	return true;
-}
-
-#define NEED_GPU()                                                                                 \
-	do {                                                                                       \
-		char why_[256];                                                                    \
-		if (!gpu_here(why_, sizeof(why_)))                                                 \
-			cr_skip_test("no usable CUDA GPU here: %s", why_);                         \
-	} while (0)
+#define NEED_GPU() GPU_NEED(gpu_cudart_usable, "no usable CUDA GPU here")
 
 #define CUDA_OK(call)                                                                              \
 	do {                                                                                       \
@@ -57,67 +37,6 @@ static bool gpu_here(char *why, size_t len)
 	} while (0)
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static uint64_t rng(void)
-{
-	uint64_t x = rng_state;
-
-	x ^= x << 13;
-	x ^= x >> 7;
-	x ^= x << 17;
-	return rng_state = x;
-}
-
-static void fill_random(unsigned char *p, size_t bytes)
-{
-	for (size_t i = 0; i < bytes; i += 8) {
-		uint64_t r = rng();
-		memcpy(p + i, &r, bytes - i < 8 ? bytes - i : 8);
-	}
-}
-
-static bool is_nan_elem(const void *p, khor_dtype d)
-{
-	uint16_t h;
-	float f;
-	double x;
-
-	switch (d) {
-	case KHOR_FLOAT32:
-		memcpy(&f, p, 4);
-		return isnan(f);
-	case KHOR_FLOAT64:
-		memcpy(&x, p, 8);
-		return isnan(x);
-	case KHOR_FLOAT16:
-		memcpy(&h, p, 2);
-		return (h & 0x7fff) > 0x7c00;
-	case KHOR_BFLOAT16:
-		memcpy(&h, p, 2);
-		return (h & 0x7fff) > 0x7f80;
-	default:
-		return false;
-	}
-}
-
-/* First mismatching element, or count when all agree. */
-static size_t first_mismatch(const unsigned char *got, const unsigned char *want, size_t count,
-                             khor_dtype d, khor_op op)
-{
-	size_t es = kdtype_size(d);
-	bool arith = op == KHOR_SUM || op == KHOR_AVG || op == KHOR_PROD;
-
-	for (size_t i = 0; i < count; i++) {
-		const unsigned char *g = got + i * es, *w = want + i * es;
-
-		if (memcmp(g, w, es) == 0)
-			continue;
-		if (arith && is_nan_elem(g, d) && is_nan_elem(w, d))
-			continue;
-		return i;
-	}
-	return count;
-}
 
 enum layout { ALIGNED, PEEL, SKEWED, INPLACE_A, INPLACE_B, NLAYOUTS };
 static const char *layout_name[] = {"aligned", "equally misaligned", "misaligned differently",
@@ -139,8 +58,8 @@ static void check_one(khor_dtype d, khor_op op, size_t count, enum layout lay)
 		oo = 3, oa = 1, ob = 2;
 	else if (lay == INPLACE_A || lay == INPLACE_B)
 		oa = ob = 5;
-	fill_random(a, bytes);
-	fill_random(b, bytes);
+	values_fill_random(a, bytes, &rng_state);
+	values_fill_random(b, bytes, &rng_state);
 	reduce_kernel_portable(d, op)(want, a, b, count);
 	if (op == KHOR_AVG)
 		reduce_avg_finish(want, count, d, AVG_N);
@@ -164,20 +83,15 @@ static void check_one(khor_dtype d, khor_op op, size_t count, enum layout lay)
 	if (bytes)
 		CUDA_OK(cudaMemcpy(got, out, bytes, cudaMemcpyDeviceToHost));
 
-	size_t bad = first_mismatch(got, want, count, d, op);
-	if (bad < count) {
-		uint64_t g = 0, w = 0, x = 0, y = 0;
-
-		memcpy(&g, got + bad * es, es);
-		memcpy(&w, want + bad * es, es);
-		memcpy(&x, a + bad * es, es);
-		memcpy(&y, b + bad * es, es);
+	size_t bad = values_first_mismatch(got, want, count, d, values_arith(op));
+	if (bad < count)
 		cr_assert_fail("%s %s, count %zu, %s: element %zu: gpu 0x%llx, cpu 0x%llx (a "
 		               "0x%llx, b 0x%llx)",
 		               kdtype_name(d), kop_name(op), count, layout_name[lay], bad,
-		               (unsigned long long)g, (unsigned long long)w, (unsigned long long)x,
-		               (unsigned long long)y);
-	}
+		               (unsigned long long)values_bits(got, d, bad),
+		               (unsigned long long)values_bits(want, d, bad),
+		               (unsigned long long)values_bits(a, d, bad),
+		               (unsigned long long)values_bits(b, d, bad));
 	CUDA_OK(cudaFree(da - oa * es));
 	CUDA_OK(cudaFree(db - ob * es));
 	CUDA_OK(cudaFree(dout - oo * es));
@@ -246,8 +160,8 @@ Test(cuda_reduce, half_rounding_edges_match_the_cpu, .timeout = 120)
 			if (op == KHOR_AVG)
 				CUDA_OK(khor_cuda_avg_finish(da, count, d, 7, NULL));
 			CUDA_OK(cudaMemcpy(got, da, count * 2, cudaMemcpyDeviceToHost));
-			size_t bad = first_mismatch((unsigned char *)got, (unsigned char *)want,
-			                            count, (khor_dtype)d, (khor_op)op);
+			size_t bad = values_first_mismatch(got, want, count, (khor_dtype)d,
+			                                   values_arith((khor_op)op));
 			cr_expect_eq(
 			    bad, count,
 			    "%s %s: element %zu (a 0x%04x b 0x%04x): gpu 0x%04x cpu 0x%04x",

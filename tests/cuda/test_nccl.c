@@ -21,10 +21,12 @@
  * this file builds without CUDA) after it was forked.
  */
 #include "../harness.h"
+#include "../values.h"
 #include "collectives/mem.h"
 #include "collectives/mem_emu.h"
 #include "collectives/reduce.h"
 #include "base/dtype.h"
+#include "gpu_check.h"
 
 #include <criterion/criterion.h>
 #include <dlfcn.h>
@@ -150,7 +152,6 @@ static const dev_ops cuda_ops = { "cuda", cuda_alloc, cuda_release, cuda_put, cu
 static bool gpu_here(char *why, size_t len)
 {
 	bool backend = false;
-	int fd[2];
 
 	for (int i = 0; kmem_backends[i] != NULL; i++)
 		backend = backend || strcmp(kmem_backends[i]->name, "cuda") == 0;
@@ -158,69 +159,12 @@ static bool gpu_here(char *why, size_t len)
 		snprintf(why, len, "this build has no cuda backend (no nvcc at configure time)");
 		return false;
 	}
-	if (pipe(fd) != 0) {
-		snprintf(why, len, "pipe failed");
-		return false;
-	}
-	pid_t pid = fork();
-	if (pid == 0) {
-		char msg[256] = "";
-		bool ok = cu_open(msg, sizeof(msg));
-		ssize_t w = write(fd[1], msg, strlen(msg));
-		(void)w;
-		_exit(ok ? 0 : 1);
-	}
-	close(fd[1]);
-	ssize_t got = pid > 0 ? read(fd[0], why, len - 1) : -1;
-	why[got > 0 ? got : 0] = '\0';
-	close(fd[0]);
-	int status = 1;
-	if (pid < 0 || waitpid(pid, &status, 0) != pid)
-		snprintf(why, len, "fork failed");
-	return pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+	return gpu_probe_in_child(cu_open, why, len);
 }
 
-#define NEED_GPU()                                                                         \
-	do {                                                                               \
-		char why_[256];                                                            \
-		if (!gpu_here(why_, sizeof(why_)))                                         \
-			cr_skip_test("no usable CUDA GPU here: %s", why_);                 \
-	} while (0)
+#define NEED_GPU() GPU_NEED(gpu_here, "no usable CUDA GPU here")
 
 /* ---- values: small integers, exact in every dtype --------------------------------------- */
-
-static void put_val(khor_dtype d, void *buf, size_t i, double v)
-{
-	switch (d) {
-	case KHOR_FLOAT32: ((float *)buf)[i] = (float)v; break;
-	case KHOR_FLOAT64: ((double *)buf)[i] = v; break;
-	case KHOR_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
-	case KHOR_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
-	case KHOR_FLOAT16: ((uint16_t *)buf)[i] = reduce_f32_to_f16((float)v); break;
-	case KHOR_BFLOAT16: ((uint16_t *)buf)[i] = reduce_f32_to_bf16((float)v); break;
-	case KHOR_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
-	case KHOR_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-	case KHOR_BOOL: ((uint8_t *)buf)[i] = v != 0; break;
-	case KHOR_INT16: ((int16_t *)buf)[i] = (int16_t)v; break;
-	}
-}
-
-static double get_val(khor_dtype d, const void *buf, size_t i)
-{
-	switch (d) {
-	case KHOR_FLOAT32: return ((const float *)buf)[i];
-	case KHOR_FLOAT64: return ((const double *)buf)[i];
-	case KHOR_INT32: return ((const int32_t *)buf)[i];
-	case KHOR_INT64: return (double)((const int64_t *)buf)[i];
-	case KHOR_FLOAT16: return reduce_f16_to_f32(((const uint16_t *)buf)[i]);
-	case KHOR_BFLOAT16: return reduce_bf16_to_f32(((const uint16_t *)buf)[i]);
-	case KHOR_INT8: return ((const int8_t *)buf)[i];
-	case KHOR_UINT8: return ((const uint8_t *)buf)[i];
-	case KHOR_BOOL: return ((const uint8_t *)buf)[i];
-	case KHOR_INT16: return ((const int16_t *)buf)[i];
-	}
-	return NAN;
-}
 
 /*
  * Rank r's element i. Sums: a base of at least n-1 plus 2r-(n-1), whose sum over ranks is
@@ -269,7 +213,7 @@ static int check_allreduce(khor_comm *comm, const dev_ops *m, int rank, int n, k
 	if (h == NULL || in == NULL || out == NULL)
 		FAIL(20, "out of %s memory for %zu bytes", m->name, bytes);
 	for (size_t i = 0; i < count; i++)
-		put_val(d, h, i, input(d, op, n, rank, i));
+		values_put(h, d, i, input(d, op, n, rank, i));
 	if (!m->put(in, h, bytes))
 		FAIL(21, "copy to %s memory failed", m->name);
 	if (khor_allreduce(comm, in, out, count, d, op) != KHOR_SUCCESS)
@@ -279,7 +223,7 @@ static int check_allreduce(khor_comm *comm, const dev_ops *m, int rank, int n, k
 	if (!m->get(h, out, bytes))
 		FAIL(23, "copy from %s memory failed", m->name);
 	for (size_t i = 0; i < count && rc == 0; i++) {
-		double want = reference(d, op, n, i), got = get_val(d, h, i);
+		double want = reference(d, op, n, i), got = values_get(h, d, i);
 		if (got != want) {
 			fprintf(stderr, "rank %d: allreduce %s %s count %zu%s [%zu]: %g, want %g\n",
 			        rank, kdtype_name(d), kop_name(op), count, inplace ? " in place" : "",
