@@ -1750,6 +1750,15 @@ static int body_stall(int rank, int n, khor_config *cfg, void *arg)
 		if (khor_handle_test(h1) != KHOR_IN_PROGRESS)
 			return fail(sh, rank, 72, "%s completed without all ranks (%d): %s", mine,
 			            khor_handle_test(h1), khor_handle_error(h1));
+		/*
+		 * Nobody submits the other tensor before every rank has looked at its own: ranks
+		 * start some milliseconds apart, and a rank whose 3 s ended first would complete
+		 * the slower one's tensor before it looked (seen once in CI: "stall/b completed
+		 * without all ranks"). The engine runs on private splits of world, so this
+		 * barrier meets none of its messages.
+		 */
+		if ((st = khor_barrier(world)) != KHOR_SUCCESS)
+			return fail(sh, rank, 77, "barrier after the stall: %s", khor_comm_error(world));
 		if ((st = khor_enqueue_allreduce(eng, 0, other, y, y, KHOR_FLOAT32, 1, dims,
 		                                 KHOR_SUM, 1.0, 1.0, &h2)) != KHOR_SUCCESS)
 			return fail(sh, rank, 73, "%s refused (%d): %s", other, st,
