@@ -1126,6 +1126,11 @@ static khor_status comm_check_abort(void *owner, kerr *err)
 
 void comm_fail(khor_comm *c, const kerr *e)
 {
+	comm_fail_tell(c, e, e->status != KHOR_ERR_INVALID_ARG);
+}
+
+void comm_fail_tell(khor_comm *c, const kerr *e, bool tell)
+{
 	kctx *x = c->ctx;
 	int64_t n = 0;
 	kerr ignore;
@@ -1140,7 +1145,7 @@ void comm_fail(khor_comm *c, const kerr *e)
 	memcpy(text, c->err.text, sizeof(text));
 	pthread_mutex_unlock(&c->mu);
 	KLOG_ERR("%s", text);
-	if (x->store != NULL && e->status != KHOR_ERR_INVALID_ARG &&
+	if (x->store != NULL && tell &&
 	    store_add(x->store, "abort_count", 1, &n, &ignore) == KHOR_SUCCESS && n == 1)
 		store_set(x->store, "abort", text, strlen(text), &ignore);
 }

@@ -153,6 +153,12 @@ khor_status comm_wait(khor_comm *c, struct khor_request *req);
 khor_status comm_set(khor_comm *c, const char *key, const char *value, kerr *err);
 /* Records a failure as the comm's sticky error and tells the other ranks through the store. */
 void comm_fail(khor_comm *c, const kerr *e);
+/*
+ * The same, telling the other ranks (or not) whatever the status: comm_fail keeps a bad
+ * argument to itself, since only this rank made it; a bad argument found once the other
+ * ranks are already in the call (buffers of mixed memory kinds) is their business too.
+ */
+void comm_fail_tell(khor_comm *c, const kerr *e, bool tell);
 /* e as this comm's error text: "rank R on HOST, comm 8 (world ranks ...): cause". */
 void comm_name_error(const khor_comm *c, const kerr *e, kerr *out);
 /* Records a bad call (not sticky) in c->last, under the comm's lock. */

@@ -736,6 +736,8 @@ static khor_status run_one(khor_comm *c, struct khor_request *r)
 	 * comm_reg_policy), begin and end here. */
 	kmem_where where;
 	st = mem_begin(c, r, &where, &err);
+	/* The others are in this call already and wait for this rank: tell them why not. */
+	const bool tell = st != KHOR_SUCCESS;
 	if (st == KHOR_SUCCESS) {
 		comm_reg_begin(c, r);
 		st = dispatch(c, r, &where, &err);
@@ -769,7 +771,7 @@ static khor_status run_one(khor_comm *c, struct khor_request *r)
 		}
 	}
 	if (st != KHOR_SUCCESS) {
-		comm_fail(c, &err);
+		comm_fail_tell(c, &err, tell || err.status != KHOR_ERR_INVALID_ARG);
 		comm_name_error(c, &err, &r->err); /* the request's own text */
 	}
 	return st;
