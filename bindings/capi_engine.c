@@ -256,9 +256,8 @@ KHOR_API khor_status khor_enqueue_allreduce(khor_engine *engine, int set, const 
                                             double prescale, double postscale,
                                             khor_handle **handle_out)
 {
-	eng_targ t = one(name, input, output, dtype, ndim, dims);
-	return enqueue(engine, set, EK_ALLREDUCE, 1, &t, op, prescale, postscale, 0, NULL, NULL,
-	               handle_out);
+	return khor_enqueue_allreduce_event(engine, set, name, input, output, dtype, ndim, dims, op,
+	                                    prescale, postscale, NULL, handle_out);
 }
 
 KHOR_API khor_status khor_enqueue_grouped_allreduce(khor_engine *engine, int set, int n,
@@ -280,9 +279,8 @@ KHOR_API khor_status khor_enqueue_allgather(khor_engine *engine, int set, const 
                                             const int64_t *dims, khor_alloc_fn alloc,
                                             void *alloc_arg, khor_handle **handle_out)
 {
-	eng_targ t = one(name, input, NULL, dtype, ndim, dims);
-	return enqueue(engine, set, EK_ALLGATHER, 1, &t, KHOR_SUM, 1.0, 1.0, 0, alloc, alloc_arg,
-	               handle_out);
+	return khor_enqueue_allgather_event(engine, set, name, input, dtype, ndim, dims, alloc,
+	                                    alloc_arg, NULL, handle_out);
 }
 
 KHOR_API khor_status khor_enqueue_grouped_allgather(khor_engine *engine, int set, int n,
@@ -302,9 +300,8 @@ KHOR_API khor_status khor_enqueue_broadcast(khor_engine *engine, int set, const 
                                             int ndim, const int64_t *dims, int root,
                                             khor_handle **handle_out)
 {
-	eng_targ t = one(name, input, output, dtype, ndim, dims);
-	return enqueue(engine, set, EK_BROADCAST, 1, &t, KHOR_SUM, 1.0, 1.0, root, NULL, NULL,
-	               handle_out);
+	return khor_enqueue_broadcast_event(engine, set, name, input, output, dtype, ndim, dims,
+	                                    root, NULL, handle_out);
 }
 
 KHOR_API khor_status khor_enqueue_alltoall(khor_engine *engine, int set, const char *name,
@@ -313,10 +310,8 @@ KHOR_API khor_status khor_enqueue_alltoall(khor_engine *engine, int set, const c
                                            khor_alloc_fn alloc, void *alloc_arg,
                                            khor_handle **handle_out)
 {
-	eng_targ t = one(name, input, NULL, dtype, ndim, dims);
-	t.splits = splits;
-	return enqueue(engine, set, EK_ALLTOALL, 1, &t, KHOR_SUM, 1.0, 1.0, 0, alloc, alloc_arg,
-	               handle_out);
+	return khor_enqueue_alltoall_event(engine, set, name, input, dtype, ndim, dims, splits,
+	                                   alloc, alloc_arg, NULL, handle_out);
 }
 
 KHOR_API khor_status khor_enqueue_reducescatter(khor_engine *engine, int set, const char *name,
@@ -325,9 +320,8 @@ KHOR_API khor_status khor_enqueue_reducescatter(khor_engine *engine, int set, co
                                                 khor_op op, double prescale, double postscale,
                                                 khor_handle **handle_out)
 {
-	eng_targ t = one(name, input, output, dtype, ndim, dims);
-	return enqueue(engine, set, EK_REDUCESCATTER, 1, &t, op, prescale, postscale, 0, NULL,
-	               NULL, handle_out);
+	return khor_enqueue_reducescatter_event(engine, set, name, input, output, dtype, ndim, dims,
+	                                        op, prescale, postscale, NULL, handle_out);
 }
 
 KHOR_API khor_status khor_enqueue_grouped_reducescatter(khor_engine *engine, int set, int n,

@@ -132,18 +132,23 @@ static khor_status post_plain(coll_comm *cc, coll_xfer *x, const coll_tp *t, voi
 static bool device_direct(coll_comm *cc, const coll_tp *t, void *buf, size_t len,
                           regcache_entry **reg_out)
 {
+	const unsigned bit = 1u << (t - cc->tps), said = bit << 16;
+	kmem_state *m = cc->mem;
 	kerr e;
 
-	if (!t->caps.device_mem || t->cache == NULL || len <= t->caps.reg_min)
+	if (!t->caps.device_mem || t->cache == NULL || len <= t->caps.reg_min ||
+	    (m->no_direct & bit))
 		return false;
 	kerr_clear(&e);
 	if (post_reg(cc, t, buf, len, TP_MEM_CUDA, reg_out, &e) == KHOR_SUCCESS)
 		return true;
-	if (!cc->mem->logged_staging) {
-		cc->mem->logged_staging = true;
+	if (!(m->no_direct & said))
 		KLOG_INFO("%s can't take %s memory directly (%s): device buffers go through pinned "
-		          "host memory instead", t->ops->name, cc->mem->be->name, e.text);
-	}
+		          "host memory instead", t->ops->name, m->be->name, e.text);
+	m->no_direct |= said;
+	/* It can't at all (no GPUDirect here): stop asking it, post after post. */
+	if (e.status == KHOR_ERR_NOT_SUPPORTED)
+		m->no_direct |= bit;
 	return false;
 }
 
@@ -234,6 +239,15 @@ khor_status coll_post(coll_comm *cc, coll_xfer *x, int peer, bool is_send, void 
 	return st;
 }
 
+/* A transfer's registration, once nothing of it uses it any more. */
+static void put_reg(coll_comm *cc, coll_xfer *x)
+{
+	if (x->reg != NULL) {
+		regcache_put(cc->tps[x->tpi].cache, x->reg);
+		x->reg = NULL;
+	}
+}
+
 /* Moves a device transfer on by one stage when it can; true when it is done. */
 static bool device_step(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
 {
@@ -270,10 +284,7 @@ static bool device_step(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
 		if (!done)
 			break;
 		x->req = NULL;
-		if (x->reg != NULL) {
-			regcache_put(t->cache, x->reg);
-			x->reg = NULL;
-		}
+		put_reg(cc, x);
 		x->stage = STAGE_NONE;
 		if (x->is_send || s != KHOR_SUCCESS) {
 			kmem_pool_put(m, x->slot);
@@ -299,6 +310,7 @@ static bool device_step(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
 		if (done) {
 			x->req = NULL;
 			x->stage = STAGE_NONE;
+			put_reg(cc, x);
 		}
 		break;
 	}
@@ -312,17 +324,13 @@ static bool device_step(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
 static bool flush_after(coll_comm *cc, coll_xfer *x, khor_status *s, kerr *err)
 {
 	const coll_tp *t = &cc->tps[x->tpi];
-	regcache_entry *reg = NULL;
 	tp_req *fr = NULL;
 
+	/* x->reg, the receive's own registration, is the flush's too; put once it is done. */
 	if (!coll_on_device(cc) || x->is_send || x->len == 0 || !t->caps.needs_flush ||
-	    t->ops->flush == NULL || t->cache == NULL)
+	    t->ops->flush == NULL || x->reg == NULL)
 		return true;
-	*s = post_reg(cc, t, x->buf, x->len, TP_MEM_CUDA, &reg, err);
-	if (*s == KHOR_SUCCESS)
-		*s = t->ops->flush(x->link, x->buf, x->len, regcache_mr(reg), &fr, err);
-	if (reg != NULL)
-		regcache_put(t->cache, reg);
+	*s = t->ops->flush(x->link, x->buf, x->len, regcache_mr(x->reg), &fr, err);
 	if (*s != KHOR_SUCCESS || fr == NULL)
 		return true;
 	x->req = fr;
@@ -342,12 +350,10 @@ bool coll_done(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
 	s = cc->tps[x->tpi].ops->test(x->req, &done, err);
 	if (done) {
 		x->req = NULL;
-		if (x->reg != NULL) {
-			regcache_put(cc->tps[x->tpi].cache, x->reg);
-			x->reg = NULL;
-		}
 		if (s == KHOR_SUCCESS)
 			done = flush_after(cc, x, &s, err);
+		if (done)
+			put_reg(cc, x);
 	}
 	if (s != KHOR_SUCCESS && *st == KHOR_SUCCESS)
 		*st = s;
@@ -415,42 +421,42 @@ void *coll_scratch(coll_comm *cc)
 	return cc->mem->scratch;
 }
 
-void *coll_tmp(coll_comm *cc, size_t len)
+/*
+ * The host half of coll_big and coll_tmp: *buf grown to len bytes, its registrations
+ * dropped when it moves. A device call's buffers are mem.c's (slot 0 big, 1 tmp); its
+ * errors go to the log, since these callers report "out of memory" of their own.
+ */
+static void *grow(coll_comm *cc, void **buf, size_t *buf_len, int slot, size_t len)
 {
-	kerr ignore;
-
-	if (coll_on_device(cc))
-		return kmem_state_buffer(cc->mem, 1, len, &ignore);
-	if (*cc->tmp_len < len) {
+	if (coll_on_device(cc)) {
+		kerr e;
+		kerr_clear(&e);
+		void *p = kmem_state_buffer(cc->mem, slot, len, &e);
+		if (p == NULL && e.text[0] != '\0')
+			KLOG_WARN("a %zu B device temp buffer: %s", len, e.text);
+		return p;
+	}
+	if (*buf_len < len) {
 		void *p = malloc(len);
 		if (p == NULL)
 			return NULL;
 		for (int i = 0; i < cc->ntps; i++)
-			regcache_invalidate(cc->tps[i].cache, *cc->tmp, *cc->tmp_len);
-		free(*cc->tmp);
-		*cc->tmp = p;
-		*cc->tmp_len = len;
+			regcache_invalidate(cc->tps[i].cache, *buf, *buf_len);
+		free(*buf);
+		*buf = p;
+		*buf_len = len;
 	}
-	return *cc->tmp;
+	return *buf;
+}
+
+void *coll_tmp(coll_comm *cc, size_t len)
+{
+	return grow(cc, cc->tmp, cc->tmp_len, 1, len);
 }
 
 void *coll_big(coll_comm *cc, size_t len)
 {
-	kerr ignore;
-
-	if (coll_on_device(cc))
-		return kmem_state_buffer(cc->mem, 0, len, &ignore);
-	if (*cc->big_len < len) {
-		void *p = malloc(len);
-		if (p == NULL)
-			return NULL;
-		for (int i = 0; i < cc->ntps; i++)
-			regcache_invalidate(cc->tps[i].cache, *cc->big, *cc->big_len);
-		free(*cc->big);
-		*cc->big = p;
-		*cc->big_len = len;
-	}
-	return *cc->big;
+	return grow(cc, cc->big, cc->big_len, 0, len);
 }
 
 khor_status coll_progress(coll_comm *cc, int timeout_ms, unsigned sleep_mask, bool *moved,
@@ -643,10 +649,7 @@ void coll_drain(coll_comm *cc, coll_xfer *xs, int nxs)
 			cc->tps[x->tpi].ops->cancel(x->req);
 			x->req = NULL;
 		}
-		if (x->reg != NULL) {
-			regcache_put(cc->tps[x->tpi].cache, x->reg);
-			x->reg = NULL;
-		}
+		put_reg(cc, x);
 		if (x->stage != STAGE_NONE && x->slot >= 0 && cc->mem != NULL) {
 			/* A copy into the slot may still be queued (STAGE_D2H): free it after that. */
 			if (x->ev != NULL)

@@ -66,7 +66,8 @@ extern const tp_meta_rules coll_meta_rules;
 #define COLL_MAX_TP 4 /* ib, tcp, shm and one to spare */
 
 /* The choices KHOR_LOG=debug shows once per power-of-two size (allreduce: auto's and forced). */
-enum { LOGGED_AUTO, LOGGED_FORCED, LOGGED_BCAST, LOGGED_ALLGATHER, LOGGED_RS, COLL_LOGGED_KINDS };
+enum { LOGGED_AUTO, LOGGED_FORCED, LOGGED_BCAST, LOGGED_ALLGATHER, LOGGED_RS, LOGGED_DEVICE_RING,
+       COLL_LOGGED_KINDS };
 
 /*
  * The cost model (select.h) that picks schedules: alpha s per message, beta s per byte on a

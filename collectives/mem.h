@@ -162,7 +162,8 @@ typedef struct kmem_state {
 	kmem_pool_slot pool[KMEM_POOL_SLOTS]; /* pinned staging slots, by size */
 	void *events[KMEM_EVENTS];            /* free events of dev_be */
 	int nevents;
-	bool logged_staging; /* "ib can't take device memory: staging" said once */
+	/* Bit i: coll_comm.tps[i] can't take device memory (staged); bit 16 + i: said so. */
+	unsigned no_direct;
 	/*
 	 * Recorded on the last call's stream at its end: a call on another stream waits for it
 	 * (on the device) before it touches the scratch the last one may still be using.

@@ -24,11 +24,9 @@
 #include "rd.h"
 #include "algos.h"
 
-#include "reduce.h"
 #include "select.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 /*

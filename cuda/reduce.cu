@@ -147,7 +147,7 @@ struct AvgBF16 {
 	__device__ uint16_t operator()(uint16_t x, uint16_t) const { return bf16_round(__fdiv_rn(bf16_widen(x), n)); }
 };
 
-/* The engine's pre- and postscale, unary like avg: runtime/execute.c's scale(), bit for bit. */
+/* The engine's pre- and postscale, unary like avg: reduce.c's reduce_scale, bit for bit. */
 struct ScaleF32 {
 	typedef float type;
 	float f;

@@ -30,7 +30,7 @@ int khor_cuda_reduce(void *out, const void *a, const void *b, size_t count, int 
 /* Divides count elements by n in place, as reduce_avg_finish does (n <= 1 does nothing). */
 int khor_cuda_avg_finish(void *buf, size_t count, int dtype, int n, void *stream);
 /*
- * buf[i] *= factor in place, as runtime/execute.c's scale() (the engine's pre- and
+ * buf[i] *= factor in place, as collectives/reduce.c's reduce_scale (the engine's pre- and
  * postscale): f32 multiplies by (float)factor, f64 by factor, f16 and bf16 widen, multiply
  * by (float)factor and round once to nearest even. Integers and bool, and a factor of 1,
  * do nothing.

@@ -153,6 +153,8 @@ khor_status comm_wait(khor_comm *c, struct khor_request *req);
 khor_status comm_set(khor_comm *c, const char *key, const char *value, kerr *err);
 /* Records a failure as the comm's sticky error and tells the other ranks through the store. */
 void comm_fail(khor_comm *c, const kerr *e);
+/* The root's index in its cross group (its host's number) and in its node group (hier). */
+void comm_root_position(const khor_comm *c, int root, int *host_out, int *local_out);
 /*
  * The same, telling the other ranks (or not) whatever the status: comm_fail keeps a bad
  * argument to itself, since only this rank made it; a bad argument found once the other

@@ -246,34 +246,30 @@ khor_status config_parse_algo(const char *p, int *algo, kerr *err)
 	                "or auto", p);
 }
 
-khor_status config_parse_hier(const char *p, int *hier, kerr *err)
+/* off (0), on (1) or auto (2, also when unset): KHOR_HIER's and KHOR_NCCL's values. */
+static khor_status parse_tristate(const char *name, const char *expected, const char *p, int *out,
+                                  kerr *err)
 {
 	bool on = false;
 
 	if (p == NULL || strcmp(p, "auto") == 0) {
-		*hier = 2;
+		*out = 2;
 		return KHOR_SUCCESS;
 	}
 	if (!kparse_bool(p, &on))
-		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_HIER='%s': expected on, off or auto",
-		                p);
-	*hier = on ? 1 : 0;
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected %s", name, p, expected);
+	*out = on ? 1 : 0;
 	return KHOR_SUCCESS;
+}
+
+khor_status config_parse_hier(const char *p, int *hier, kerr *err)
+{
+	return parse_tristate("KHOR_HIER", "on, off or auto", p, hier, err);
 }
 
 khor_status config_parse_nccl(const char *p, int *nccl, kerr *err)
 {
-	bool on = false;
-
-	if (p == NULL || strcmp(p, "auto") == 0) {
-		*nccl = 2;
-		return KHOR_SUCCESS;
-	}
-	if (!kparse_bool(p, &on))
-		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_NCCL='%s': expected auto, on or off",
-		                p);
-	*nccl = on ? 1 : 0;
-	return KHOR_SUCCESS;
+	return parse_tristate("KHOR_NCCL", "auto, on or off", p, nccl, err);
 }
 
 khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)

@@ -277,7 +277,7 @@ static khor_status flat_allreduce(khor_comm *c, struct khor_request *r, size_t b
 	 */
 	if (coll_on_device(cc) && cc->algo == ALGO_AUTO && (a == ALGO_RD || a == ALGO_HD) &&
 	    bytes >= 4 * cc->slice_bytes) {
-		if (klog_threshold >= KLOG_DEBUG && first_at_size(cc, LOGGED_AUTO, bytes))
+		if (klog_threshold >= KLOG_DEBUG && first_at_size(cc, LOGGED_DEVICE_RING, bytes))
 			KLOG_DEBUG("allreduce %zu B on device memory: ring instead of %s (its lanes "
 			           "overlap the staging copies)", bytes, algo_names[a]);
 		a = ALGO_RING;
@@ -393,8 +393,7 @@ static bool use_hier(khor_comm *c, size_t bytes)
 	return hier < flat;
 }
 
-/* The root's index in its cross group (its host's number) and in its node group. */
-static void root_position(const khor_comm *c, int root, int *host_out, int *local_out)
+void comm_root_position(const khor_comm *c, int root, int *host_out, int *local_out)
 {
 	*host_out = *local_out = 0;
 	for (int i = 0; i < c->cross_n * c->node_n; i++) {
@@ -498,7 +497,7 @@ static khor_status dispatch(khor_comm *c, struct khor_request *r, const kmem_whe
 	case COLL_BROADCAST:
 		if (use_hier(c, bytes)) {
 			int host, local;
-			root_position(c, r->root, &host, &local);
+			comm_root_position(c, r->root, &host, &local);
 			return hier_broadcast(&c->node_cc, &c->cross_cc, host, local, r->recvbuf,
 			                      r->count, r->dtype, r->seq, err);
 		}
@@ -655,12 +654,6 @@ static khor_status mem_begin(khor_comm *c, struct khor_request *r, kmem_where *w
 }
 
 /*
- * Ends a call's device side: a blocking call (no stream of the caller's) returns once the
- * result is in place, so it waits for the stream here, up to the comm's timeout; a stream
- * form leaves that to the stream. After an error the stream is waited for too (briefly),
- * so that nothing queued still writes into the comm's scratch under the next call.
- */
-/*
  * Waits on the host for everything queued on the call's stream so far, up to the comm's
  * timeout, looking once a second whether another rank has failed the job (work queued
  * on the device, an NCCL kernel, may wait for a rank that will never come).
@@ -694,6 +687,12 @@ static khor_status stream_wait(khor_comm *c, const char *what, int64_t timeout_m
 	return st;
 }
 
+/*
+ * Ends a call's device side: a blocking call (no stream of the caller's) returns once the
+ * result is in place, so it waits for the stream here, up to the comm's timeout; a stream
+ * form leaves that to the stream. After an error the stream is waited for too (briefly),
+ * so that nothing queued still writes into the comm's scratch under the next call.
+ */
 static khor_status mem_end(khor_comm *c, struct khor_request *r, khor_status st, kerr *err)
 {
 	kmem_state *m = &c->mem;

@@ -66,10 +66,11 @@ void execute_dev_release(eset *s)
 
 	if (d->be == NULL)
 		return;
-	if (d->be->bind(d->ctx, &ignore) == KHOR_SUCCESS) {
-		if (d->stream != NULL)
-			(void)kmem_stream_sync(d->be, d->stream, kdeadline_in_ms(5000),
-			                       "freeing an engine set's stream", &ignore);
+	/* As mem.c's state_release: better a leak than a device writing into freed memory. */
+	if (d->be->bind(d->ctx, &ignore) == KHOR_SUCCESS &&
+	    (d->stream == NULL ||
+	     kmem_stream_sync(d->be, d->stream, kdeadline_in_ms(5000),
+	                      "freeing an engine set's stream", &ignore) == KHOR_SUCCESS)) {
 		if (d->fusion != NULL) {
 			if (s->data != NULL)
 				comm_reg_invalidate(s->data->ctx, d->fusion, d->fusion_len);
@@ -78,7 +79,7 @@ void execute_dev_release(eset *s)
 		if (d->stream != NULL)
 			d->be->stream_destroy(d->stream);
 	}
-	/* else the context is gone, and what was made in it with it */
+	/* else the context is gone, and what was made in it with it, or the stream still runs */
 	memset(d, 0, sizeof(*d));
 }
 

@@ -41,7 +41,6 @@
 #include "../base/dtype.h"
 #include "../base/log.h"
 #include "../collectives/algos.h"
-#include "../collectives/rd.h"
 #include "../collectives/ring.h"
 #include "../collectives/select.h"
 
@@ -407,10 +406,8 @@ static khor_status comm_init_nccl(khor_comm *c, nccl_state *s, const kmem_where 
 	if (s->comm == NULL && rc != ncclSuccess)
 		return nccl_fail(c, NULL, rc, "communicator init (ncclCommInitRankConfig)", err);
 	st = nccl_wait(c, s->comm, rc, dl, "communicator init (ncclCommInitRankConfig)", err);
-	if (st != KHOR_SUCCESS) {
-		comm_release_nccl(s, true);
-		return st;
-	}
+	if (st != KHOR_SUCCESS)
+		return st; /* nccl_wait aborted the communicator */
 	s->device = where->device;
 	s->ctx = where->ctx;
 	KLOG_INFO("NCCL %d.%d.%d: communicator of %d local ranks on host %s (this is local rank "
@@ -493,19 +490,6 @@ static khor_status run_allreduce(khor_comm *c, struct khor_request *r, ncclDataT
 	return enqueued(c, rc != ncclSuccess ? rc : end, "allgather inside the node", err);
 }
 
-/* The root's index in its cross group (its host's number) and in its node group. */
-static void root_position(const khor_comm *c, int root, int *host_out, int *local_out)
-{
-	*host_out = *local_out = 0;
-	for (int i = 0; i < c->nhosts * c->node_n; i++) {
-		if (c->host_ranks[i] == root) {
-			*host_out = i / c->node_n;
-			*local_out = i % c->node_n;
-			return;
-		}
-	}
-}
-
 static khor_status run_broadcast(khor_comm *c, struct khor_request *r, kerr *err)
 {
 	nccl_state *s = c->nccl;
@@ -514,7 +498,7 @@ static khor_status run_broadcast(khor_comm *c, struct khor_request *r, kerr *err
 	int host, local;
 	khor_status st = KHOR_SUCCESS;
 
-	root_position(c, r->root, &host, &local);
+	comm_root_position(c, r->root, &host, &local);
 	if (c->nhosts > 1 && c->node_me == local) {
 		bool binomial = c->ctx->cfg.rd_max_set
 		                ? bytes <= g->rd_max_bytes
