@@ -801,6 +801,25 @@ static bool parse_slots(const char *s, size_t len, int *out)
  * One "HOST", "HOST:SLOTS", "[V6]" or "[V6]:SLOTS" (len bytes at s). A bare address with
  * more than one colon is a v6 address of 1 slot. where says where it came from.
  */
+/*
+ * A host name as -H and --hostfile take it (a v6 address without its brackets): not empty,
+ * not an option, and nothing a shell or ssh would read otherwise (space, quotes,
+ * brackets).
+ */
+static bool host_name_ok(const char *name, size_t nlen, const char *where, const char *as_given)
+{
+	if (nlen == 0) {
+		say("%s: '%s' has no host name", where, as_given);
+		return false;
+	}
+	bool ok = name[0] != '-';
+	for (size_t i = 0; ok && i < nlen; i++)
+		ok = !isspace((unsigned char)name[i]) && strchr("'\"[]", name[i]) == NULL;
+	if (!ok)
+		say("%s: '%.*s' is not a host name", where, (int)nlen, name);
+	return ok;
+}
+
 static bool parse_host_slots(const char *s, size_t len, const char *where, struct hostlist *l)
 {
 	const char *name = s, *colon = NULL;
@@ -826,26 +845,16 @@ static bool parse_host_slots(const char *s, size_t len, const char *where, struc
 			nlen = (size_t)(c - s);
 		}
 	}
-	if (nlen == 0) {
-		say("%s: '%.*s' has no host name", where, (int)len, s);
+	char given[256];
+	snprintf(given, sizeof(given), "%.*s", (int)len, s);
+	if (!host_name_ok(name, nlen, where, given))
 		return false;
-	}
-	if (name[0] == '-') {
-		say("%s: '%.*s' is not a host name", where, (int)nlen, name);
-		return false;
-	}
 	if (colon != NULL) {
 		size_t sl = len - (size_t)(colon + 1 - s);
 
 		if (!parse_slots(colon + 1, sl, &slots)) {
 			say("%s: host '%.*s' wants a slot count from 1 to %d, not '%.*s'", where,
 			    (int)nlen, name, MAX_RANKS, (int)sl, colon + 1);
-			return false;
-		}
-	}
-	for (size_t i = 0; i < nlen; i++) {
-		if (isspace((unsigned char)name[i]) || name[i] == '\'' || name[i] == '"') {
-			say("%s: '%.*s' is not a host name", where, (int)nlen, name);
 			return false;
 		}
 	}
@@ -935,12 +944,7 @@ static bool parse_hostfile(const char *path, struct hostlist *l)
 					nm++;
 					nl -= 2;
 				}
-				if (nm[0] == '-') {
-					say("%s: '%s' is not a host name", where, hostw);
-					ok = false;
-				} else {
-					ok = hostlist_add(l, nm, nl, slots);
-				}
+				ok = host_name_ok(nm, nl, where, hostw) && hostlist_add(l, nm, nl, slots);
 			}
 		} else {
 			ok = parse_host_slots(hostw, strlen(hostw), where, l);
@@ -983,12 +987,17 @@ static bool slurm_expand_item(const char *item, struct hostlist *out, const char
 
 		if (n == 0 || !isdigit((unsigned char)p[0]))
 			goto bad;
+		/* At most 18 digits: the numbers then fit, and counting up to hi can't wrap. */
 		lo = strtoul(p, &end, 10);
 		width = (int)(end - p);
+		if (width > 18)
+			goto bad;
 		if (dash != NULL) {
 			if (end != dash || !isdigit((unsigned char)dash[1]))
 				goto bad;
 			hi = strtoul(dash + 1, &end, 10);
+			if (end - (dash + 1) > 18)
+				goto bad;
 		} else {
 			hi = lo;
 		}
@@ -3400,11 +3409,28 @@ static bool init_ranks(struct job *j)
 
 /* ---- the helper: `khorrun --remote-helper`, run by ssh on another host ------------------- */
 
-static bool read_full(int fd, void *buf, size_t n)
+/*
+ * How long the helper waits for khorrun's start-up frames: khorrun sends them as soon as
+ * ssh is up and gives up itself after --start-timeout (30 s by default), closing the
+ * connection; this bounds a connection that stays open but silent.
+ */
+#define HELPER_START_MS (10 * 60 * 1000)
+
+/* n bytes from fd, up to dl (a silent peer is an error, like a closed one). */
+static bool read_full(int fd, void *buf, size_t n, kdeadline dl)
 {
 	char *p = buf;
 
 	while (n > 0) {
+		struct pollfd pfd = { .fd = fd, .events = POLLIN };
+		int pr = poll(&pfd, 1, kdeadline_left_ms(dl, 1000));
+
+		if (pr < 0 && errno == EINTR)
+			continue;
+		if (pr < 0 || (pr == 0 && kdeadline_passed(dl)))
+			return false;
+		if (pr == 0)
+			continue;
 		ssize_t r = read(fd, p, n);
 
 		if (r < 0 && errno == EINTR)
@@ -3417,16 +3443,16 @@ static bool read_full(int fd, void *buf, size_t n)
 	return true;
 }
 
-/* One frame from stdin, blocking; its payload NUL-terminated in buf (FRAME_MAX + 1). */
-static bool read_frame(char *type_out, char *buf, size_t *len_out)
+/* One frame from stdin, up to dl; its payload NUL-terminated in buf (FRAME_MAX + 1). */
+static bool read_frame(char *type_out, char *buf, size_t *len_out, kdeadline dl)
 {
 	uint8_t hdr[FRAME_HDR];
 	uint32_t n;
 
-	if (!read_full(STDIN_FILENO, hdr, sizeof(hdr)))
+	if (!read_full(STDIN_FILENO, hdr, sizeof(hdr), dl))
 		return false;
 	n = (uint32_t)hdr[1] << 24 | (uint32_t)hdr[2] << 16 | (uint32_t)hdr[3] << 8 | hdr[4];
-	if (n > FRAME_MAX || !read_full(STDIN_FILENO, buf, n))
+	if (n > FRAME_MAX || !read_full(STDIN_FILENO, buf, n, dl))
 		return false;
 	buf[n] = '\0';
 	*type_out = (char)hdr[0];
@@ -3465,12 +3491,13 @@ static int helper_main(void)
 	    buf == NULL)
 		return 1;
 	(void)gethostname(hostname, sizeof(hostname) - 1);
+	const kdeadline start_dl = kdeadline_in_ms(HELPER_START_MS);
 	while (!go) {
 		char type;
 		size_t n;
 
-		if (!read_frame(&type, buf, &n))
-			goto out; /* khorrun went away before "go": nothing was started */
+		if (!read_frame(&type, buf, &n, start_dl))
+			goto out; /* khorrun went away (or fell silent) before "go": nothing started */
 		switch (type) {
 		case 'H': {
 			char mine[128];

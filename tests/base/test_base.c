@@ -165,6 +165,12 @@ Test(sock, address_lists)
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 		cr_assert_eq(ksock_parse_addr_list(bad[i], a, 4), -1, "'%s' was accepted", bad[i]);
 	cr_assert_eq(ksock_parse_addr_list(NULL, a, 4), -1);
+	/* An entry longer than any address (a store value is the peer's to write). */
+	char longone[300];
+	memset(longone, '1', sizeof(longone) - 1);
+	longone[sizeof(longone) - 1] = '\0';
+	longone[200] = ':';
+	cr_assert_eq(ksock_parse_addr_list(longone, a, 4), -1, "a 299-byte entry was accepted");
 }
 
 Test(sock, subnets)

@@ -1217,8 +1217,41 @@ Test(khorrun, hostfile_forms_and_errors, .timeout = 30)
 	cr_assert_eq(exit_code(&p), 2, "stderr:\n%s", p.b[1].data);
 	cr_assert_not_null(strstr(p.b[1].data, "names no host"), "%s", p.b[1].data);
 	proc_free(&p);
+	/* HOST slots=N checks the name as HOST:N does (it once let quotes and brackets by). */
+	write_file(bad, "h'x slots=2\n");
+	p = run(badargs, 10);
+	cr_assert_eq(exit_code(&p), 2, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "'h'x' is not a host name"), "%s", p.b[1].data);
+	proc_free(&p);
 	unlink(file);
 	unlink(bad);
+}
+
+/*
+ * What a remote khorrun sends back over ssh is a wire too: an output frame for a rank that
+ * host doesn't have is dropped, and a length past the frame limit stops that host with an
+ * error, never a crash or a hang. The "ssh" here is a script that answers with those bytes.
+ */
+Test(khorrun, garbled_frames_from_a_remote_host_stop_it, .timeout = 60)
+{
+	char script[] = "/tmp/khorrun-fake-ssh-XXXXXX";
+	const char *args[] = { "--ssh-command", script, "--start-timeout", "10s", "-H",
+		               "192.0.2.1:1", "true", NULL };
+
+	close(mkstemp(script));
+	/* The helper's magic; an 'O' frame of rank 0x7fffffff; a length over FRAME_MAX. */
+	write_file(script, "#!/bin/sh\n"
+	                   "printf '\\001khorrun-helper\\002'\n"
+	                   "printf 'O\\000\\000\\000\\006\\177\\377\\377\\377\\000x'\n"
+	                   "printf 'M\\377\\377\\377\\377'\n"
+	                   "exec cat >/dev/null\n");
+	chmod(script, 0700);
+	struct proc p = run(args, 30);
+	cr_assert_neq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "192.0.2.1: garbled data from the remote khorrun"),
+	                   "%s", p.b[1].data);
+	proc_free(&p);
+	unlink(script);
 }
 
 /* Inside a Slurm allocation (sbatch, salloc) and without -H: its nodes and tasks. */
@@ -1233,6 +1266,9 @@ Test(khorrun, slurm_allocation_gives_the_hosts, .timeout = 30)
 	const char *bad1[] = { "SLURM_JOB_NODELIST=n[1-3]", "SLURM_TASKS_PER_NODE=2(x2)", NULL };
 	const char *bad2[] = { "SLURM_JOB_NODELIST=n[1-3", "SLURM_TASKS_PER_NODE=1", NULL };
 	const char *bad3[] = { "SLURM_JOB_NODELIST=n[1-3]", "SLURM_TASKS_PER_NODE=2(y3)", NULL };
+	/* A number past unsigned long once counted up to ULONG_MAX, wrapped and spun. */
+	const char *bad4[] = { "SLURM_JOB_NODELIST=n[99999999999999999999]",
+	                       "SLURM_TASKS_PER_NODE=1", NULL };
 	struct proc p = dry_run(args, env);
 
 	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
@@ -1264,6 +1300,10 @@ Test(khorrun, slurm_allocation_gives_the_hosts, .timeout = 30)
 	p = dry_run(args, bad3);
 	cr_assert_eq(exit_code(&p), 2, "stderr:\n%s", p.b[1].data);
 	cr_assert_not_null(strstr(p.b[1].data, "is not a list like \"2(x3),1\""), "%s", p.b[1].data);
+	proc_free(&p);
+	p = dry_run(args, bad4);
+	cr_assert_eq(exit_code(&p), 2, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "is not a number or a range"), "%s", p.b[1].data);
 	proc_free(&p);
 }
 
@@ -1435,15 +1475,29 @@ Test(khorrun, slurm_allocation_of_this_host_runs_here, .timeout = 30)
 	proc_free(&p);
 }
 
-/* The remote helper's stdin is a wire: bytes that are not its frames (an oversized length,
- * text, a frame of an unknown type) end it with an error at once, never a hang. */
+/*
+ * The remote helper's stdin is a wire: bytes that are not its frames (an oversized length,
+ * text, a truncated payload), frames it doesn't know (skipped) and a start-up that says
+ * "go" before it has said what to run all end it with an error, never a hang.
+ */
 Test(khorrun, remote_helper_refuses_bad_bytes_on_stdin, .timeout = 60)
 {
-	static const char *const inputs[] = {
+	char hello[64], go_alone[160], truncated[160];
+	int hn = snprintf(hello, sizeof(hello), "khorrun-helper 1 %d.%d.%d", KHOR_VERSION_MAJOR,
+	                  KHOR_VERSION_MINOR, KHOR_VERSION_PATCH);
+	/* A valid hello, then "go" with no cwd, argv or ranks: "incomplete start-up". */
+	snprintf(go_alone, sizeof(go_alone), "H\\000\\000\\000\\%03o%sG\\000\\000\\000\\000", hn,
+	         hello);
+	/* A valid hello, then a frame that promises 50 bytes and brings 5. */
+	snprintf(truncated, sizeof(truncated), "H\\000\\000\\000\\%03o%sC\\000\\000\\000\\062/tmp/",
+	         hn, hello);
+	const char *const inputs[] = {
 		"\\377\\377\\377\\377\\377\\377",       /* a length over FRAME_MAX */
 		"Zjunk that is not a frame at all", /* text */
-		"\\001\\000\\000\\000\\003abc",          /* a frame of an unknown type */
+		"\\001\\000\\000\\000\\003abc",          /* a frame of an unknown type, then EOF */
 		"",                                 /* nothing: stdin closed at once */
+		go_alone,
+		truncated,
 	};
 	char cmd[1024];
 

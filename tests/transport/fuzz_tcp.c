@@ -1,8 +1,9 @@
 /*
  * fuzz_tcp.c -- libFuzzer harness for the TCP transport's parsers: the handshake an acceptor
- * runs on bytes from anyone who connects, and the frame reader that runs on an established
- * link. The transport is included whole so the harness can put a socketpair's end in any
- * state: input byte 0 picks the target, the rest is what the other end sends. Invariants:
+ * runs on bytes from anyone who connects, the frame reader that runs on an established
+ * link, and the peer's published address list the dialer reads from the store. The
+ * transport is included whole so the harness can put a socketpair's end in any state:
+ * input byte 0 picks the target (mod 3), the rest is what the other end sends. Invariants:
  * no crash, no write outside the posted buffers (guards after each), and a broken stream
  * always ends as a link error, never as a silently completed receive of the wrong size.
  *
@@ -113,10 +114,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n)
 		setup();
 	if (n < 1 || n > 65536 || socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) != 0)
 		return 0;
-	if (d[0] & 1)
-		fuzz_frames(d + 1, n - 1, sv);
-	else
+	switch (d[0] % 3) {
+	case 0:
 		fuzz_handshake(d + 1, n - 1, sv);
+		break;
+	case 1:
+		fuzz_frames(d + 1, n - 1, sv);
+		break;
+	default: {
+		/* A peer's published address list, as the store hands it to the dialer. */
+		char *list = malloc(n);
+		ksockaddr a[8];
+		CHECK(list != NULL);
+		memcpy(list, d + 1, n - 1);
+		list[n - 1] = '\0';
+		(void)ksock_parse_addr_list(list, a, 8);
+		free(list);
+		break;
+	}
+	}
 	close(sv[1]);
 	return 0;
 }
