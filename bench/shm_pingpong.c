@@ -16,8 +16,8 @@
  * many is the one that was not interrupted.
  * This is a measurement, not a test: it asserts nothing about speed.
  */
-#include "../transport/ib/ib.h"
-#include "../transport/shm.h"
+#include "transport/ib/ib.h"
+#include "transport/shm/shm.h"
 
 #include <signal.h>
 #include <stdio.h>

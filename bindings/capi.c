@@ -7,13 +7,13 @@
  */
 #include "khor.h"
 
-#include "../base/dtype.h"
-#include "../base/err.h"
-#include "../collectives/algos.h"
-#include "../collectives/coll.h"
-#include "../collectives/reduce.h"
-#include "../runtime/comm.h"
-#include "../runtime/config.h"
+#include "base/dtype.h"
+#include "base/err.h"
+#include "collectives/algos.h"
+#include "collectives/coll.h"
+#include "collectives/reduce.h"
+#include "runtime/comm.h"
+#include "runtime/config.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -621,7 +621,7 @@ KHOR_API khor_status khor_alltoall(khor_comm *comm, const void *sendbuf, void *r
 
 /*
  * The stream forms (khor.h): the blocking forms with the caller's stream, which device
- * calls run on instead of the comm's own and do not wait for at the end (exec.c: mem_end).
+ * calls run on instead of the comm's own and do not wait for at the end (comm_exec.c: mem_end).
  */
 #define S(prep) \
 	struct khor_request r; \

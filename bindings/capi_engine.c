@@ -1,14 +1,14 @@
 /*
  * capi_engine.c -- the exported engine ABI (include/khor.h, "The engine"): argument checks
- * and error texts, then runtime/engine.c.
+ * and error texts, then engine/engine.c.
  *
  * A failed call leaves its sentence in khor_engine_error, prefixed with this rank and host,
  * as khor_comm_error does for the direct collectives.
  */
 #include "khor.h"
 
-#include "../base/err.h"
-#include "../runtime/engine.h"
+#include "base/err.h"
+#include "engine/engine.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -341,7 +341,7 @@ KHOR_API khor_status khor_enqueue_grouped_reducescatter(khor_engine *engine, int
 
 /*
  * The _event forms (khor.h): the calls above with the input's ready event, which the set
- * thread waits for before it reads the input (runtime/execute.c: wait_ready).
+ * thread waits for before it reads the input (engine/execute.c: wait_ready).
  */
 KHOR_API khor_status khor_enqueue_allreduce_event(khor_engine *engine, int set,
                                                   const char *name, const void *input,

@@ -36,7 +36,7 @@
  * Both: sendbuf is copied into its place first (coll_copy, skipped when it already is
  * there), so sendbuf may lie anywhere inside recvbuf.
  */
-#include "../base/dtype.h"
+#include "base/dtype.h"
 #include "algos.h"
 
 #include <stdio.h>

@@ -26,7 +26,7 @@
  *
  * The temporary block is scratch when it fits, else coll_big.
  */
-#include "../base/dtype.h"
+#include "base/dtype.h"
 #include "algos.h"
 
 #include <stdio.h>

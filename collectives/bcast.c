@@ -14,7 +14,7 @@
  * there (see the algorithm selection issue). At least one (possibly empty) slice is always
  * sent so that a disagreement on count or dtype shows up in the frame header.
  */
-#include "../base/dtype.h"
+#include "base/dtype.h"
 #include "ring.h"
 
 #include <stdio.h>

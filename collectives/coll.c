@@ -1,8 +1,8 @@
 /* coll.c -- posting, testing and the deadline-bounded wait shared by all algorithms. */
 #include "coll.h"
 
-#include "../base/dtype.h"
-#include "../base/log.h"
+#include "base/dtype.h"
+#include "base/log.h"
 #include "reduce.h"
 
 #include <sched.h>

@@ -7,8 +7,8 @@
 #ifndef KHOR_COLL_H
 #define KHOR_COLL_H
 
-#include "../transport/regcache.h"
-#include "../transport/transport.h"
+#include "transport/regcache.h"
+#include "transport/transport.h"
 #include "mem.h"
 
 #include <stdbool.h>
@@ -27,7 +27,7 @@ enum coll_kind {
 	COLL_SCATTER = 8,
 	COLL_PROBE = 9,  /* the cost model's swaps at init */
 	COLL_SPLIT = 10, /* khor_comm_split's exchange on the parent */
-	COLL_NEGOTIATE = 11, /* the engine's cycle messages (runtime/negotiate.c) */
+	COLL_NEGOTIATE = 11, /* the engine's cycle messages (engine/negotiate.c) */
 	COLL_KINDS
 };
 

@@ -27,7 +27,7 @@
  * Determinism: an inner node folds (left child op self) op right child, always in that
  * order, and every rank receives the root's finished bits, so all ranks agree bit for bit.
  */
-#include "../base/dtype.h"
+#include "base/dtype.h"
 #include "algos.h"
 
 #include <stdio.h>

@@ -20,7 +20,7 @@
  * Broadcast: the root's shard of hosts: first across hosts among the ranks with the
  * root's local rank, then inside every host from that rank.
  */
-#include "../base/dtype.h"
+#include "base/dtype.h"
 #include "hier.h"
 
 #include "algos.h"

@@ -5,7 +5,7 @@
  */
 #include "mem.h"
 
-#include "../base/log.h"
+#include "base/log.h"
 
 #include <sched.h>
 #include <stdio.h>

@@ -37,8 +37,8 @@
 #ifndef KHOR_MEM_H
 #define KHOR_MEM_H
 
-#include "../base/clock.h"
-#include "../base/err.h"
+#include "base/clock.h"
+#include "base/err.h"
 #include "khor.h"
 
 #include <stdbool.h>

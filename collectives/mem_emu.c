@@ -34,8 +34,8 @@
  */
 #include "mem_emu.h"
 
-#include "../base/dtype.h"
-#include "../base/log.h"
+#include "base/dtype.h"
+#include "base/log.h"
 #include "reduce.h"
 
 #include <errno.h>

@@ -20,7 +20,7 @@
  * Latency: log2(p) (+2) steps; bandwidth: every step moves the whole buffer, which is
  * why the ring takes over for large messages.
  */
-#include "../base/dtype.h"
+#include "base/dtype.h"
 #include "rd.h"
 #include "algos.h"
 

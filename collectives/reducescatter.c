@@ -56,7 +56,7 @@
  * so the two in-place forms above hold. The pair always combines (lower half of the
  * group) op (upper half), so every run gives the same bits.
  */
-#include "../base/dtype.h"
+#include "base/dtype.h"
 #include "algos.h"
 
 #include "reduce.h"

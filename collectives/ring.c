@@ -27,7 +27,7 @@
  * Every lane sends its message at every step, even when it is empty (count < n, or a short
  * last lane), so ranks that disagree on count or dtype see it in a frame header.
  */
-#include "../base/dtype.h"
+#include "base/dtype.h"
 #include "ring.h"
 
 #include <stdio.h>

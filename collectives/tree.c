@@ -35,7 +35,7 @@
  * Every edge carries its first message even when it is empty (count 0), so ranks that
  * disagree on count see it in a frame header.
  */
-#include "../base/dtype.h"
+#include "base/dtype.h"
 #include "algos.h"
 
 #include "reduce.h"

@@ -20,8 +20,8 @@
  */
 #include "mem_cuda.h"
 
-#include "../base/dtype.h"
-#include "../base/log.h"
+#include "base/dtype.h"
+#include "base/log.h"
 #include "reduce_cuda.h"
 
 #include <cuda.h>

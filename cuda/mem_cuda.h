@@ -6,7 +6,7 @@
 #ifndef KHOR_CUDA_MEM_CUDA_H
 #define KHOR_CUDA_MEM_CUDA_H
 
-#include "../collectives/mem.h"
+#include "collectives/mem.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -29,14 +29,14 @@
 #include "comm.h"
 #include "nccl.h"
 
-#include "../base/dtype.h"
+#include "base/dtype.h"
 
-#include "../base/log.h"
-#include "../base/sock.h"
-#include "../collectives/algos.h"
-#include "../collectives/rd.h"
-#include "../collectives/ring.h"
-#include "../collectives/select.h"
+#include "base/log.h"
+#include "base/sock.h"
+#include "collectives/algos.h"
+#include "collectives/rd.h"
+#include "collectives/ring.h"
+#include "collectives/select.h"
 
 #include <sched.h>
 #include <stdatomic.h>
@@ -296,7 +296,7 @@ static khor_status calibrate(khor_comm *c, kerr *err)
  * waits out KHOR_TIMEOUT. A KHOR_ALGO exported on one host only is an easy mistake: compare
  * them once at init (an allreduce of each value and its negation, MAX) and name the setting.
  * The same allreduce tells every rank whether any host has more ranks than cores, which sets
- * how far auto's trials reach (exec.c): a host-local answer would give two hosts different
+ * how far auto's trials reach (comm_exec.c): a host-local answer would give two hosts different
  * candidates, and so different trial calls, for one call.
  */
 static khor_status agree_settings(khor_comm *c, const struct khor_config *cfg, kerr *err)

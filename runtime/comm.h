@@ -6,10 +6,10 @@
 #ifndef KHOR_RUNTIME_COMM_H
 #define KHOR_RUNTIME_COMM_H
 
-#include "../collectives/coll.h"
-#include "../collectives/select.h"
+#include "collectives/coll.h"
+#include "collectives/select.h"
 #include "config.h"
-#include "store.h"
+#include "rendezvous/store.h"
 
 #include <pthread.h>
 
@@ -91,7 +91,7 @@ typedef struct kctx {
  * A comm: a group of ranks of the context with its own id, sequence numbers, scratch,
  * tuning, collective thread and sticky error. The world is one too (id 0, map NULL).
  * Ids come from the store's "comm_ids" counter, COMM_IDS at a time: the comm's own, its
- * node group's, its cross group's and its trials' (exec.c).
+ * node group's, its cross group's and its trials' (comm_exec.c).
  */
 #define COMM_IDS 4
 
@@ -113,7 +113,7 @@ struct khor_comm {
 	int *cross_map, cross_n, cross_me;
 	int *host_ranks;      /* [host * node_n + k]: k-th comm rank of each host (when hier_ok) */
 	coll_comm node_cc, cross_cc;
-	trial_slot trials[64]; /* auto's trials per power-of-two allreduce size (exec.c) */
+	trial_slot trials[64]; /* auto's trials per power-of-two allreduce size (comm_exec.c) */
 	uint32_t trial_seq;    /* sequence numbers of trial calls, under the trial comm id */
 	void *big;            /* coll_big's buffer, shared by cc, node_cc and cross_cc */
 	size_t big_len;

@@ -1,9 +1,9 @@
 /* config.c -- the table of KHOR_* variables and their parsing (see config.h). */
 #include "config.h"
 
-#include "../base/parse.h"
-#include "../collectives/select.h"
-#include "../base/sock.h"
+#include "base/parse.h"
+#include "collectives/select.h"
+#include "base/sock.h"
 
 #include <stddef.h>
 

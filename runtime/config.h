@@ -9,7 +9,7 @@
 #ifndef KHOR_RUNTIME_CONFIG_H
 #define KHOR_RUNTIME_CONFIG_H
 
-#include "../base/err.h"
+#include "base/err.h"
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -36,13 +36,13 @@
  */
 #include "nccl.h"
 
-#include "../collectives/hier.h"
+#include "collectives/hier.h"
 
-#include "../base/dtype.h"
-#include "../base/log.h"
-#include "../collectives/algos.h"
-#include "../collectives/ring.h"
-#include "../collectives/select.h"
+#include "base/dtype.h"
+#include "base/log.h"
+#include "collectives/algos.h"
+#include "collectives/ring.h"
+#include "collectives/select.h"
 
 #include <dlfcn.h>
 #include <pthread.h>

@@ -11,7 +11,7 @@
 /*
  * Runs r (a call on device memory, where) with NCCL inside the node and khor's own
  * schedules across nodes, when KHOR_NCCL and the call allow it; *handled false means
- * "not for NCCL", and the caller runs khor's own schedules. Called by exec.c with the
+ * "not for NCCL", and the caller runs khor's own schedules. Called by comm_exec.c with the
  * comm's device state begun (c->mem.be and c->mem.stream set, the device's context
  * current): every NCCL and cross-node step is enqueued on c->mem.stream, and nothing here
  * waits for the stream to finish, so the caller syncs it where the call must be complete.

@@ -29,8 +29,8 @@
  */
 #include "comm.h"
 
-#include "../base/log.h"
-#include "../collectives/rd.h"
+#include "base/log.h"
+#include "collectives/rd.h"
 
 #include <inttypes.h>
 #include <stdio.h>

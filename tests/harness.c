@@ -1,7 +1,7 @@
 /* harness.c -- forking multi-rank jobs against an in-process store (see harness.h). */
 #include "harness.h"
 
-#include "../runtime/store.h"
+#include "rendezvous/store.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -10,8 +10,8 @@
 #ifndef KHOR_TESTS_MEM_CHECK_H
 #define KHOR_TESTS_MEM_CHECK_H
 
-#include "../collectives/mem.h"
-#include "../collectives/reduce.h"
+#include "collectives/mem.h"
+#include "collectives/reduce.h"
 
 #include <stdbool.h>
 #include <stdlib.h>

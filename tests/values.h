@@ -10,8 +10,8 @@
 #ifndef KHOR_TESTS_VALUES_H
 #define KHOR_TESTS_VALUES_H
 
-#include "../base/dtype.h"
-#include "../collectives/reduce.h"
+#include "base/dtype.h"
+#include "collectives/reduce.h"
 
 #include <math.h>
 #include <stdbool.h>

@@ -25,8 +25,8 @@ static const char *const status_text[HS_STATUS_COUNT] = {
 	[HS_BAD_TARGET] = "addressed to another rank",
 	[HS_BAD_AUTH] = "wrong job secret",
 	[HS_DUPLICATE] = "duplicate connection",
-	[HS_BAD_PARAMS] = "the transport's parameters were refused (socket count, ring size or "
-	                  "shared-memory segment; the peer's log says which)",
+	[HS_BAD_PARAMS] = ("the transport's parameters were refused (socket count, ring size or "
+	                   "shared-memory segment; the peer's log says which)"),
 	[HS_BAD_TRANSPORT] = "meant for another transport",
 };
 

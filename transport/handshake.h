@@ -25,8 +25,8 @@
 #ifndef KHOR_TRANSPORT_HANDSHAKE_H
 #define KHOR_TRANSPORT_HANDSHAKE_H
 
-#include "../base/auth.h"
-#include "../base/err.h"
+#include "base/auth.h"
+#include "base/err.h"
 
 #include <stdbool.h>
 #include <stddef.h>

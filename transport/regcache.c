@@ -6,7 +6,7 @@
  */
 #include "regcache.h"
 
-#include "../base/log.h"
+#include "base/log.h"
 
 #include <pthread.h>
 #include <stdlib.h>

@@ -6,9 +6,9 @@
  */
 #include "transport.h"
 
-#include "../base/log.h"
-#include "ib/ib.h"
-#include "shm.h"
+#include "base/log.h"
+#include "transport/ib/ib.h"
+#include "transport/shm/shm.h"
 
 #include <pthread.h>
 #include <stdio.h>

@@ -47,8 +47,8 @@
 #ifndef KHOR_TRANSPORT_H
 #define KHOR_TRANSPORT_H
 
-#include "../base/clock.h"
-#include "../base/err.h"
+#include "base/clock.h"
+#include "base/err.h"
 
 #include <stdbool.h>
 #include <stddef.h>

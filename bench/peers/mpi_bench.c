@@ -18,7 +18,7 @@
 
 #include <mpi.h>
 
-#include "../bench_common.h"
+#include "bench/bench_common.h"
 
 #define PROG "mpi-bench"
 

@@ -3,11 +3,11 @@
  * the choice of addresses to publish and to dial (on made-up interface tables), and error
  * sentences.
  */
-#include "../../base/auth.h"
-#include "../../base/clock.h"
-#include "../../base/err.h"
-#include "../../base/parse.h"
-#include "../../base/sock.h"
+#include "base/auth.h"
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/parse.h"
+#include "base/sock.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>

@@ -7,9 +7,9 @@
  * are small integers so every result is exact and compared element by element with a
  * reference computed in double; outputs are poisoned first so an unwritten element fails.
  */
-#include "../harness.h"
-#include "../../collectives/reduce.h"
-#include "../../collectives/select.h"
+#include "tests/harness.h"
+#include "collectives/reduce.h"
+#include "collectives/select.h"
 
 #include <criterion/criterion.h>
 #include <math.h>

@@ -15,9 +15,9 @@
  * The dtype table lists what the reduction kernels may support; reductions are skipped for
  * a (dtype, op) that reduce_supported refuses, everything else runs for every dtype.
  */
-#include "../harness.h"
+#include "tests/harness.h"
 
-#include "../../collectives/reduce.h"
+#include "collectives/reduce.h"
 
 #include <criterion/criterion.h>
 #include <math.h>

@@ -23,17 +23,17 @@
  * buffer with a device receive buffer on one rank, fail on every rank, quickly, with an
  * error that says which memory was which.
  */
-#include "../harness.h"
-#include "../values.h"
+#include "tests/harness.h"
+#include "tests/values.h"
 
-#include "../../collectives/mem_emu.h"
-#include "../../collectives/reduce.h"
+#include "collectives/mem_emu.h"
+#include "collectives/reduce.h"
 #ifdef KHOR_HAVE_CUDA_KERNELS
-#include "../../cuda/mem_cuda.h"
+#include "cuda/mem_cuda.h"
 
 #include <cuda_runtime_api.h>
 
-#include "../cuda/gpu_check.h"
+#include "tests/cuda/gpu_check.h"
 #endif
 
 #include <criterion/criterion.h>

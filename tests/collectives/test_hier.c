@@ -4,7 +4,7 @@
  * schedules (allgather too), uniform layouts (2x2, 2x3, 3x2, 2x4, 4x2) and a non-uniform one, which must
  * fall back to flat and still be right.
  */
-#include "../harness.h"
+#include "tests/harness.h"
 
 #include <criterion/criterion.h>
 #include <math.h>

@@ -13,11 +13,11 @@
  * without it (TEST_MEM_PLAIN: tests/CMakeLists.txt's tsan_mem): a small runner below forks
  * one child per test, as Criterion does.
  */
-#include "../../base/dtype.h"
-#include "../../collectives/mem_emu.h"
-#include "../../collectives/reduce.h"
-#include "../mem_check.h"
-#include "../values.h"
+#include "base/dtype.h"
+#include "collectives/mem_emu.h"
+#include "collectives/reduce.h"
+#include "tests/mem_check.h"
+#include "tests/values.h"
 
 #include <math.h>
 #include <signal.h>
@@ -354,7 +354,7 @@ Test(mem, copies_in_every_direction)
 	be->stream_destroy(s);
 }
 
-/* The pre- and postscale rule of runtime/execute.c, on host memory. */
+/* The pre- and postscale rule of engine/execute.c, on host memory. */
 static void scale_ref(void *p, size_t count, khor_dtype dt, double f)
 {
 	if (f == 1.0)

@@ -28,8 +28,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../mem_check.h"
-#include "../values.h"
+#include "tests/mem_check.h"
+#include "tests/values.h"
 #include "gpu_check.h"
 
 #define NDTYPES 10

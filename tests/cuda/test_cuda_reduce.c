@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../values.h"
+#include "tests/values.h"
 #include "gpu_check.h"
 
 #define NDTYPES 10

@@ -20,8 +20,8 @@
  * CUDA. It probes for a GPU in a child of its own; each rank opens the driver (dlopen, so
  * this file builds without CUDA) after it was forked.
  */
-#include "../harness.h"
-#include "../values.h"
+#include "tests/harness.h"
+#include "tests/values.h"
 #include "collectives/mem.h"
 #include "collectives/mem_emu.h"
 #include "collectives/reduce.h"

@@ -11,7 +11,7 @@
  * each rank that ends normally runs LeakSanitizer itself after khor_finalize, since the
  * harness ends ranks with _exit, which skips LSan's own check at exit.
  */
-#include "../harness.h"
+#include "tests/harness.h"
 #include "comms_load.h"
 
 #include <criterion/criterion.h>

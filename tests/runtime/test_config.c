@@ -1,5 +1,5 @@
 /* test_config.c -- KHOR_* parsing: sources in order, strict values, clear refusals. */
-#include "../../runtime/config.h"
+#include "runtime/config.h"
 #include "khor.h"
 
 #include <arpa/inet.h>

@@ -3,7 +3,7 @@
  * stops participating each make every other rank fail within its deadline, with an error
  * that names the rank at fault.
  */
-#include "../harness.h"
+#include "tests/harness.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>

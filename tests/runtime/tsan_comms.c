@@ -10,7 +10,7 @@
  * exits 1. Under TSan a race report ends the reporting process (halt_on_error), so a race
  * in any rank, or in the store thread of this process, fails the run.
  */
-#include "../harness.h"
+#include "tests/harness.h"
 #include "comms_load.h"
 
 #include <stdio.h>

@@ -4,7 +4,7 @@
  * either side, a replayed proof, a HELLO for another transport, bad magic. The transports'
  * own tests (test_tcp, test_shm) run the same checks over real sockets.
  */
-#include "../../transport/handshake.h"
+#include "transport/handshake.h"
 
 #include <criterion/criterion.h>
 #include <string.h>

@@ -12,10 +12,10 @@
  *     limit and the fix (as an unprivileged user: root ignores RLIMIT_MEMLOCK);
  *   - KHOR_LOG=info names each link's transport, device, port, GID and QP count.
  */
-#include "../../runtime/comm.h"
-#include "../../transport/ib/ib.h"
-#include "../../transport/regcache.h"
-#include "../harness.h"
+#include "runtime/comm.h"
+#include "transport/ib/ib.h"
+#include "transport/regcache.h"
+#include "tests/harness.h"
 
 #include <criterion/criterion.h>
 #include <fcntl.h>

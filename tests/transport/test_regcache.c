@@ -6,7 +6,7 @@
  * deregistered at the last put, never hit again) and unused, page rounding, scopes,
  * statistics, an injected registration failure, and two threads at once.
  */
-#include "../../transport/regcache.h"
+#include "transport/regcache.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>

@@ -14,10 +14,10 @@
  * rank, fairness between one huge and many small messages, and that nothing (no /dev/shm
  * entry, no memfd, no socket) is left behind, also after kill -9.
  */
-#include "../../collectives/coll.h"
-#include "../../transport/ib/ib.h"
-#include "../../transport/shm.h"
-#include "../../base/log.h"
+#include "collectives/coll.h"
+#include "transport/ib/ib.h"
+#include "transport/shm/shm.h"
+#include "base/log.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>

@@ -7,9 +7,9 @@
  * (a listener whose backlog is full drops SYNs), with requests posted meanwhile intact, and
  * a peer none of whose addresses answers is an error naming each one.
  */
-#include "../../collectives/coll.h"
-#include "../../transport/transport.h"
-#include "../../base/sock.h"
+#include "collectives/coll.h"
+#include "transport/transport.h"
+#include "base/sock.h"
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>

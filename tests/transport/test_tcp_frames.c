@@ -4,7 +4,7 @@
  * included whole, as in fuzz_tcp.c, so a socketpair's end can be made an established link
  * and fed frames the real sender would never write.
  */
-#include "../../transport/tcp.c"
+#include "transport/tcp/tcp.c"
 
 #include <criterion/criterion.h>
 #include <sys/socket.h>

@@ -46,11 +46,11 @@
  */
 #include "ib.h"
 
-#include "../../base/auth.h"
-#include "../../base/log.h"
-#include "../../base/sleeper.h"
-#include "../../base/sock.h"
-#include "../handshake.h"
+#include "base/auth.h"
+#include "base/log.h"
+#include "base/sleeper.h"
+#include "base/sock.h"
+#include "transport/handshake.h"
 #include "ib_gdr.h"
 #include "ib_load.h"
 
@@ -1085,7 +1085,7 @@ static bool poll_link(tp_link *l)
 		link_fail(l, KHOR_ERR_SYSTEM, "ibv_poll_cq failed");
 	if (l->state == LS_READY) {
 		/* The peer may have written new credit words. */
-		uint32_t c[IB_MAX_QPS];
+		uint32_t c[IB_MAX_QPS] = { 0 }; /* all set below; gcc -O3 cannot see that */
 		for (int q = 0; q < l->nqp; q++)
 			c[q] = l->credit_in[q];
 		take_credits(l, c, (uint32_t)l->nqp);
@@ -1943,7 +1943,7 @@ static void ib_cancel(tp_req *r)
 		}
 		/*
 		 * The peer may be writing into it: stop the QPs. A cancel follows an error
-		 * elsewhere, so the peer is told in the words runtime/exec.c waits longer on for
+		 * elsewhere, so the peer is told in the words runtime/comm_exec.c waits longer on for
 		 * the job's root cause ("after an error on its side").
 		 */
 		if (!quiet)

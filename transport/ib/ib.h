@@ -7,7 +7,7 @@
 #ifndef KHOR_TRANSPORT_IB_H
 #define KHOR_TRANSPORT_IB_H
 
-#include "../transport.h"
+#include "transport/transport.h"
 
 #ifdef KHOR_HAVE_IB
 extern const struct transport_ops ib_transport_ops;

@@ -16,8 +16,8 @@
 #ifndef KHOR_TRANSPORT_IB_GDR_H
 #define KHOR_TRANSPORT_IB_GDR_H
 
-#include "../../base/err.h"
-#include "../transport.h"
+#include "base/err.h"
+#include "transport/transport.h"
 #include "ib_load.h"
 
 enum ib_gdr_mode { IB_GDR_NONE = 0, IB_GDR_DMABUF, IB_GDR_PEERMEM };

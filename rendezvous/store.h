@@ -1,0 +1,93 @@
+/*
+ * store.h -- the rendezvous key-value store interface.
+ *
+ * The store carries bootstrap data only: addresses, host names, counters, the abort
+ * notice. Tensors never go through it. Backends (the embedded TCP store today; etcd or a
+ * file on a shared disk later) implement store_ops; callers use the store_* wrappers, which
+ * put every key under "<job id>/<generation>/" so jobs and elastic generations never see
+ * each other's keys.
+ *
+ * Ownership: a store object is used by one thread at a time (the runtime serialises its
+ * use). Values returned by get are malloc'd and owned by the caller.
+ */
+#ifndef KHOR_RUNTIME_STORE_H
+#define KHOR_RUNTIME_STORE_H
+
+#include "base/clock.h"
+#include "base/err.h"
+
+#include <stdbool.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Limits enforced by every backend and by the TCP server on the wire. */
+#define STORE_KEY_MAX 512
+#define STORE_VALUE_MAX (1u << 20)
+
+typedef struct store store;
+
+struct store_ops {
+	/* Sets key to value, replacing any old value, and wakes getters waiting on it. */
+	khor_status (*set)(store *s, const char *key, const void *val, size_t len, kerr *err);
+	/*
+	 * Waits until key exists or the deadline passes (KHOR_ERR_TIMEOUT, err names the key).
+	 * A deadline already passed makes it a non-blocking check. *val_out is malloc'd and
+	 * NUL-terminated one byte past *len_out for convenience.
+	 */
+	khor_status (*get)(store *s, const char *key, kdeadline dl, void **val_out,
+	                   size_t *len_out, kerr *err);
+	/* Atomically adds delta to the decimal integer at key (absent = 0); returns the new value. */
+	khor_status (*add)(store *s, const char *key, int64_t delta, int64_t *value_out, kerr *err);
+	/* Removes key; absent keys are not an error. */
+	khor_status (*del)(store *s, const char *key, kerr *err);
+	/* Closes the connection and frees s. */
+	void (*close)(store *s);
+};
+
+/*
+ * The wrappers may be called from several threads at once (the comms of a context share
+ * one store connection): each call holds mu for its round trip, and a get with a long
+ * deadline waits in slices of STORE_WAIT_SLICE_MS with mu released between them, so that a
+ * thread checking for an abort is not held up behind another's long wait.
+ */
+#define STORE_WAIT_SLICE_MS 50
+
+struct store {
+	const struct store_ops *ops;
+	char prefix[128]; /* "<job>/<generation>/" */
+	pthread_mutex_t mu;
+};
+
+/* For backends: sets up the fields above (ops and the lock). */
+void store_base_init(store *s, const struct store_ops *ops);
+
+/* Wrappers that apply the prefix. */
+void store_set_prefix(store *s, const char *job_id, int generation);
+khor_status store_set(store *s, const char *key, const void *val, size_t len, kerr *err);
+khor_status store_get(store *s, const char *key, kdeadline dl, void **val_out, size_t *len_out,
+                      kerr *err);
+khor_status store_add(store *s, const char *key, int64_t delta, int64_t *value_out, kerr *err);
+khor_status store_del(store *s, const char *key, kerr *err);
+void store_close(store *s);
+
+/*
+ * The embedded TCP store. The client connects (retrying until dl while the server starts),
+ * proves the job secret (secret may be "" for an unauthenticated job) and returns a store.
+ */
+khor_status store_tcp_connect(const char *host, uint16_t port, const char *secret,
+                              const char *job_id, kdeadline dl, store **store_out, kerr *err);
+
+/*
+ * The server runs on its own thread with epoll. bind_host may be NULL for all interfaces;
+ * port 0 picks a free port, reported by store_server_port. Refuses clients that fail the
+ * handshake (logged, others unharmed) and malformed or oversized requests (that client is
+ * answered with an error and dropped).
+ */
+typedef struct store_server store_server;
+khor_status store_server_start(const char *bind_host, uint16_t port, const char *secret,
+                               const char *job_id, store_server **server_out, kerr *err);
+uint16_t store_server_port(const store_server *srv);
+void store_server_stop(store_server *srv); /* joins the thread, closes every socket */
+
+#endif

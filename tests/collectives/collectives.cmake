@@ -1,1 +1,0 @@
-khor_test(test_collectives collectives/test_collectives.c 900)

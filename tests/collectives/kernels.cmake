@@ -1,2 +1,0 @@
-# Reduction kernels: every dtype x op against a double-precision reference.
-khor_test(test_reduce collectives/test_reduce.c 120)

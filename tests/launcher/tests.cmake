@@ -1,0 +1,16 @@
+# tests/launcher -- the tests of launcher/ (included by tests/CMakeLists.txt).
+khor_test(test_khorrun launcher/test_khorrun.c 120)
+add_dependencies(test_khorrun khorrun khor-bench)
+set_tests_properties(test_khorrun PROPERTIES ENVIRONMENT
+  "KHORRUN=$<TARGET_FILE:khorrun>;KHOR_BENCH=$<TARGET_FILE:khor-bench>")
+# khorrun -H over ssh on 4 network-namespace hosts, each with its own sshd (exit 77, a skip,
+# without root, sshd or network namespaces).
+add_test(NAME hosts_ssh COMMAND ${CMAKE_CURRENT_LIST_DIR}/../hosts/test_hosts.sh
+  $<TARGET_FILE:khorrun> $<TARGET_FILE:khor-bench> $<TARGET_FILE:example-allreduce>)
+set_tests_properties(hosts_ssh PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77 LABELS hosts
+  RUN_SERIAL TRUE)
+# A real one-node Slurm (slurmctld, slurmd, munged on 127.0.0.1, all under a temp dir):
+# srun and sbatch start khor jobs with no khorrun (exit 77, a skip, without root or Slurm).
+add_test(NAME test_slurm COMMAND ${CMAKE_CURRENT_LIST_DIR}/../slurm/test_slurm.sh
+  $<TARGET_FILE:khor-bench> $<TARGET_FILE:example-allreduce> $<TARGET_FILE:khorrun>)
+set_tests_properties(test_slurm PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS slurm)

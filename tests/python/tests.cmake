@@ -1,0 +1,25 @@
+# tests/python -- the tests of python/ (included by tests/CMakeLists.txt).
+# The Python package under khorrun, at 2 and 4 ranks: every rank runs the same pytest session.
+# Needs Debian's python3-pytest (python3-torch and python3-numpy for most tests; the tests
+# that need torch skip with the reason when it is missing).
+# Not in sanitizer builds: python3 would load an instrumented libkhor without the sanitizer's
+# runtime first (ASan refuses to start); the C tests cover that code under the sanitizers.
+if(KHOR_PYTHON AND NOT KHOR_SANITIZE)
+  execute_process(COMMAND ${KHOR_PYTHON} -c "import pytest" RESULT_VARIABLE KHOR_HAVE_PYTEST
+    OUTPUT_QUIET ERROR_QUIET)
+  if(KHOR_HAVE_PYTEST EQUAL 0)
+    foreach(n 2 4)
+      add_test(NAME pytest_n${n} COMMAND $<TARGET_FILE:khorrun> -np ${n} ${KHOR_PYTHON} -m pytest
+        -q -p no:cacheprovider ${CMAKE_CURRENT_LIST_DIR}/../python)
+      set_tests_properties(pytest_n${n} PROPERTIES TIMEOUT 900 ENVIRONMENT
+        "PYTHONPATH=${PROJECT_SOURCE_DIR}/bindings/python;KHOR_LIBRARY_PATH=$<TARGET_FILE:khor>;PYTHONDONTWRITEBYTECODE=1")
+    endforeach()
+    add_test(NAME example_train_cnn_n2 COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_example.sh
+      $<TARGET_FILE:khorrun> ${KHOR_PYTHON} ${PROJECT_SOURCE_DIR}/examples/python/train_cnn.py)
+    set_tests_properties(example_train_cnn_n2 PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 ENVIRONMENT
+      "PYTHONPATH=${PROJECT_SOURCE_DIR}/bindings/python;KHOR_LIBRARY_PATH=$<TARGET_FILE:khor>;PYTHONDONTWRITEBYTECODE=1")
+    add_dependencies(khor_testlib khorrun)
+  else()
+    message(STATUS "pytest not found for ${KHOR_PYTHON}: the Python tests are not run (apt-get install python3-pytest)")
+  endif()
+endif()

@@ -1,0 +1,2109 @@
+/*
+ * tcp.c -- the TCP transport: links over non-blocking sockets driven by one epoll set.
+ *
+ * A link to a peer is nsocks TCP connections. A message of L bytes is cut into at most
+ * nsocks chunks of at least min_stripe_bytes; chunk i travels on socket (step + i) % nsocks,
+ * so both sides agree on the split without telling each other, and small messages of
+ * consecutive steps still spread over the sockets. Every chunk is preceded by a 64-byte
+ * frame header and followed by zeros up to a multiple of 64 bytes:
+ *
+ *     magic u32 | comm u32 | seq u32 | step u32 | meta u32 | kind u32 | total_len u64 |
+ *     chunk_len u64 | reserved, 24 zero bytes || payload || zeros to a multiple of 64
+ *
+ * The framing keeps every payload 64-byte aligned in the stream, and so, mostly, in the page
+ * fragments that the kernel copies a send into (on loopback, the receiver copies straight
+ * out of them). With the earlier 40-byte header, allreduces of 256 KiB-1 MiB ran 1.15-1.7x
+ * as long on buffers 64 bytes past a page boundary, and up to 1.4x on page-aligned ones;
+ * why the kernel's copies care is our guess (docs/PERFORMANCE.md, "Frame alignment").
+ *
+ * The receiver reads the header, finds the posted receive with that tag on that socket and
+ * reads the payload straight into the user's buffer (no staging copy). A header whose tag
+ * has no posted receive is parked: the socket is not read further while nobody waits on
+ * it, so unexpected data waits in the kernel buffer, never in ours. But several comms
+ * share a link, and one comm's early frame must not hold up another comm's frames behind
+ * it: once a receive with another tag is posted on a socket with a parked header, that
+ * frame is read aside into the link's queue of unexpected frames (bounded by
+ * TCP_UNEXPECTED_MAX bytes per link) and the socket is read on. When the queue is full
+ * the header stays parked, so a sender that runs too far ahead is slowed by TCP's flow
+ * control, never dropped. A receive posted later takes its frame from the queue (one
+ * copy). Within one comm, schedules post receives in the order the peer sends, so their
+ * frames never take this detour. A header whose lengths do not match the posted receive
+ * breaks the link with an error naming both lengths.
+ *
+ * Large chunks (over TCP_EAGER_MAX) go by rendezvous, so that no early frame is ever too big
+ * to read aside: the sender sends an RTS header alone (kind FRAME_RTS, with the lengths),
+ * the receiver answers with a CTS header (FRAME_CTS) once its receive is posted (at once if
+ * it is), and only then does the sender send the payload (FRAME_DATA), which is read
+ * straight into the posted buffer. An RTS that finds no receive waits in the unexpected
+ * queue at the cost of its header. Meanwhile the socket carries other frames both ways.
+ * The price is one round trip per chunk over 1 MiB (docs/PERFORMANCE.md, section 9).
+ *
+ * Threads: every op takes the instance's lock. progress() lets go of it while it sleeps in
+ * epoll_wait, and only one thread sleeps there at a time (base/sleeper.h).
+ *
+ * Handshake: every socket runs the shared one of handshake.h (HELLO, CHALLENGE, PROOF,
+ * RESULT), non-blocking and bounded by handshake_timeout_ms; this file only moves its bytes
+ * over the stream. The HELLO's aux words are the socket's index and the link's socket count
+ * (TCP_AUX_*), which the acceptor checks itself. A stranger (bad magic, another transport,
+ * wrong job, wrong secret, wrong target rank, impossible socket count) is refused and logged,
+ * and the listener goes on serving the real ranks.
+ *
+ * Sockets are registered edge-triggered; rd_ready/wr_ready remember readiness until a call
+ * returns EAGAIN, so no syscall is made on a socket that cannot move bytes.
+ *
+ * Addresses: hosts may have several networks, named differently on every host, and not all
+ * reach every peer. Without KHOR_SOCKET_IFNAME an instance listens on every address and
+ * publishes a list, best first ("198.19.10.2:4100,10.0.0.2:4100": the store's subnet,
+ * then the other interfaces; ksock_order_candidates). The connector dials the peer's
+ * addresses in its own order (ksock_order_peer: those on one of its subnets first), all
+ * the link's sockets at once, one address at a time: the first address on which any
+ * socket connects is the link's, and the others are never tried. An address that refuses,
+ * is unreachable or does not answer within TCP_ATTEMPT_MS (doubled on each pass over the
+ * list) gives way to the next one, until every address failed outright or the handshake
+ * timeout passed; the error then names each address and why it failed. With one address
+ * or a first address on a shared subnet this is exactly one connect per socket, as before.
+ */
+#include "transport/transport.h"
+
+#include "transport/handshake.h"
+#include "base/log.h"
+#include "base/sleeper.h"
+#include "base/sock.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define TCP_FRAME_MAGIC 0x4d52464bu
+/* 2: 64-byte frame headers, frames padded to 64 bytes; 3: rendezvous; 4: the shared
+ * handshake of handshake.h */
+#define TCP_VERSION 4
+#define TCP_FRAME_ALIGN 64
+#define TCP_MAX_SOCKS 16
+/* Bytes of unexpected frames a link holds before it leaves the rest in the kernel. */
+#define TCP_UNEXPECTED_MAX (8u << 20)
+/* Chunks above this go by rendezvous; below, they go at once (eager). */
+#define TCP_EAGER_MAX (1u << 20)
+/*
+ * How long one of several addresses of a peer may stay silent before the next is tried
+ * (doubled on every pass over the list). Long enough for one lost SYN (retransmitted after
+ * 1 s) on a loaded but working network; an address on a dead subnet otherwise costs an ARP
+ * timeout (3 s) or a full SYN back-off (over 2 minutes).
+ */
+#define TCP_ATTEMPT_MS 1500
+
+enum frame_kind { FRAME_EAGER = 0, FRAME_RTS = 1, FRAME_CTS = 2, FRAME_DATA = 3 };
+
+/* The HELLO's aux words (handshake.h): which socket of how many this connection is. */
+enum { TCP_AUX_SOCK_IDX = 0, TCP_AUX_NSOCKS = 1 };
+
+struct frame_hdr {
+	uint32_t magic;
+	uint32_t comm;
+	uint32_t seq;
+	uint32_t step;
+	uint32_t meta; /* what the sender is doing (collective, dtype, op); must match */
+	uint32_t kind; /* enum frame_kind */
+	uint64_t total_len;
+	uint64_t chunk_len;
+	uint8_t reserved[24]; /* zero; rounds the header up to TCP_FRAME_ALIGN */
+};
+_Static_assert(sizeof(struct frame_hdr) == TCP_FRAME_ALIGN, "the frame header is one unit");
+
+/* Zeros after a payload of len bytes, so that the next header starts on the alignment. */
+static inline uint32_t frame_pad(uint64_t len)
+{
+	return (uint32_t)(-len & (TCP_FRAME_ALIGN - 1));
+}
+
+static const uint8_t frame_zeros[TCP_FRAME_ALIGN];
+
+enum sock_state {
+	SS_CONNECTING,  /* connector: waiting for connect() to finish */
+	SS_HS_CONN,     /* connector: handshake in progress */
+	SS_HS_ACC,      /* acceptor: handshake in progress */
+	SS_DATA,        /* carrying frames */
+	SS_DEAD
+};
+
+/* One chunk of a request, queued on one socket. */
+struct chunk {
+	struct chunk *next;
+	tp_req *req;
+	uint8_t *buf;
+	uint64_t len;
+	uint64_t done;   /* payload bytes moved */
+	uint32_t hdr_done; /* header bytes sent (send side) */
+	uint32_t pad_left; /* padding bytes still to send (send side) */
+	bool ctl;          /* a CTS of ours, freed once sent (req NULL) */
+	struct frame_hdr hdr;
+};
+
+/*
+ * A frame read before its receive was posted (see the top of the file): ch holds its header
+ * and a heap copy of its payload, with ch.req NULL; want is the receive that claimed it
+ * while the payload was still arriving.
+ */
+struct uframe {
+	struct chunk ch;
+	struct uframe *next;
+	struct chunk *want;
+	bool complete;
+};
+
+struct tp_req {
+	tp_req *next_free;
+	tp_link *link;
+	int nchunks;
+	int chunks_done;
+	bool is_send;
+	struct chunk chunks[TCP_MAX_SOCKS];
+};
+
+struct tsock {
+	int fd;
+	int idx;
+	enum sock_state state;
+	tp_link *link;        /* NULL for an acceptor socket before its HELLO arrived */
+	tp_ctx *ctx;
+	bool rd_ready, wr_ready;
+	kdeadline hs_deadline;
+	char peer_str[64];    /* address of the other end, for messages */
+	/* handshake buffers */
+	uint8_t hs_out[128];
+	uint32_t hs_out_len, hs_out_off;
+	uint8_t hs_in[128];
+	uint32_t hs_in_need, hs_in_got;
+	int hs_phase;
+	hs_hello hello;        /* the HELLO of this socket, kept for the MACs */
+	uint8_t nonce_s[KAUTH_NONCE_LEN];
+	/* send queue (FIFO) */
+	struct chunk *sq_head, *sq_tail;
+	/* posted receives (matched by tag) and the frame being read */
+	struct chunk *rq_head;
+	struct frame_hdr rhdr;
+	uint32_t rhdr_got;
+	uint32_t rskip;       /* padding of the last frame still to read and drop */
+	struct chunk *rcur;   /* chunk receiving the current payload */
+	bool parked;          /* rhdr complete but no matching receive yet */
+	struct uframe *uq_head, *uq_tail; /* frames read aside, in arrival order */
+	struct chunk *rts_wait;  /* our large sends whose RTS went out: waiting for a CTS */
+	struct chunk *rdv_wait;  /* our receives that sent a CTS: waiting for the DATA */
+	uint32_t e_off, e_len; /* unread bytes of the stream in ebuf */
+	uint8_t ebuf[8192];
+	struct tsock *next_all;
+};
+
+_Static_assert(sizeof(hs_hello) <= sizeof(((struct tsock *)0)->hs_in) &&
+               sizeof(hs_challenge) <= sizeof(((struct tsock *)0)->hs_out),
+               "a handshake message must fit the socket's buffers");
+
+/* A link we opened: the peer's addresses, in the order we try them, and how it went. */
+struct tcp_dial {
+	int n;
+	int cur;              /* the address the sockets are connecting to */
+	bool chosen;          /* a socket connected to addr[cur]: the link's address for good */
+	int round;            /* passes over the list so far */
+	bool soft;            /* an address of this pass timed out (rather than failed) */
+	kdeadline attempt_dl; /* when addr[cur] has had its time */
+	kdeadline deadline;   /* when the whole link has (the handshake timeout) */
+	tp_link *next;        /* ctx->dialing: links still looking for their address */
+	ksockaddr addr[KSOCK_MAX_CANDS];
+	char str[KSOCK_MAX_CANDS][64];
+	char why[KSOCK_MAX_CANDS][96];  /* why it is tried where it is, for the log */
+	char fail[KSOCK_MAX_CANDS][96]; /* its last failure, "" if none */
+};
+
+struct tp_link {
+	tp_ctx *ctx;
+	int peer;
+	int nsocks;
+	int nready;
+	bool claimed;         /* acceptor side: handed out by accept() */
+	char peer_addr[TP_ADDR_MAX];
+	struct tsock *socks[TCP_MAX_SOCKS];
+	kerr err;             /* first error; sticky */
+	int pending;          /* requests posted and not finished */
+	uint64_t ubytes;      /* payload bytes of the sockets' unexpected frames */
+	struct tcp_dial *dial; /* links we opened; NULL for accepted ones */
+};
+
+struct tp_ctx {
+	int rank, size;
+	hs_self hs;           /* who we are in handshakes; its secret is ours below */
+	char *secret;
+	int nsocks;
+	uint64_t min_stripe;
+	int bufsize;
+	int64_t hs_timeout_ms;
+	int epfd;
+	int listen_fd;
+	char addr[TP_ADDR_MAX]; /* the published list, best first */
+	bool spec_set;        /* KHOR_SOCKET_IFNAME chose the address */
+	ksock_iface *mine;    /* this host's addresses, to order a peer's */
+	int nmine;
+	tp_link *dialing;     /* links whose address is not settled yet (struct tcp_dial) */
+	tp_link **incoming;   /* [size]: links opened to us, by peer rank */
+	tp_link **outgoing;   /* [size]: links we opened */
+	struct tsock *all;    /* every socket, for progress and cleanup */
+	uint32_t recv_comm, recv_seq; /* the call of the last receive posted */
+	tp_req *free_reqs;
+	const tp_meta_rules *meta;
+	kmutex mu;            /* taken by every op: everything above and below */
+	ksleeper sl;          /* who sleeps in epoll_wait */
+	_Atomic uint64_t completions; /* chunks finished, for kseen_changed */
+};
+
+static void sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* ---- small helpers ------------------------------------------------------------------- */
+
+static const char *errstr(int e)
+{
+	static __thread char buf[128];
+	return kerr_errno_str(e, buf, sizeof(buf));
+}
+
+/* Which sockets carry a message: count and first index. Identical on both sides. */
+static void stripe_plan(const tp_link *l, uint64_t len, uint32_t step, int *nchunks, int *first)
+{
+	uint64_t n = l->ctx->min_stripe ? len / l->ctx->min_stripe : (uint64_t)l->nsocks;
+
+	if (n < 1)
+		n = 1;
+	if (n > (uint64_t)l->nsocks)
+		n = (uint64_t)l->nsocks;
+	*nchunks = (int)n;
+	*first = (int)(step % (uint32_t)l->nsocks);
+}
+
+static uint64_t chunk_len(uint64_t len, int nchunks, int i, uint64_t *off)
+{
+	/* Cut on 64-byte boundaries so receive buffers stay aligned for the reduce kernels. */
+	uint64_t per = (len / (uint64_t)nchunks) & ~(uint64_t)63;
+	*off = per * (uint64_t)i;
+	return i == nchunks - 1 ? len - per * (uint64_t)(nchunks - 1) : per;
+}
+
+static tp_req *req_get(tp_ctx *ctx)
+{
+	tp_req *r = ctx->free_reqs;
+
+	if (r != NULL)
+		ctx->free_reqs = r->next_free;
+	else
+		r = malloc(sizeof(*r));
+	return r;
+}
+
+static void req_put(tp_ctx *ctx, tp_req *r)
+{
+	r->next_free = ctx->free_reqs;
+	ctx->free_reqs = r;
+}
+
+static void link_fail(tp_link *l, khor_status st, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void link_fail(tp_link *l, khor_status st, const char *fmt, ...)
+{
+	char what[KERR_TEXT_MAX];
+	va_list ap;
+
+	if (l->err.status != KHOR_SUCCESS)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof(what), fmt, ap);
+	va_end(ap);
+	kerr_set(&l->err, st, "link to peer rank %d (%s): %s", l->peer,
+	         l->peer_addr[0] ? l->peer_addr : "address unknown", what);
+	KLOG_DEBUG("%s", l->err.text);
+}
+
+static void sock_close_fd(struct tsock *s)
+{
+	if (s->fd >= 0) {
+		epoll_ctl(s->ctx->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+		close(s->fd);
+		s->fd = -1;
+	}
+	s->state = SS_DEAD;
+}
+
+static void sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
+{
+	char what[KERR_TEXT_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof(what), fmt, ap);
+	va_end(ap);
+	if (s->link != NULL)
+		link_fail(s->link, st, "socket %d of %d: %s", s->idx + 1, s->link->nsocks, what);
+	sock_close_fd(s);
+}
+
+/* Gives s the socket fd (in state st) and registers it; false (errno set) if epoll refuses. */
+static bool sock_attach(struct tsock *s, int fd, enum sock_state st)
+{
+	struct epoll_event ev;
+
+	s->fd = fd;
+	s->state = st;
+	s->rd_ready = true;
+	/* A connecting socket is writable only once connect() finished; epoll tells us. */
+	s->wr_ready = st != SS_CONNECTING;
+	ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+	ev.data.ptr = s;
+	if (epoll_ctl(s->ctx->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+		s->fd = -1;
+		s->state = SS_DEAD;
+		return false;
+	}
+	return true;
+}
+
+static struct tsock *sock_new(tp_ctx *ctx, int fd, enum sock_state st)
+{
+	struct tsock *s = calloc(1, sizeof(*s));
+
+	if (s == NULL)
+		return NULL;
+	s->ctx = ctx;
+	s->hs_deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
+	if (!sock_attach(s, fd, st)) {
+		free(s);
+		return NULL;
+	}
+	s->next_all = ctx->all;
+	ctx->all = s;
+	return s;
+}
+
+static void sock_peer_str(struct tsock *s)
+{
+	ksockaddr a;
+
+	a.len = sizeof(a.ss);
+	if (getpeername(s->fd, (struct sockaddr *)&a.ss, &a.len) == 0)
+		ksock_addr_str(&a, s->peer_str, sizeof(s->peer_str));
+	else
+		kstrlcpy(s->peer_str, "?", sizeof(s->peer_str));
+}
+
+/* ---- finding the peer's address (see the top of the file) ------------------------------ */
+
+/* Starts a non-blocking connect to a; 0, or the errno of a failure seen at once. */
+static int dial_fd(tp_ctx *ctx, const ksockaddr *a, int *fd_out)
+{
+	int fd = socket(a->ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+
+	if (fd < 0)
+		return errno;
+	ksock_tune_stream(fd, ctx->bufsize);
+	if (connect(fd, (const struct sockaddr *)&a->ss, a->len) < 0 && errno != EINPROGRESS) {
+		int e = errno;
+		close(fd);
+		return e;
+	}
+	*fd_out = fd;
+	return 0;
+}
+
+static void dial_unlist(tp_link *l)
+{
+	for (tp_link **pp = &l->ctx->dialing; *pp != NULL; pp = &(*pp)->dial->next) {
+		if (*pp == l) {
+			*pp = l->dial->next;
+			break;
+		}
+	}
+	l->dial->next = NULL;
+}
+
+/* Every address failed: the link's error names each one and why. */
+static void dial_give_up(tp_link *l)
+{
+	struct tcp_dial *d = l->dial;
+	char list[KERR_TEXT_MAX];
+	size_t off = 0;
+
+	for (int i = 0; i < d->n && off < sizeof(list); i++)
+		off += (size_t)snprintf(list + off, sizeof(list) - off, "%s%s (%s): %s",
+		                        i ? "; " : "", d->str[i], d->why[i],
+		                        d->fail[i][0] ? d->fail[i] : "not tried before the deadline");
+	dial_unlist(l);
+	link_fail(l, KHOR_ERR_REMOTE, "no address of rank %d answered after %d attempt(s) each: "
+	          "%s. %s", l->peer, d->round + 1, list,
+	          l->ctx->spec_set ? "KHOR_SOCKET_IFNAME chose these addresses on every host: do "
+	                             "the hosts share that network? Unset it to let khor choose, "
+	                             "or name another interface or CIDR"
+	                           : "Do the hosts share a network? KHOR_SOCKET_IFNAME, an "
+	                             "interface name or a CIDR such as 198.19.10.0/24, names the "
+	                             "one to use");
+	for (int k = 0; k < l->nsocks; k++)
+		if (l->socks[k] != NULL)
+			sock_close_fd(l->socks[k]);
+}
+
+/*
+ * Points every socket of the link at addr[cur]; 0, or the errno of a failure seen at once
+ * (then the caller moves on). The sockets keep their objects, and so the requests already
+ * queued on them; only the fd is new.
+ */
+static int dial_start(tp_link *l)
+{
+	struct tcp_dial *d = l->dial;
+	tp_ctx *ctx = l->ctx;
+	int64_t ms = (int64_t)TCP_ATTEMPT_MS << (d->round < 8 ? d->round : 8);
+
+	for (int k = 0; k < l->nsocks; k++) {
+		struct tsock *s = l->socks[k];
+		int fd = -1, e;
+		if (s->fd >= 0) {
+			epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+			close(s->fd);
+			s->fd = -1;
+		}
+		s->state = SS_DEAD;
+		if ((e = dial_fd(ctx, &d->addr[d->cur], &fd)) != 0)
+			return e;
+		if (!sock_attach(s, fd, SS_CONNECTING)) {
+			e = errno;
+			close(fd);
+			return e;
+		}
+		kstrlcpy(s->peer_str, d->str[d->cur], sizeof(s->peer_str));
+	}
+	/* One address: all the handshake's time is its own, as before. */
+	if (d->n == 1 || kdeadline_left_ms(d->deadline, INT32_MAX) < ms)
+		d->attempt_dl = d->deadline;
+	else
+		d->attempt_dl = kdeadline_in_ms(ms);
+	return 0;
+}
+
+/* The attempt on addr[cur] failed (why; timed_out: it did not answer): on to the next. */
+static void dial_next(tp_link *l, const char *why, bool timed_out)
+{
+	struct tcp_dial *d = l->dial;
+	char buf[96];
+
+	for (;;) {
+		kstrlcpy(d->fail[d->cur], why, sizeof(d->fail[d->cur]));
+		KLOG_DEBUG("tcp: rank %d at %s: %s", l->peer, d->str[d->cur], why);
+		d->soft |= timed_out;
+		if (++d->cur == d->n) {
+			/* Only a pass with a silent address is worth repeating: a refusal or a missing
+			 * route does not change within a job's start. */
+			if (!d->soft || kdeadline_passed(d->deadline)) {
+				d->cur = d->n - 1;
+				dial_give_up(l);
+				return;
+			}
+			d->round++;
+			d->cur = 0;
+			d->soft = false;
+		}
+		int e = dial_start(l);
+		if (e == 0)
+			return;
+		why = kerr_errno_str(e, buf, sizeof(buf));
+		timed_out = false;
+	}
+}
+
+/* A socket connected to addr[cur]: that is the link's address from now on. */
+static void dial_chosen(tp_link *l)
+{
+	struct tcp_dial *d = l->dial;
+
+	d->chosen = true;
+	kstrlcpy(l->peer_addr, d->str[d->cur], sizeof(l->peer_addr));
+	dial_unlist(l);
+}
+
+/* Whether a connecting socket has really connected (a stale epoll event of the socket's
+ * earlier fd may say it is writable). */
+static bool sock_connected(const struct tsock *s)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+
+	return getpeername(s->fd, (struct sockaddr *)&ss, &sl) == 0;
+}
+
+/* Gives the address being tried its time: when it is up, the next one gets its turn. */
+static void dial_tick(tp_ctx *ctx)
+{
+	tp_link *next;
+
+	for (tp_link *l = ctx->dialing; l != NULL; l = next) {
+		struct tcp_dial *d = l->dial;
+		char why[96];
+		next = d->next;
+		if (!kdeadline_passed(d->attempt_dl))
+			continue;
+		bool up = false;
+		for (int k = 0; k < l->nsocks && !up; k++)
+			if (l->socks[k]->state == SS_CONNECTING && sock_connected(l->socks[k])) {
+				l->socks[k]->wr_ready = true; /* hs_drive takes it from here */
+				up = true;
+			}
+		if (up)
+			continue;
+		snprintf(why, sizeof(why), "no answer within %lld ms",
+		         (long long)((int64_t)TCP_ATTEMPT_MS << (d->round < 8 ? d->round : 8)));
+		if (d->n == 1 || kdeadline_passed(d->deadline))
+			snprintf(why, sizeof(why), "no answer within %lld ms (the handshake timeout)",
+			         (long long)ctx->hs_timeout_ms);
+		dial_next(l, why, true);
+	}
+}
+
+/* ---- handshake --------------------------------------------------------------------- */
+
+static void hs_expect(struct tsock *s, uint32_t n)
+{
+	s->hs_in_need = n;
+	s->hs_in_got = 0;
+}
+
+static void hs_queue(struct tsock *s, const void *p, uint32_t n)
+{
+	memcpy(s->hs_out, p, n);
+	s->hs_out_len = n;
+	s->hs_out_off = 0;
+}
+
+static void link_sock_ready(tp_link *l, struct tsock *s)
+{
+	s->state = SS_DATA;
+	s->rd_ready = true;
+	s->wr_ready = true;
+	l->nready++;
+	if (l->nready == l->nsocks)
+		KLOG_DEBUG("link to rank %d (%s) ready with %d socket(s)", l->peer, l->peer_addr,
+		           l->nsocks);
+}
+
+/* Best effort: a refused peer hears why (or a connector's failed proof is seen), then goes. */
+static void hs_send_last(struct tsock *s, const void *msg, size_t len)
+{
+	if (send(s->fd, msg, len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+		/* nothing more to do for a refused peer */
+	}
+}
+
+/* Acceptor got a complete HELLO: check it (handshake.h, then our aux words). */
+static void hs_acc_hello(struct tsock *s)
+{
+	tp_ctx *ctx = s->ctx;
+	hs_hello *h = &s->hello;
+	hs_challenge c;
+	uint32_t status;
+
+	memcpy(h, s->hs_in, sizeof(*h));
+	status = hs_hello_check(&ctx->hs, h);
+	if (status == HS_NOT_KHOR) {
+		KLOG_WARN("refused connection from %s: bad magic 0x%08x (not a khor peer)",
+		          s->peer_str, h->magic);
+		sock_close_fd(s);
+		return;
+	}
+	if (status == HS_OK &&
+	    (h->aux[TCP_AUX_NSOCKS] < 1 || h->aux[TCP_AUX_NSOCKS] > TCP_MAX_SOCKS ||
+	     h->aux[TCP_AUX_SOCK_IDX] >= h->aux[TCP_AUX_NSOCKS]))
+		status = HS_BAD_PARAMS;
+	if (status != HS_OK) {
+		KLOG_WARN("refused connection from %s (claims rank %d of job '%s', protocol %u): %s",
+		          s->peer_str, h->from_rank, h->job_id, h->version,
+		          status == HS_BAD_PARAMS ? "impossible socket index or count"
+		                                  : hs_status_str(status));
+		hs_refusal(status, &c);
+		hs_send_last(s, &c, sizeof(c));
+		sock_close_fd(s);
+		return;
+	}
+	hs_challenge_make(&ctx->hs, h, 0, s->nonce_s, &c);
+	hs_queue(s, &c, sizeof(c));
+	hs_expect(s, sizeof(hs_proof));
+	s->hs_phase = 1;
+}
+
+/* Acceptor got the PROOF: check it and attach the socket to the peer's link. */
+static void hs_acc_proof(struct tsock *s)
+{
+	tp_ctx *ctx = s->ctx;
+	hs_hello *h = &s->hello;
+	int nsocks = (int)h->aux[TCP_AUX_NSOCKS], idx = (int)h->aux[TCP_AUX_SOCK_IDX];
+	hs_proof p;
+	hs_result r;
+	tp_link *l;
+
+	memcpy(&p, s->hs_in, sizeof(p));
+	if (!hs_proof_check(&ctx->hs, h, s->nonce_s, &p)) {
+		KLOG_WARN("refused connection from %s (claims rank %d of job '%s'): it failed the "
+		          "job secret check (a stranger, or its KHOR_SECRET differs)",
+		          s->peer_str, h->from_rank, h->job_id);
+		hs_result_make(HS_BAD_AUTH, 0, &r);
+		hs_send_last(s, &r, sizeof(r));
+		sock_close_fd(s);
+		return;
+	}
+	l = ctx->incoming[h->from_rank];
+	if (l == NULL) {
+		l = calloc(1, sizeof(*l));
+		if (l == NULL) {
+			sock_close_fd(s);
+			return;
+		}
+		l->ctx = ctx;
+		l->peer = h->from_rank;
+		l->nsocks = nsocks;
+		kstrlcpy(l->peer_addr, s->peer_str, sizeof(l->peer_addr));
+		ctx->incoming[h->from_rank] = l;
+	}
+	if (nsocks != l->nsocks || l->socks[idx] != NULL) {
+		KLOG_WARN("refused connection from %s (rank %d, socket %d): duplicate or "
+		          "inconsistent socket count", s->peer_str, h->from_rank, idx);
+		hs_result_make(HS_DUPLICATE, 0, &r);
+		hs_send_last(s, &r, sizeof(r));
+		sock_close_fd(s);
+		return;
+	}
+	s->link = l;
+	s->idx = idx;
+	l->socks[s->idx] = s;
+	hs_result_make(HS_OK, 0, &r);
+	hs_queue(s, &r, sizeof(r));
+	s->hs_phase = 2; /* finish sending RESULT, then data */
+	hs_expect(s, 0);
+}
+
+static void hs_conn_challenge(struct tsock *s)
+{
+	hs_challenge c;
+	hs_proof p;
+	kerr e;
+	khor_status st;
+
+	memcpy(&c, s->hs_in, sizeof(c));
+	st = hs_challenge_check(&s->ctx->hs, &s->hello, &c, 0, &p, &e);
+	if (st != KHOR_SUCCESS) {
+		/* An acceptor that failed to prove the secret gets a proof that cannot pass, so
+		 * that it logs a secret mismatch rather than a connection that went away. */
+		if (c.magic == HS_MAGIC && c.status == HS_OK)
+			hs_send_last(s, &p, sizeof(p));
+		sock_fail(s, st, "%s", e.text);
+		return;
+	}
+	hs_queue(s, &p, sizeof(p));
+	hs_expect(s, sizeof(hs_result));
+	s->hs_phase = 1;
+}
+
+static void hs_conn_result(struct tsock *s)
+{
+	hs_result r;
+	kerr e;
+	khor_status st;
+
+	memcpy(&r, s->hs_in, sizeof(r));
+	st = hs_result_check(&r, &e);
+	if (st != KHOR_SUCCESS) {
+		sock_fail(s, st, "%s", e.text);
+		return;
+	}
+	link_sock_ready(s->link, s);
+}
+
+/* Moves handshake bytes; returns true if the socket changed state or moved bytes. */
+static bool hs_drive(struct tsock *s)
+{
+	bool moved = false;
+
+	if (s->state == SS_CONNECTING) {
+		int e = 0;
+		socklen_t sl = sizeof(e);
+		if (!s->wr_ready)
+			return false;
+		getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &e, &sl);
+		if (e == EINPROGRESS || e == EALREADY)
+			return false;
+		if (e == 0 && !sock_connected(s)) {
+			s->wr_ready = false; /* still connecting */
+			return false;
+		}
+		if (e != 0) {
+			if (s->link->dial != NULL && !s->link->dial->chosen)
+				dial_next(s->link, errstr(e), false);
+			else
+				sock_fail(s, KHOR_ERR_REMOTE, "connect: %s", errstr(e));
+			return true;
+		}
+		if (s->link->dial != NULL && !s->link->dial->chosen)
+			dial_chosen(s->link);
+		s->state = SS_HS_CONN;
+		hs_queue(s, &s->hello, sizeof(s->hello));
+		hs_expect(s, sizeof(hs_challenge));
+		s->hs_phase = 0;
+		moved = true;
+	}
+	for (;;) {
+		if (s->state != SS_HS_CONN && s->state != SS_HS_ACC)
+			return moved;
+		if (s->hs_out_off < s->hs_out_len) {
+			ssize_t n = send(s->fd, s->hs_out + s->hs_out_off, s->hs_out_len - s->hs_out_off,
+			                 MSG_NOSIGNAL);
+			if (n < 0) {
+				if (errno == EAGAIN || errno == EINTR) {
+					s->wr_ready = errno == EINTR;
+					return moved;
+				}
+				if (s->state == SS_HS_ACC && s->link == NULL) {
+					KLOG_WARN("dropped connection from %s during handshake: %s",
+					          s->peer_str, errstr(errno));
+					sock_close_fd(s);
+				} else {
+					sock_fail(s, KHOR_ERR_REMOTE, "handshake send: %s", errstr(errno));
+				}
+				return true;
+			}
+			s->hs_out_off += (uint32_t)n;
+			moved = true;
+			continue;
+		}
+		if (s->state == SS_HS_ACC && s->hs_phase == 2) {
+			link_sock_ready(s->link, s);
+			return true;
+		}
+		if (s->hs_in_got < s->hs_in_need) {
+			ssize_t n = recv(s->fd, s->hs_in + s->hs_in_got, s->hs_in_need - s->hs_in_got, 0);
+			if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+				const char *why = n == 0 ? "connection closed" : errstr(errno);
+				if (s->state == SS_HS_ACC && s->link == NULL) {
+					KLOG_WARN("dropped connection from %s during handshake: %s",
+					          s->peer_str, why);
+					sock_close_fd(s);
+				} else {
+					sock_fail(s, KHOR_ERR_REMOTE, "handshake: %s", why);
+				}
+				return true;
+			}
+			if (n < 0) {
+				s->rd_ready = errno == EINTR;
+				return moved;
+			}
+			s->hs_in_got += (uint32_t)n;
+			moved = true;
+			if (s->hs_in_got < s->hs_in_need)
+				continue;
+		}
+		if (s->state == SS_HS_ACC)
+			s->hs_phase == 0 ? hs_acc_hello(s) : hs_acc_proof(s);
+		else
+			s->hs_phase == 0 ? hs_conn_challenge(s) : hs_conn_result(s);
+		moved = true;
+	}
+}
+
+/* ---- data path ----------------------------------------------------------------------- */
+
+static void uframe_deliver(struct tsock *s, struct uframe *u);
+static bool send_drive(struct tsock *s);
+
+static void chunk_finished(struct tsock *s, struct chunk *c)
+{
+	if (c->req != NULL) {
+		c->req->chunks_done++;
+		atomic_fetch_add_explicit(&s->ctx->completions, 1, memory_order_relaxed);
+		return;
+	}
+	struct uframe *u = (struct uframe *)c;
+	u->complete = true;
+	if (u->want != NULL)
+		uframe_deliver(s, u);
+}
+
+/* Takes u off its socket's queue and frees it. */
+static void uframe_drop(struct tsock *s, struct uframe *u)
+{
+	struct uframe **pp = &s->uq_head, *prev = NULL;
+
+	for (; *pp != NULL; prev = *pp, pp = &(*pp)->next) {
+		if (*pp == u) {
+			*pp = u->next;
+			if (s->uq_tail == u)
+				s->uq_tail = prev;
+			break;
+		}
+	}
+	if (s->link != NULL)
+		s->link->ubytes -= u->ch.len;
+	free(u->ch.buf);
+	free(u);
+}
+
+/* A complete unexpected frame meets its receive: one copy, and both are done. */
+static void uframe_deliver(struct tsock *s, struct uframe *u)
+{
+	struct chunk *c = u->want;
+
+	if (c->len > 0)
+		memcpy(c->buf, u->ch.buf, c->len);
+	c->done = c->len;
+	uframe_drop(s, u);
+	chunk_finished(s, c);
+}
+
+/* Frees what the socket owns: unexpected frames and CTS frames not sent yet. */
+static void sock_free_uq(struct tsock *s)
+{
+	while (s->uq_head != NULL)
+		uframe_drop(s, s->uq_head);
+	for (struct chunk **pp = &s->sq_head; *pp != NULL;) {
+		struct chunk *c = *pp;
+		if (c->ctl) {
+			*pp = c->next;
+			free(c);
+		} else {
+			pp = &c->next;
+		}
+	}
+	s->sq_tail = NULL;
+}
+
+/* Someone waits for a frame on s: a posted receive, a CTS for our RTS, or the payload
+ * after our CTS. Otherwise frames are left in the kernel. */
+static bool sock_expects(const struct tsock *s)
+{
+	return s->rq_head != NULL || s->rts_wait != NULL || s->rdv_wait != NULL;
+}
+
+/* Payload bytes the frame of c carries on the wire: none for an RTS or a CTS. */
+static uint64_t frame_payload(const struct chunk *c)
+{
+	return c->hdr.kind == FRAME_RTS || c->hdr.kind == FRAME_CTS ? 0 : c->len;
+}
+
+static void sq_push(struct tsock *s, struct chunk *c)
+{
+	c->next = NULL;
+	if (s->sq_tail != NULL)
+		s->sq_tail->next = c;
+	else
+		s->sq_head = c;
+	s->sq_tail = c;
+}
+
+/* Takes the chunk of this tag off a list; NULL if absent. */
+static struct chunk *list_take(struct chunk **head, const struct frame_hdr *h)
+{
+	for (struct chunk **pp = head; *pp != NULL; pp = &(*pp)->next) {
+		struct chunk *c = *pp;
+		if (c->hdr.comm == h->comm && c->hdr.seq == h->seq && c->hdr.step == h->step) {
+			*pp = c->next;
+			return c;
+		}
+	}
+	return NULL;
+}
+
+/* Our receive c has met its RTS: ask for the payload and wait for it. False: no memory. */
+static bool send_cts(struct tsock *s, struct chunk *c)
+{
+	struct chunk *k = calloc(1, sizeof(*k));
+
+	if (k == NULL) {
+		sock_fail(s, KHOR_ERR_NO_MEMORY, "out of memory for a clear-to-send frame");
+		return false;
+	}
+	k->ctl = true;
+	k->hdr = c->hdr;
+	k->hdr.kind = FRAME_CTS;
+	k->len = c->len;
+	c->next = s->rdv_wait;
+	s->rdv_wait = c;
+	sq_push(s, k);
+	send_drive(s);
+	return true;
+}
+
+/* Writes queued frames until the socket is full or the queue empty. */
+static bool send_drive(struct tsock *s)
+{
+	bool moved = false;
+
+	while (s->sq_head != NULL && s->wr_ready) {
+		struct chunk *c = s->sq_head;
+		struct iovec iov[3];
+		int n_iov = 0;
+		ssize_t n;
+
+		if (c->hdr_done < sizeof(c->hdr)) {
+			iov[n_iov].iov_base = (uint8_t *)&c->hdr + c->hdr_done;
+			iov[n_iov].iov_len = sizeof(c->hdr) - c->hdr_done;
+			n_iov++;
+		}
+		const uint64_t wire = frame_payload(c);
+		if (c->done < wire) {
+			iov[n_iov].iov_base = c->buf + c->done;
+			iov[n_iov].iov_len = wire - c->done;
+			n_iov++;
+		}
+		if (c->pad_left > 0) {
+			iov[n_iov].iov_base = (void *)frame_zeros;
+			iov[n_iov].iov_len = c->pad_left;
+			n_iov++;
+		}
+		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n_iov };
+		n = sendmsg(s->fd, &mh, MSG_NOSIGNAL);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN) {
+				s->wr_ready = false;
+				break;
+			}
+			sock_fail(s, KHOR_ERR_REMOTE, "send: %s%s", errstr(errno),
+			          errno == EPIPE || errno == ECONNRESET
+			                  ? " (the peer process exited or closed the link)" : "");
+			return true;
+		}
+		moved = true;
+		size_t left = (size_t)n;
+		if (c->hdr_done < sizeof(c->hdr)) {
+			size_t h = sizeof(c->hdr) - c->hdr_done;
+			h = h < left ? h : left;
+			c->hdr_done += (uint32_t)h;
+			left -= h;
+		}
+		size_t p = wire - c->done < left ? (size_t)(wire - c->done) : left;
+		c->done += p;
+		c->pad_left -= (uint32_t)(left - p);
+		if (c->hdr_done == sizeof(c->hdr) && c->done == wire && c->pad_left == 0) {
+			s->sq_head = c->next;
+			if (s->sq_head == NULL)
+				s->sq_tail = NULL;
+			if (c->ctl) {
+				free(c);
+			} else if (c->hdr.kind == FRAME_RTS) {
+				/* The payload waits for the receiver's CTS. */
+				c->next = s->rts_wait;
+				s->rts_wait = c;
+			} else {
+				chunk_finished(s, c);
+			}
+		}
+	}
+	return moved;
+}
+
+/*
+ * A receive posted on any link for the same call (comm, seq) as h by another allreduce
+ * schedule: the ranks chose different algorithms, whose steps need not ever match, so h
+ * would stay parked until the deadline. Every link, since a schedule may wait on another
+ * peer first and never post a receive on this one.
+ */
+static struct chunk *sched_conflict(tp_ctx *ctx, const struct frame_hdr *h)
+{
+	for (struct tsock *t = ctx->all; t != NULL; t = t->next_all)
+		for (struct chunk *c = t->rq_head; c != NULL; c = c->next)
+			if (c->hdr.comm == h->comm && c->hdr.seq == h->seq &&
+			    tp_meta_conflict(ctx->meta, c->hdr.meta, h->meta))
+				return c;
+	return NULL;
+}
+
+/* h's frame goes to receive c: same meta and lengths, or the link breaks (false). */
+static bool frame_fits(struct tsock *s, const struct frame_hdr *h, const struct chunk *c)
+{
+	char b1[96], b2[96];
+
+	if (h->meta != c->hdr.meta) {
+		sock_fail(s, KHOR_ERR_PROTOCOL,
+		          "message (comm %u, seq %u, step %u) was sent by %s but this rank posted %s: "
+		          "the ranks called different collectives, dtypes/ops, algorithms or memory kinds",
+		          h->comm, h->seq, h->step, tp_meta_describe(s->ctx->meta, h->meta, b1, sizeof(b1)),
+		          tp_meta_describe(s->ctx->meta, c->hdr.meta, b2, sizeof(b2)));
+		return false;
+	}
+	if (h->total_len != c->hdr.total_len || h->chunk_len != c->len) {
+		sock_fail(s, KHOR_ERR_PROTOCOL,
+		          "message (comm %u, seq %u, step %u) is %llu bytes but the receive posted "
+		          "here is %llu bytes: the ranks disagree on count or dtype",
+		          h->comm, h->seq, h->step, (unsigned long long)h->total_len,
+		          (unsigned long long)c->hdr.total_len);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * The parked header's frame is read aside into the link's unexpected queue, so that the
+ * socket can carry the frames behind it. False when the queue is full: it stays parked.
+ */
+static bool spill(struct tsock *s, bool rts)
+{
+	const struct frame_hdr *h = &s->rhdr;
+	tp_link *l = s->link;
+	const uint64_t len = rts ? 0 : h->chunk_len;
+	struct uframe *u;
+
+	if (l == NULL || (!rts && l->ubytes + len > TCP_UNEXPECTED_MAX))
+		return false;
+	u = calloc(1, sizeof(*u));
+	if (u != NULL && (u->ch.buf = malloc(len ? len : 1)) == NULL) {
+		free(u);
+		u = NULL;
+	}
+	if (u == NULL) {
+		if (rts)
+			sock_fail(s, KHOR_ERR_NO_MEMORY, "out of memory for an early request-to-send");
+		return false;
+	}
+	u->ch.hdr = *h;
+	u->ch.len = len;
+	if (s->uq_tail != NULL)
+		s->uq_tail->next = u;
+	else
+		s->uq_head = u;
+	s->uq_tail = u;
+	l->ubytes += u->ch.len;
+	s->parked = false;
+	s->rcur = &u->ch;
+	s->rhdr_got = 0;
+	if (u->ch.len == 0) {
+		s->rcur = NULL;
+		chunk_finished(s, &u->ch);
+	}
+	return true;
+}
+
+/* A header is complete: find its receive, read it aside or park it. Returns false if the
+ * link broke. */
+static bool recv_match(struct tsock *s)
+{
+	struct frame_hdr *h = &s->rhdr;
+	struct chunk *c;
+	char b1[96], b2[96];
+
+	if (h->kind == FRAME_CTS) {
+		/* The peer is ready for the payload of our large send. */
+		c = list_take(&s->rts_wait, h);
+		s->rhdr_got = 0;
+		if (c == NULL) {
+			sock_fail(s, KHOR_ERR_PROTOCOL, "clear-to-send for (comm %u, seq %u, step %u), "
+			          "which this rank never announced", h->comm, h->seq, h->step);
+			return false;
+		}
+		c->hdr.kind = FRAME_DATA;
+		c->hdr_done = 0;
+		c->done = 0;
+		c->pad_left = frame_pad(c->len);
+		sq_push(s, c);
+		send_drive(s);
+		return true;
+	}
+	if (h->kind == FRAME_DATA) {
+		c = list_take(&s->rdv_wait, h);
+		if (c == NULL) {
+			sock_fail(s, KHOR_ERR_PROTOCOL, "data for (comm %u, seq %u, step %u), for which "
+			          "this rank sent no clear-to-send", h->comm, h->seq, h->step);
+			return false;
+		}
+		if (!frame_fits(s, h, c))
+			return false;
+		s->rcur = c;
+		s->rhdr_got = 0;
+		return true;
+	}
+	if (h->kind != FRAME_EAGER && h->kind != FRAME_RTS) {
+		sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (kind %u)", h->kind);
+		return false;
+	}
+	c = list_take(&s->rq_head, h);
+	if (c == NULL && h->kind == FRAME_RTS) {
+		/* Only the header waits: read it aside whatever the queue holds. */
+		return spill(s, true);
+	}
+	if (c == NULL) {
+		c = sched_conflict(s->ctx, h);
+		if (c != NULL) {
+			sock_fail(s, KHOR_ERR_PROTOCOL,
+			          "message (comm %u, seq %u, step %u) was sent by %s but this rank posted "
+			          "%s for the same call: the ranks chose different algorithms", h->comm,
+			          h->seq, h->step, tp_meta_describe(s->ctx->meta, h->meta, b1, sizeof(b1)),
+			          tp_meta_describe(s->ctx->meta, c->hdr.meta, b2, sizeof(b2)));
+			return false;
+		}
+		/* Someone waits for another frame on this socket: don't make them wait behind
+		 * this one. */
+		if (!sock_expects(s) || !spill(s, false))
+			s->parked = true;
+		return true;
+	}
+	s->parked = false;
+	if (!frame_fits(s, h, c))
+		return false;
+	if (h->kind == FRAME_RTS) {
+		s->rhdr_got = 0;
+		return send_cts(s, c);
+	}
+	s->rcur = c;
+	s->rhdr_got = 0;
+	if (c->len == 0) {
+		s->rcur = NULL;
+		chunk_finished(s, c);
+	}
+	return true;
+}
+
+/*
+ * Reads into the eager buffer. Small frames usually arrive whole with the header before
+ * them, so one recv() takes header and payload (and often the next frames) instead of two
+ * syscalls per frame. Returns bytes read, 0 for "nothing now" (EAGAIN), -1 if the socket
+ * failed (already reported).
+ */
+static ssize_t eager_fill(struct tsock *s)
+{
+	size_t avail = s->e_len - s->e_off;
+	ssize_t n;
+
+	if (avail == 0) {
+		s->e_off = s->e_len = 0;
+	} else if (s->e_off > 0) {
+		memmove(s->ebuf, s->ebuf + s->e_off, avail);
+		s->e_off = 0;
+		s->e_len = (uint32_t)avail;
+	}
+	for (;;) {
+		n = recv(s->fd, s->ebuf + s->e_len, sizeof(s->ebuf) - s->e_len, 0);
+		if (n > 0) {
+			s->e_len += (uint32_t)n;
+			return n;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		break;
+	}
+	if (n < 0 && errno == EAGAIN) {
+		s->rd_ready = false;
+		return 0;
+	}
+	if (n == 0)
+		sock_fail(s, KHOR_ERR_REMOTE, "connection closed by the peer while %s (the peer "
+		          "process exited, crashed or closed the link)",
+		          s->rcur ? "receiving a message" : "waiting for a message");
+	else
+		sock_fail(s, KHOR_ERR_REMOTE, "receive: %s", errstr(errno));
+	return -1;
+}
+
+static size_t eager_take(struct tsock *s, void *dst, size_t want)
+{
+	size_t avail = s->e_len - s->e_off, n = want < avail ? want : avail;
+
+	memcpy(dst, s->ebuf + s->e_off, n);
+	s->e_off += (uint32_t)n;
+	return n;
+}
+
+static bool recv_drive(struct tsock *s)
+{
+	bool moved = false;
+
+	while (s->state == SS_DATA) {
+		if (s->parked && (!sock_expects(s) || !spill(s, false)))
+			break;
+		if (s->rcur == NULL) {
+			size_t avail = s->e_len - s->e_off;
+			if (s->rskip > 0) { /* the last frame's padding */
+				size_t k = avail < s->rskip ? avail : s->rskip;
+				s->e_off += (uint32_t)k;
+				s->rskip -= (uint32_t)k;
+				avail -= k;
+			}
+			size_t need = s->rskip + sizeof(s->rhdr) - s->rhdr_got;
+			if (avail < need && (!sock_expects(s) || !s->rd_ready))
+				break; /* nothing posted, or nothing to read: leave it in the kernel */
+			if (s->rskip == 0)
+				s->rhdr_got += (uint32_t)eager_take(s, (uint8_t *)&s->rhdr + s->rhdr_got,
+				                                    need);
+			if (s->rskip > 0 || s->rhdr_got < sizeof(s->rhdr)) {
+				ssize_t n = eager_fill(s);
+				if (n <= 0)
+					return moved || n < 0;
+				moved = true;
+				continue;
+			}
+			moved = true;
+			if (s->rhdr.magic != TCP_FRAME_MAGIC) {
+				sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (magic 0x%08x); "
+				          "closing the link", s->rhdr.magic);
+				return true;
+			}
+			if (s->rhdr.chunk_len > s->rhdr.total_len) {
+				sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (chunk of %llu "
+				          "bytes in a message of %llu)",
+				          (unsigned long long)s->rhdr.chunk_len,
+				          (unsigned long long)s->rhdr.total_len);
+				return true;
+			}
+			if (!recv_match(s))
+				return true;
+			continue;
+		}
+		struct chunk *c = s->rcur;
+		uint64_t need = c->len - c->done;
+		if (s->e_len > s->e_off) {
+			c->done += eager_take(s, c->buf + c->done, need);
+		} else if (!s->rd_ready) {
+			break;
+		} else if (need >= sizeof(s->ebuf) / 2) {
+			/* Large payloads go straight from the socket into the user's buffer. */
+			ssize_t n = recv(s->fd, c->buf + c->done, need, 0);
+			if (n <= 0) {
+				if (n < 0 && errno == EINTR)
+					continue;
+				if (n < 0 && errno == EAGAIN) {
+					s->rd_ready = false;
+					break;
+				}
+				sock_fail(s, KHOR_ERR_REMOTE, n == 0 ? "connection closed by the peer "
+				          "while receiving a message (the peer process exited, crashed or "
+				          "closed the link)" : "receive: %s", errstr(errno));
+				return true;
+			}
+			c->done += (uint64_t)n;
+		} else {
+			ssize_t n = eager_fill(s);
+			if (n <= 0)
+				return moved || n < 0;
+			moved = true;
+			continue;
+		}
+		moved = true;
+		if (c->done == c->len) {
+			s->rcur = NULL;
+			s->rhdr_got = 0;
+			s->rskip = frame_pad(c->len);
+			chunk_finished(s, c);
+		}
+	}
+	return moved;
+}
+
+static bool sock_drive(struct tsock *s)
+{
+	bool moved;
+
+	if (s->state == SS_DEAD)
+		return false;
+	if (s->state != SS_DATA) {
+		moved = hs_drive(s);
+		if (s->state != SS_DATA)
+			return moved;
+	} else {
+		moved = false;
+	}
+	moved |= send_drive(s);
+	if (s->state == SS_DATA)
+		moved |= recv_drive(s);
+	return moved;
+}
+
+/* ---- ops ----------------------------------------------------------------------------- */
+
+static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err)
+{
+	tp_ctx *ctx;
+	ksockaddr local;
+	ksock_iface cand[KSOCK_MAX_CANDS];
+	int ncand = 0;
+	char as[64], pub[2 * TP_ADDR_MAX];
+	khor_status st;
+
+	if (opt->nsocks < 1 || opt->nsocks > TCP_MAX_SOCKS)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_SOCKET_NSOCKS=%d: must be 1 to %d",
+		                opt->nsocks, TCP_MAX_SOCKS);
+	if (strlen(opt->job_id) >= HS_JOB_MAX)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "job id '%s' is longer than %d bytes",
+		                opt->job_id, HS_JOB_MAX - 1);
+	st = ksock_pick_candidates(opt->ifname_spec, opt->hint_addr, cand, KSOCK_MAX_CANDS, &ncand,
+	                           err);
+	if (st != KHOR_SUCCESS)
+		return st;
+	/* Several addresses: one listener on all of them, so every one has the same port. */
+	local = cand[0].addr;
+	if (ncand > 1) {
+		memset(&local.ss, 0, sizeof(local.ss));
+		local.ss.ss_family = cand[0].addr.ss.ss_family;
+	}
+	ctx = calloc(1, sizeof(*ctx));
+	if (ctx == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp transport: out of memory");
+	ctx->rank = opt->rank;
+	ctx->size = opt->size;
+	ctx->secret = strdup(opt->secret ? opt->secret : "");
+	ctx->hs = (hs_self){ .transport = HS_TP_TCP, .version = TCP_VERSION, .rank = opt->rank,
+	                     .size = opt->size, .name = "tcp", .secret = ctx->secret,
+	                     .secret_len = ctx->secret ? strlen(ctx->secret) : 0 };
+	kstrlcpy(ctx->hs.job_id, opt->job_id, sizeof(ctx->hs.job_id));
+	ctx->nsocks = opt->nsocks;
+	ctx->min_stripe = opt->min_stripe_bytes;
+	ctx->bufsize = opt->sock_bufsize;
+	ctx->hs_timeout_ms = opt->handshake_timeout_ms > 0 ? opt->handshake_timeout_ms : 30000;
+	ctx->meta = opt->meta;
+	ctx->spec_set = opt->ifname_spec != NULL && opt->ifname_spec[0] != '\0';
+	kmutex_init(&ctx->mu);
+	ctx->sl.wake_fd = -1;
+	ctx->incoming = calloc((size_t)opt->size, sizeof(tp_link *));
+	ctx->outgoing = calloc((size_t)opt->size, sizeof(tp_link *));
+	ctx->listen_fd = -1;
+	ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (ctx->secret == NULL || ctx->incoming == NULL || ctx->outgoing == NULL) {
+		st = kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp transport: out of memory");
+		goto fail_free;
+	}
+	if (ctx->epfd < 0) {
+		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_create1: %s", errstr(errno));
+		goto fail_free;
+	}
+	st = ksock_listen(&local, 1024, &ctx->listen_fd, err);
+	if (st != KHOR_SUCCESS) {
+		kerr_prefix(err, "tcp transport on interface %s", ncand == 1 ? cand[0].name : "(all)");
+		goto fail_free;
+	}
+	/* This host's addresses, to order a peer's by (none known: every peer is "routed"). */
+	ctx->mine = malloc(KSOCK_MAX_IFACES * sizeof(*ctx->mine));
+	if (ctx->mine == NULL || ksock_list_ifaces(ctx->mine, KSOCK_MAX_IFACES, &ctx->nmine,
+	                                           &(kerr){ 0 }) != KHOR_SUCCESS)
+		ctx->nmine = 0;
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
+	if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->listen_fd, &ev) < 0) {
+		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(listener): %s", errstr(errno));
+		goto fail_free;
+	}
+	if ((st = ksleeper_init(&ctx->sl, err)) != KHOR_SUCCESS)
+		goto fail_free;
+	ev = (struct epoll_event){ .events = EPOLLIN, .data.ptr = &ctx->sl };
+	if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->sl.wake_fd, &ev) < 0) {
+		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(eventfd): %s", errstr(errno));
+		goto fail_free;
+	}
+	/* The blob: every address with the listener's port, as many as fit; and, for the log,
+	 * why each is there. */
+	size_t off = 0, poff = 0;
+	for (int i = 0; i < ncand; i++) {
+		char sub[64], why[96];
+		ksockaddr a = cand[i].addr;
+		ksock_addr_set_port(&a, ksock_addr_port(&local));
+		ksock_addr_str(&a, as, sizeof(as));
+		if (off + strlen(as) + 2 > sizeof(ctx->addr))
+			break;
+		off += (size_t)snprintf(ctx->addr + off, sizeof(ctx->addr) - off, "%s%s",
+		                        i ? "," : "", as);
+		if (ctx->spec_set)
+			snprintf(why, sizeof(why), "KHOR_SOCKET_IFNAME=%s", opt->ifname_spec);
+		else if (cand[i].loopback)
+			snprintf(why, sizeof(why), "loopback: %s",
+			         opt->hint_addr != NULL && ksock_addr_is_loopback(opt->hint_addr)
+			                 ? "the store is on this host, so the whole job is"
+			                 : "no other interface is up");
+		else if (opt->hint_addr != NULL &&
+		         ksock_same_subnet(&cand[i].addr, opt->hint_addr, cand[i].prefix))
+			snprintf(why, sizeof(why), "the store's subnet %s",
+			         ksock_subnet_str(&cand[i].addr, cand[i].prefix, sub, sizeof(sub)));
+		else
+			snprintf(why, sizeof(why), "%s",
+			         ksock_subnet_str(&cand[i].addr, cand[i].prefix, sub, sizeof(sub)));
+		poff += (size_t)snprintf(pub + poff, poff < sizeof(pub) ? sizeof(pub) - poff : 0,
+		                         "%s%s (%s, %s)", i ? ", " : "", as, cand[i].name, why);
+		if (poff >= sizeof(pub))
+			poff = sizeof(pub) - 1;
+	}
+	KLOG_INFO("tcp transport listening on %s, %d socket(s) per link; publishes %s",
+	          ksock_addr_str(&local, as, sizeof(as)), ctx->nsocks, pub);
+	*ctx_out = ctx;
+	return KHOR_SUCCESS;
+
+fail_free:
+	free(ctx->mine);
+	if (ctx->listen_fd >= 0)
+		close(ctx->listen_fd);
+	if (ctx->epfd >= 0)
+		close(ctx->epfd);
+	if (ctx->sl.wake_fd >= 0)
+		ksleeper_destroy(&ctx->sl);
+	pthread_mutex_destroy(&ctx->mu.m);
+	free(ctx->incoming);
+	free(ctx->outgoing);
+	free(ctx->secret);
+	free(ctx);
+	return st;
+}
+
+static const char *tcp_address(const tp_ctx *ctx)
+{
+	return ctx->addr;
+}
+
+/* "198.19.10.1" of an address, without its port. */
+static const char *ip_str(const ksockaddr *a, char *buf, size_t len)
+{
+	char sub[64];
+
+	ksock_subnet_str(a, -1, sub, sizeof(sub)); /* the whole address: "ip/32" */
+	sub[strcspn(sub, "/")] = '\0';
+	kstrlcpy(buf, sub, len);
+	return buf;
+}
+
+/* The peer's addresses, in the order to dial them, each with why it is there. */
+static khor_status dial_plan(tp_ctx *ctx, int peer, const char *peer_addr, struct tcp_dial *d,
+                             kerr *err)
+{
+	ksockaddr got[KSOCK_MAX_CANDS];
+	int order[KSOCK_MAX_CANDS], via[KSOCK_MAX_CANDS];
+	enum ksock_reach kind[KSOCK_MAX_CANDS];
+	int n = ksock_parse_addr_list(peer_addr, got, KSOCK_MAX_CANDS);
+
+	if (n < 0) {
+		/* Not a list of numeric addresses: one "host:port" (a caller's own blob). */
+		char host[256];
+		uint16_t port;
+		if (!ksock_split_hostport(peer_addr, host, sizeof(host), &port))
+			return kerr_set(err, KHOR_ERR_PROTOCOL,
+			                "peer rank %d published a malformed address '%.64s'", peer,
+			                peer_addr);
+		khor_status st = ksock_resolve(host, port, &got[0], err);
+		if (st != KHOR_SUCCESS)
+			return st;
+		n = 1;
+	}
+	ksock_order_peer(got, n, ctx->mine, ctx->nmine, order, kind, via);
+	d->n = n;
+	for (int i = 0; i < n; i++) {
+		char ip[64];
+		const ksock_iface *m = via[i] >= 0 ? &ctx->mine[via[i]] : NULL;
+		d->addr[i] = got[order[i]];
+		ksock_addr_str(&d->addr[i], d->str[i], sizeof(d->str[i]));
+		switch (kind[i]) {
+		case KSOCK_REACH_LOCAL:
+			snprintf(d->why[i], sizeof(d->why[i]), "an address of this host");
+			break;
+		case KSOCK_REACH_SUBNET:
+			snprintf(d->why[i], sizeof(d->why[i]), "same subnet as %s/%d on %s",
+			         ip_str(&m->addr, ip, sizeof(ip)), m->prefix, m->name);
+			break;
+		case KSOCK_REACH_ROUTED:
+			snprintf(d->why[i], sizeof(d->why[i]), "on none of this host's subnets");
+			break;
+		case KSOCK_REACH_OWN:
+			snprintf(d->why[i], sizeof(d->why[i]), "also this host's own address on %s, "
+			         "tried last", m != NULL ? m->name : "?");
+			break;
+		}
+	}
+	return KHOR_SUCCESS;
+}
+
+static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr,
+                                  tp_link **link_out, kerr *err)
+{
+	khor_status st;
+	struct tcp_dial *d;
+	tp_link *l;
+
+	if (peer < 0 || peer >= ctx->size || peer == ctx->rank)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "tcp connect: bad peer rank %d", peer);
+	if (ctx->outgoing[peer] != NULL) {
+		*link_out = ctx->outgoing[peer];
+		return KHOR_SUCCESS;
+	}
+	d = calloc(1, sizeof(*d));
+	if (d == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp connect: out of memory");
+	if ((st = dial_plan(ctx, peer, peer_addr, d, err)) != KHOR_SUCCESS) {
+		free(d);
+		return st;
+	}
+	l = calloc(1, sizeof(*l));
+	if (l == NULL) {
+		free(d);
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp connect: out of memory");
+	}
+	l->ctx = ctx;
+	l->peer = peer;
+	l->nsocks = ctx->nsocks;
+	l->dial = d;
+	kstrlcpy(l->peer_addr, peer_addr, sizeof(l->peer_addr));
+	ctx->outgoing[peer] = l;
+	for (int i = 0; i < l->nsocks; i++) {
+		struct tsock *s = calloc(1, sizeof(*s));
+		if (s == NULL) {
+			link_fail(l, KHOR_ERR_NO_MEMORY, "out of memory for socket %d", i + 1);
+			break;
+		}
+		s->fd = -1;
+		s->ctx = ctx;
+		s->state = SS_DEAD;
+		s->hs_deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
+		s->link = l;
+		s->idx = i;
+		s->next_all = ctx->all;
+		ctx->all = s;
+		l->socks[i] = s;
+		uint64_t aux[4] = { [TCP_AUX_SOCK_IDX] = (uint64_t)i,
+		                    [TCP_AUX_NSOCKS] = (uint64_t)l->nsocks };
+		hs_hello_make(&ctx->hs, peer, aux, &s->hello);
+	}
+	if (l->err.status == KHOR_SUCCESS) {
+		d->deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
+		d->next = ctx->dialing;
+		ctx->dialing = l;
+		int e = dial_start(l);
+		if (e != 0)
+			dial_next(l, errstr(e), false);
+	}
+	*link_out = l;
+	return KHOR_SUCCESS;
+}
+
+static khor_status tcp_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
+                               kerr *err)
+{
+	kmutex_lock(&ctx->mu);
+	khor_status st = connect_locked(ctx, peer, peer_addr, link_out, err);
+	kmutex_unlock(&ctx->mu);
+	return st;
+}
+
+static khor_status tcp_accept(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
+{
+	tp_link *l;
+
+	if (peer < 0 || peer >= ctx->size || peer == ctx->rank)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "tcp accept: bad peer rank %d", peer);
+	kmutex_lock(&ctx->mu);
+	l = ctx->incoming[peer];
+	if (l != NULL && l->nready == l->nsocks) {
+		l->claimed = true;
+		*link_out = l;
+	} else {
+		*link_out = NULL;
+	}
+	kmutex_unlock(&ctx->mu);
+	return KHOR_SUCCESS;
+}
+
+static bool tcp_link_ready(const tp_link *l)
+{
+	kmutex_lock(&l->ctx->mu);
+	bool ready = l->nready == l->nsocks && l->err.status == KHOR_SUCCESS;
+	kmutex_unlock(&l->ctx->mu);
+	return ready;
+}
+
+/*
+ * Accepted: "198.19.10.1:53422 (it connected to us), 4 sockets". Opened: the address and
+ * why it was taken, "198.19.10.3:4100 (same subnet as 198.19.10.1/24 on eth0), 4 sockets",
+ * with the addresses that failed before it; still looking: what was tried so far.
+ */
+static void tcp_describe(const tp_link *l, char *buf, size_t len)
+{
+	const struct tcp_dial *d = l->dial;
+	size_t off;
+
+	kmutex_lock(&l->ctx->mu);
+	if (d == NULL) {
+		snprintf(buf, len, "%s (it connected to us), %d socket%s",
+		         l->peer_addr[0] ? l->peer_addr : "address unknown", l->nsocks,
+		         l->nsocks == 1 ? "" : "s");
+	} else {
+		off = (size_t)snprintf(buf, len, "%s%s (%s", d->chosen ? "" : "still connecting to ",
+		                       d->str[d->cur], d->why[d->cur]);
+		for (int i = 0; i < d->n && off < len; i++)
+			if (i != d->cur && d->fail[i][0])
+				off += (size_t)snprintf(buf + off, len - off, "; %s: %s", d->str[i],
+				                        d->fail[i]);
+		if (off < len)
+			snprintf(buf + off, len - off, "), %d socket%s", l->nsocks,
+			         l->nsocks == 1 ? "" : "s");
+	}
+	kmutex_unlock(&l->ctx->mu);
+}
+
+/* Sockets take any memory as it is: nothing to register, nothing to flush. */
+static void tcp_caps(const tp_ctx *ctx, tp_caps *out)
+{
+	(void)ctx;
+	*out = (tp_caps){ .needs_reg = false, .reg_min = 0, .device_mem = false,
+	                  .one_sided = false, .needs_flush = false };
+}
+
+/* The queued unexpected frame of this tag that no receive has claimed yet. */
+static struct uframe *uq_find(struct tsock *s, tp_tag tag)
+{
+	for (struct uframe *u = s->uq_head; u != NULL; u = u->next)
+		if (u->want == NULL && u->ch.hdr.comm == tag.comm && u->ch.hdr.seq == tag.seq &&
+		    u->ch.hdr.step == tag.step)
+			return u;
+	return NULL;
+}
+
+static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool is_send,
+                        tp_req **req_out, kerr *err)
+{
+	struct uframe *u;
+	tp_req *r;
+	int nchunks, first;
+
+	if (l->err.status != KHOR_SUCCESS) {
+		*err = l->err;
+		return l->err.status;
+	}
+	r = req_get(l->ctx);
+	if (r == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp: out of memory for a request");
+	stripe_plan(l, len, tag.step, &nchunks, &first);
+	r->link = l;
+	r->nchunks = nchunks;
+	r->chunks_done = 0;
+	r->is_send = is_send;
+	for (int i = 0; i < nchunks; i++) {
+		struct chunk *c = &r->chunks[i];
+		struct tsock *s = l->socks[(first + i) % l->nsocks];
+		uint64_t off;
+
+		c->next = NULL;
+		c->req = r;
+		c->len = chunk_len(len, nchunks, i, &off);
+		c->buf = buf + off;
+		c->done = 0;
+		c->hdr_done = 0;
+		c->ctl = false;
+		c->hdr = (struct frame_hdr){ .magic = TCP_FRAME_MAGIC, .comm = tag.comm,
+		                             .seq = tag.seq, .step = tag.step, .meta = tag.meta,
+		                             .kind = is_send && c->len > TCP_EAGER_MAX ? FRAME_RTS
+		                                                                       : FRAME_EAGER,
+		                             .total_len = len, .chunk_len = c->len };
+		c->pad_left = is_send ? frame_pad(frame_payload(c)) : 0;
+		if (is_send) {
+			if (s->sq_tail != NULL)
+				s->sq_tail->next = c;
+			else
+				s->sq_head = c;
+			s->sq_tail = c;
+		} else if ((u = uq_find(s, tag)) != NULL) {
+			/* It came before us: take it from the queue (now, or once it is all in). */
+			if (!frame_fits(s, &u->ch.hdr, c))
+				continue; /* the link's error fails the request in test() */
+			if (u->ch.hdr.kind == FRAME_RTS) {
+				uframe_drop(s, u);
+				send_cts(s, c);
+				continue;
+			}
+			u->want = c;
+			if (u->complete)
+				uframe_deliver(s, u);
+		} else if (s->parked && s->rhdr.comm == tag.comm && s->rhdr.seq == tag.seq &&
+		           s->rhdr.step == tag.step) {
+			c->next = s->rq_head;
+			s->rq_head = c;
+			recv_match(s);
+		} else {
+			c->next = s->rq_head;
+			s->rq_head = c;
+			/* A parked frame of another tag would hold this one up: read it aside. */
+			if (s->parked)
+				spill(s, false);
+		}
+	}
+	/*
+	 * The first receive of a call: a frame of the same call parked on any socket from another
+	 * schedule is a conflict that recv_match reports (later frames are checked as they park).
+	 */
+	if (!is_send && (tag.comm != l->ctx->recv_comm || tag.seq != l->ctx->recv_seq)) {
+		l->ctx->recv_comm = tag.comm;
+		l->ctx->recv_seq = tag.seq;
+		for (struct tsock *t = l->ctx->all; t != NULL; t = t->next_all) {
+			if (t->parked && t->rhdr.comm == tag.comm && t->rhdr.seq == tag.seq &&
+			    tp_meta_conflict(l->ctx->meta, t->rhdr.meta, tag.meta))
+				recv_match(t);
+			for (u = t->uq_head; u != NULL && t->state == SS_DATA; u = u->next) {
+				char b1[96], b2[96];
+				if (u->ch.hdr.comm != tag.comm || u->ch.hdr.seq != tag.seq ||
+				    !tp_meta_conflict(l->ctx->meta, u->ch.hdr.meta, tag.meta))
+					continue;
+				sock_fail(t, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was "
+				          "sent by %s but this rank posted %s for the same call: the ranks "
+				          "chose different algorithms", tag.comm, tag.seq, u->ch.hdr.step,
+				          tp_meta_describe(l->ctx->meta, u->ch.hdr.meta, b1, sizeof(b1)),
+				          tp_meta_describe(l->ctx->meta, tag.meta, b2, sizeof(b2)));
+				break;
+			}
+		}
+	}
+	l->pending++;
+	/* Try at once: a small message usually goes out without waiting for progress. */
+	for (int i = 0; i < nchunks && is_send; i++) {
+		struct tsock *s = l->socks[(first + i) % l->nsocks];
+		if (s->state == SS_DATA)
+			send_drive(s);
+	}
+	*req_out = r;
+	return KHOR_SUCCESS;
+}
+
+static khor_status tcp_isend(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                             tp_req **req_out, kerr *err)
+{
+	kmutex_lock(&l->ctx->mu);
+	khor_status st = post(l, (uint8_t *)buf, len, tag, true, req_out, err);
+	kmutex_unlock(&l->ctx->mu);
+	return st;
+}
+
+static khor_status tcp_irecv(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                             tp_req **req_out, kerr *err)
+{
+	kmutex_lock(&l->ctx->mu);
+	khor_status st = post(l, buf, len, tag, false, req_out, err);
+	kmutex_unlock(&l->ctx->mu);
+	return st;
+}
+
+/* Takes a finished or failed request's chunks off the socket queues. */
+static void req_unlink(tp_req *r)
+{
+	tp_link *l = r->link;
+
+	for (int i = 0; i < r->nchunks; i++) {
+		struct chunk *c = &r->chunks[i];
+		for (int k = 0; k < l->nsocks; k++) {
+			struct tsock *s = l->socks[k];
+			struct chunk **pp, *prev = NULL;
+			if (s == NULL)
+				continue;
+			pp = r->is_send ? &s->sq_head : &s->rq_head;
+			for (; *pp != NULL; prev = *pp, pp = &(*pp)->next) {
+				if (*pp == c) {
+					*pp = c->next;
+					if (r->is_send && s->sq_tail == c)
+						s->sq_tail = prev;
+					break;
+				}
+			}
+			if (s->rcur == c)
+				s->rcur = NULL;
+			for (struct uframe *u = s->uq_head; u != NULL; u = u->next)
+				if (u->want == c)
+					u->want = NULL;
+			for (struct chunk **q = r->is_send ? &s->rts_wait : &s->rdv_wait; *q != NULL;
+			     q = &(*q)->next) {
+				if (*q == c) {
+					*q = c->next;
+					break;
+				}
+			}
+		}
+	}
+}
+
+static khor_status test_locked(tp_req *r, bool *done_out, kerr *err)
+{
+	tp_link *l = r->link;
+
+	if (r->chunks_done == r->nchunks) {
+		*done_out = true;
+		l->pending--;
+		req_put(l->ctx, r);
+		return KHOR_SUCCESS;
+	}
+	if (l->err.status != KHOR_SUCCESS) {
+		*done_out = true;
+		*err = l->err;
+		req_unlink(r);
+		l->pending--;
+		req_put(l->ctx, r);
+		return l->err.status;
+	}
+	*done_out = false;
+	return KHOR_SUCCESS;
+}
+
+static khor_status tcp_test(tp_req *r, bool *done_out, kerr *err)
+{
+	tp_ctx *ctx = r->link->ctx;
+
+	kmutex_lock(&ctx->mu);
+	khor_status st = test_locked(r, done_out, err);
+	kmutex_unlock(&ctx->mu);
+	return st;
+}
+
+static void cancel_locked(tp_req *r)
+{
+	tp_link *l = r->link;
+
+	for (int i = 0; i < r->nchunks; i++) {
+		struct chunk *c = &r->chunks[i];
+		bool started = c->done > 0 || (r->is_send && c->hdr_done > 0);
+		for (int k = 0; k < l->nsocks && !started; k++) {
+			struct tsock *t = l->socks[k];
+			started = t != NULL && t->rcur == c;
+			/* A CTS went out: the peer will send the payload to this buffer. */
+			for (struct chunk *w = t != NULL ? t->rdv_wait : NULL; w != NULL && !started;
+			     w = w->next)
+				started = w == c;
+		}
+		if (started && (c->done < c->len ||
+		                (r->is_send && (c->hdr_done < sizeof(c->hdr) || c->pad_left > 0))))
+			link_fail(l, KHOR_ERR_INTERNAL, "a transfer was abandoned mid-message after an "
+			          "earlier error; the link is closed");
+	}
+	req_unlink(r);
+	if (l->err.status != KHOR_SUCCESS)
+		for (int k = 0; k < l->nsocks; k++)
+			if (l->socks[k] != NULL)
+				sock_close_fd(l->socks[k]);
+	l->pending--;
+	req_put(l->ctx, r);
+}
+
+static void tcp_cancel(tp_req *r)
+{
+	tp_ctx *ctx = r->link->ctx;
+
+	kmutex_lock(&ctx->mu);
+	cancel_locked(r);
+	kmutex_unlock(&ctx->mu);
+}
+
+static void accept_new(tp_ctx *ctx)
+{
+	for (;;) {
+		int fd = accept4(ctx->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		struct tsock *s;
+
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+				KLOG_WARN("accept on %s: %s", ctx->addr, errstr(errno));
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			return;
+		}
+		ksock_tune_stream(fd, ctx->bufsize);
+		s = sock_new(ctx, fd, SS_HS_ACC);
+		if (s == NULL) {
+			close(fd);
+			continue;
+		}
+		sock_peer_str(s);
+		hs_expect(s, sizeof(hs_hello));
+		s->hs_phase = 0;
+	}
+}
+
+/* Drops handshakes that ran out of time; reaps closed acceptor sockets. */
+static void sweep(tp_ctx *ctx)
+{
+	struct tsock **pp = &ctx->all;
+
+	while (*pp != NULL) {
+		struct tsock *s = *pp;
+		if ((s->state == SS_HS_ACC || s->state == SS_HS_CONN || s->state == SS_CONNECTING) &&
+		    kdeadline_passed(s->hs_deadline) &&
+		    !(s->link != NULL && s->link->dial != NULL && !s->link->dial->chosen)) {
+			if (s->link == NULL || s->state == SS_HS_ACC) {
+				KLOG_WARN("dropped connection from %s: no complete handshake within %lld ms",
+				          s->peer_str, (long long)ctx->hs_timeout_ms);
+				if (s->link != NULL)
+					s->link->socks[s->idx] = NULL;
+				sock_close_fd(s);
+			} else {
+				sock_fail(s, KHOR_ERR_TIMEOUT, "handshake did not finish within %lld ms",
+				          (long long)ctx->hs_timeout_ms);
+			}
+		}
+		/* Not while a thread sleeps in epoll_wait: it may hold an event naming s. */
+		if (s->state == SS_DEAD && s->link == NULL && !ctx->sl.asleep) {
+			*pp = s->next_all;
+			sock_free_uq(s);
+			free(s);
+			continue;
+		}
+		pp = &s->next_all;
+	}
+}
+
+static bool drive_all(tp_ctx *ctx)
+{
+	bool moved = false;
+
+	if (ctx->dialing != NULL)
+		dial_tick(ctx);
+	for (struct tsock *s = ctx->all; s != NULL; s = s->next_all)
+		moved |= sock_drive(s);
+	return moved;
+}
+
+static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err)
+{
+	struct epoll_event evs[64];
+	int n, e;
+	bool moved, sleeper = false;
+
+	if (timeout_ms == 0) {
+		/* A spinning caller: give way to a thread that waits for the lock (sleeper.h). */
+		if (!kmutex_trylock_polite(&ctx->mu)) {
+			if (moved_out != NULL)
+				*moved_out = kseen_changed(ctx, atomic_load(&ctx->completions));
+			return KHOR_SUCCESS;
+		}
+	} else {
+		kmutex_lock(&ctx->mu);
+	}
+	moved = drive_all(ctx);
+	/* Another thread may have finished our transfers since we last looked. */
+	moved |= kseen_changed(ctx, atomic_load(&ctx->completions));
+	if (!moved && timeout_ms != 0) {
+		if (!ksleeper_enter(&ctx->sl, &ctx->mu, timeout_ms)) {
+			/* Another thread slept in the kernel for both of us and has returned. */
+			moved = drive_all(ctx);
+			moved |= kseen_changed(ctx, atomic_load(&ctx->completions));
+			kmutex_unlock(&ctx->mu);
+			if (moved_out != NULL)
+				*moved_out = moved;
+			return KHOR_SUCCESS;
+		}
+		sleeper = true;
+		kmutex_unlock(&ctx->mu);
+	}
+	n = epoll_wait(ctx->epfd, evs, 64, moved ? 0 : timeout_ms);
+	e = errno;
+	if (sleeper) {
+		kmutex_lock(&ctx->mu);
+		ksleeper_leave(&ctx->sl);
+	}
+	if (moved_out != NULL)
+		*moved_out = moved || n > 0;
+	if (n < 0) {
+		kmutex_unlock(&ctx->mu);
+		if (e == EINTR)
+			return KHOR_SUCCESS;
+		return kerr_set(err, KHOR_ERR_SYSTEM, "epoll_wait: %s", errstr(e));
+	}
+	for (int i = 0; i < n; i++) {
+		struct tsock *s = evs[i].data.ptr;
+		if (s == NULL) {
+			accept_new(ctx);
+			continue;
+		}
+		if ((void *)s == (void *)&ctx->sl)
+			continue; /* a wake-up: ksleeper_leave drained it */
+		if (evs[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+			s->rd_ready = true;
+		if (evs[i].events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
+			s->wr_ready = true;
+		sock_drive(s);
+	}
+	sweep(ctx);
+	/* What we moved may be what a thread asleep (in the kernel or on the cv) waits for. */
+	if ((moved || n > 0) && (ctx->sl.asleep || ctx->sl.waiting > 0))
+		ksleeper_moved(&ctx->sl);
+	if (moved_out != NULL && kseen_changed(ctx, atomic_load(&ctx->completions)))
+		*moved_out = true;
+	kmutex_unlock(&ctx->mu);
+	return KHOR_SUCCESS;
+}
+
+static khor_status tcp_link_error(tp_link *l, kerr *err_out)
+{
+	khor_status st;
+
+	kmutex_lock(&l->ctx->mu);
+	st = l->err.status;
+	if (st != KHOR_SUCCESS && err_out != NULL)
+		*err_out = l->err;
+	kmutex_unlock(&l->ctx->mu);
+	return st;
+}
+
+static void tcp_destroy(tp_ctx *ctx)
+{
+	struct tsock *s = ctx->all;
+
+	while (s != NULL) {
+		struct tsock *next = s->next_all;
+		sock_close_fd(s);
+		sock_free_uq(s);
+		free(s);
+		s = next;
+	}
+	for (int i = 0; i < ctx->size; i++) {
+		free(ctx->incoming[i]);
+		if (ctx->outgoing[i] != NULL)
+			free(ctx->outgoing[i]->dial);
+		free(ctx->outgoing[i]);
+	}
+	free(ctx->mine);
+	while (ctx->free_reqs != NULL) {
+		tp_req *r = ctx->free_reqs;
+		ctx->free_reqs = r->next_free;
+		free(r);
+	}
+	close(ctx->listen_fd);
+	close(ctx->epfd);
+	ksleeper_destroy(&ctx->sl);
+	pthread_mutex_destroy(&ctx->mu.m);
+	free(ctx->incoming);
+	free(ctx->outgoing);
+	free(ctx->secret);
+	free(ctx);
+}
+
+/* A wake counts as a completion, so that kseen_changed reports it to every thread once. */
+static void tcp_wake(tp_ctx *ctx)
+{
+	kmutex_lock(&ctx->mu);
+	atomic_fetch_add_explicit(&ctx->completions, 1, memory_order_relaxed);
+	ksleeper_moved(&ctx->sl);
+	kmutex_unlock(&ctx->mu);
+}
+
+const struct transport_ops tcp_transport_ops = {
+	.name = "tcp",
+	.version = TP_VERSION,
+	.create = tcp_create,
+	.address = tcp_address,
+	.caps = tcp_caps,
+	.connect = tcp_connect,
+	.accept = tcp_accept,
+	.link_ready = tcp_link_ready,
+	.describe = tcp_describe,
+	.reg_mr = NULL, /* caps.needs_reg is false */
+	.dereg_mr = NULL,
+	.mr_key = NULL,
+	.isend = tcp_isend,
+	.irecv = tcp_irecv,
+	.flush = NULL,
+	.test = tcp_test,
+	.progress = tcp_progress,
+	.cancel = tcp_cancel,
+	.link_error = tcp_link_error,
+	.wake = tcp_wake,
+	.destroy = tcp_destroy,
+};
