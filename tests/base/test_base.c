@@ -1,11 +1,12 @@
 /*
  * test_base.c -- the base layer: strict parsers, deadlines, HMAC proofs, address parsing,
  * the choice of addresses to publish and to dial (on made-up interface tables), and error
- * sentences.
+ * sentences, and the intrusive list.
  */
 #include "base/auth.h"
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/list.h"
 #include "base/parse.h"
 #include "base/sock.h"
 
@@ -13,6 +14,56 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+
+struct item {
+	int v;
+	klist node;
+};
+
+static int list_values(klist *head, int *out, int max)
+{
+	int n = 0;
+	for (klist *p = head->next; p != head && n < max; p = p->next)
+		out[n++] = KLIST_ENTRY(p, struct item, node)->v;
+	return n;
+}
+
+Test(list, order_unlink_and_safe_walk)
+{
+	klist head = KLIST_INIT(head);
+	struct item it[5];
+	int got[8];
+
+	cr_assert(klist_empty(&head) && klist_first(&head) == NULL);
+	for (int i = 0; i < 5; i++) {
+		it[i].v = i;
+		klist_init(&it[i].node);
+		cr_assert(!klist_linked(&it[i].node));
+	}
+	klist_add_tail(&head, &it[1].node);
+	klist_add_tail(&head, &it[2].node);
+	klist_add_head(&head, &it[0].node);
+	klist_add_tail(&head, &it[3].node);
+	cr_assert_eq(list_values(&head, got, 8), 4);
+	cr_assert(got[0] == 0 && got[1] == 1 && got[2] == 2 && got[3] == 3);
+
+	klist_del(&it[2].node); /* the middle */
+	klist_del(&it[2].node); /* again: a node on no list stays as it is */
+	cr_assert(!klist_linked(&it[2].node));
+	klist_del(&it[0].node); /* the first */
+	cr_assert_eq(list_values(&head, got, 8), 2);
+	cr_assert(got[0] == 1 && got[1] == 3);
+	cr_assert_eq(KLIST_ENTRY(klist_first(&head), struct item, node), &it[1]);
+
+	klist *n, *tmp;
+	int seen = 0;
+	KLIST_FOREACH_SAFE(n, tmp, &head) {
+		klist_del(n);
+		seen++;
+	}
+	cr_assert_eq(seen, 2);
+	cr_assert(klist_empty(&head));
+}
 
 Test(parse, sizes)
 {
