@@ -67,6 +67,19 @@ static inline void klist_del(klist *n)
 	klist_init(n);
 }
 
+/* Moves every node of `from` to the empty list `to`, in order; `from` is left empty. */
+static inline void klist_move(klist *to, klist *from)
+{
+	klist_init(to);
+	if (klist_empty(from))
+		return;
+	to->next = from->next;
+	to->prev = from->prev;
+	to->next->prev = to;
+	to->prev->next = to;
+	klist_init(from);
+}
+
 /* The first node, or NULL when the list is empty. */
 static inline klist *klist_first(const klist *head)
 {

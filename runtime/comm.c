@@ -555,6 +555,7 @@ khor_status comm_create(kctx *x, const khor_comm *parent, const int *members, in
 	if (c == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "rank %d: out of memory for a comm", x->rank);
 	c->ctx = x;
+	klist_init(&c->in_ctx);
 	c->rank = me;
 	c->size = n;
 	c->id = id;
@@ -627,6 +628,18 @@ fail:
 	return st;
 }
 
+void comm_root_position(const khor_comm *c, int root, int *host_out, int *local_out)
+{
+	*host_out = *local_out = 0;
+	for (int i = 0; i < c->cross_n * c->node_n; i++) {
+		if (c->host_ranks[i] == root) {
+			*host_out = i / c->node_n;
+			*local_out = i % c->node_n;
+			return;
+		}
+	}
+}
+
 /*
  * Frees what comm_create made; the caller has stopped the thread. The struct itself (its
  * lock, and the requests' view of it) lives on while requests of it are not freed yet
@@ -639,7 +652,8 @@ static void comm_free_fields(khor_comm *c)
 		comm_reg_invalidate(c->ctx, c->tmp, c->tmp_len);
 		comm_reg_invalidate(c->ctx, c->cc.scratch, c->cc.scratch_len);
 	}
-	nccl_comm_free(c);
+	if (c->nccl_free != NULL)
+		c->nccl_free(c);
 	kmem_state_destroy(&c->mem);
 	free(c->world_ranks);
 	free(c->big);
@@ -825,6 +839,7 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory");
 	pthread_mutex_init(&x->link_mu, NULL);
 	pthread_mutex_init(&x->comms_mu, NULL);
+	klist_init(&x->comms);
 	st = config_parse(cfg, &x->cfg, err);
 	if (st != KHOR_SUCCESS) {
 		ctx_destroy(x);
@@ -1177,13 +1192,13 @@ void comm_finalize(khor_comm *c)
 	}
 	/* The comms made from this context and never freed go with it. */
 	pthread_mutex_lock(&x->comms_mu);
-	khor_comm *list = x->comms;
-	x->comms = NULL;
+	klist left;
+	klist_move(&left, &x->comms);
 	pthread_mutex_unlock(&x->comms_mu);
-	while (list != NULL) {
-		khor_comm *next = list->next;
-		comm_destroy(list);
-		list = next;
+	klist *node, *tmp;
+	KLIST_FOREACH_SAFE(node, tmp, &left) {
+		klist_del(node);
+		comm_destroy(KLIST_ENTRY(node, khor_comm, in_ctx));
 	}
 	comm_stop_worker(c);
 	if (x->store != NULL) {

@@ -10,6 +10,7 @@
 #include "collectives/select.h"
 #include "config.h"
 #include "rendezvous/store.h"
+#include "base/list.h"
 
 #include <pthread.h>
 
@@ -80,7 +81,7 @@ typedef struct kctx {
 	_Atomic int spinning; /* a thread spins in a collective's wait (coll.h) */
 	cost_model inner, outer; /* intra-host and inter-host links */
 	pthread_mutex_t comms_mu;
-	khor_comm *comms;     /* every comm made by split or create_group and not freed */
+	klist comms;          /* every comm made by split or create_group and not freed */
 	khor_comm *world;
 	uint32_t local_ids;   /* comm ids of a one-rank job, which has no store */
 	struct cg_count *cg;  /* create_group calls per (parent, list) so far (split.c) */
@@ -101,7 +102,7 @@ struct khor_comm {
 	int *world_ranks;     /* comm rank -> world rank; NULL for the world */
 	uint32_t id;
 	char name[96];        /* "comm 8 (world ranks 0, 2, 4, 6)", for error texts */
-	khor_comm *next;      /* in ctx->comms */
+	klist in_ctx;         /* in ctx->comms */
 	int local_rank, local_size, cross_rank, cross_size;
 	coll_comm cc;
 	/* node-aware collectives: the ranks on this host, and those with my local index */
@@ -121,6 +122,11 @@ struct khor_comm {
 	size_t tmp_len;
 	kmem_state mem;       /* the device side of calls on device memory (cc.mem) */
 	void *nccl;           /* runtime/nccl.c's node communicator, made on first use */
+	/*
+	 * Frees c->nccl; set by nccl.c with it. A hook, so that comm.c (below nccl.c) never
+	 * calls up into the layer that uses it.
+	 */
+	void (*nccl_free)(khor_comm *c);
 	coll_reg_call reg_call; /* the running call's buffers (coll.h), for cc.reg_call */
 
 	/* Execution order: seq numbers are given at call time; one collective runs at a time. */

@@ -393,18 +393,6 @@ static bool use_hier(khor_comm *c, size_t bytes)
 	return hier < flat;
 }
 
-void comm_root_position(const khor_comm *c, int root, int *host_out, int *local_out)
-{
-	*host_out = *local_out = 0;
-	for (int i = 0; i < c->cross_n * c->node_n; i++) {
-		if (c->host_ranks[i] == root) {
-			*host_out = i / c->node_n;
-			*local_out = i % c->node_n;
-			return;
-		}
-	}
-}
-
 /*
  * Reduce-scatter's schedule: with KHOR_RD_MAX_BYTES set, recursive halving (recursive
  * doubling and a copy when n is not a power of two) up to it and the ring above; else the

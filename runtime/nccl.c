@@ -427,6 +427,7 @@ static khor_status get_comm(khor_comm *c, const kmem_where *where, kerr *err)
 		if (s == NULL)
 			return kerr_set(err, KHOR_ERR_NO_MEMORY, "out of memory for NCCL's state");
 		c->nccl = s;
+		c->nccl_free = nccl_comm_free;
 	}
 	if (s->comm != NULL && (s->device != where->device || s->ctx != where->ctx))
 		comm_release_nccl(s, false); /* the buffers moved to another device: every rank's did */

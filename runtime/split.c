@@ -62,8 +62,7 @@ static khor_status take_ids(kctx *x, uint32_t count, uint32_t *first_out, kerr *
 static void ctx_add(kctx *x, khor_comm *c)
 {
 	pthread_mutex_lock(&x->comms_mu);
-	c->next = x->comms;
-	x->comms = c;
+	klist_add_head(&x->comms, &c->in_ctx);
 	pthread_mutex_unlock(&x->comms_mu);
 }
 
@@ -341,12 +340,7 @@ void comm_free(khor_comm *c)
 	kctx *x = c->ctx;
 
 	pthread_mutex_lock(&x->comms_mu);
-	for (khor_comm **pp = &x->comms; *pp != NULL; pp = &(*pp)->next) {
-		if (*pp == c) {
-			*pp = c->next;
-			break;
-		}
-	}
+	klist_del(&c->in_ctx);
 	pthread_mutex_unlock(&x->comms_mu);
 	comm_destroy(c);
 }
