@@ -1517,6 +1517,20 @@ static char **build_env(const struct opts *o, char **fixed, size_t nfixed,
 static const char helper_magic[] = "\001khorrun-helper\002";
 #define HELPER_MAGIC_LEN (sizeof(helper_magic) - 1)
 
+/* The one coding of the frames' big-endian numbers (lengths, and the rank of an 'O'). */
+static void frame_put_u32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 24);
+	p[1] = (uint8_t)(v >> 16);
+	p[2] = (uint8_t)(v >> 8);
+	p[3] = (uint8_t)v;
+}
+
+static uint32_t frame_get_u32(const uint8_t *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
 static bool wbuf_put(struct wbuf *b, const void *p, size_t n)
 {
 	if (b->len + n > b->cap) {
@@ -1543,10 +1557,7 @@ static bool frame_put(struct wbuf *b, char type, const void *a, size_t alen, con
 	uint32_t len = (uint32_t)(alen + clen);
 
 	hdr[0] = (uint8_t)type;
-	hdr[1] = (uint8_t)(len >> 24);
-	hdr[2] = (uint8_t)(len >> 16);
-	hdr[3] = (uint8_t)(len >> 8);
-	hdr[4] = (uint8_t)len;
+	frame_put_u32(hdr + 1, len);
 	return wbuf_put(b, hdr, sizeof(hdr)) && wbuf_put(b, a, alen) &&
 	       (clen == 0 || wbuf_put(b, c, clen));
 }
@@ -1585,7 +1596,7 @@ static int frame_next(const char *buf, size_t len, char *type_out, const char **
 
 	if (len < FRAME_HDR)
 		return 0;
-	n = (uint32_t)u[1] << 24 | (uint32_t)u[2] << 16 | (uint32_t)u[3] << 8 | u[4];
+	n = frame_get_u32(u + 1);
 	if (n > FRAME_MAX)
 		return -1;
 	if (len < FRAME_HDR + n)
@@ -1644,10 +1655,7 @@ static void helper_send(char type, const void *a, size_t alen, const void *b, si
 	int cnt = 3;
 
 	hdr[0] = (uint8_t)type;
-	hdr[1] = (uint8_t)(len >> 24);
-	hdr[2] = (uint8_t)(len >> 16);
-	hdr[3] = (uint8_t)(len >> 8);
-	hdr[4] = (uint8_t)len;
+	frame_put_u32(hdr + 1, len);
 	if (!helper_out_dead && !writev_all(STDOUT_FILENO, v, cnt))
 		helper_out_dead = true;
 }
@@ -1782,8 +1790,10 @@ static void stream_read(struct job *j, struct rank *rk, struct stream *s)
 	ssize_t n = read(s->fd, s->buf + s->len, LINE_BUF - s->len);
 
 	if (j->helper) {
-		uint8_t tag[5] = { (uint8_t)(rk->id >> 24), (uint8_t)(rk->id >> 16),
-			           (uint8_t)(rk->id >> 8), (uint8_t)rk->id, (uint8_t)s->which };
+		uint8_t tag[5];
+
+		frame_put_u32(tag, (uint32_t)rk->id);
+		tag[4] = (uint8_t)s->which;
 
 		if (n > 0) {
 			helper_send('O', tag, sizeof(tag), s->buf, (size_t)n);
@@ -2281,8 +2291,7 @@ static void host_frame(struct job *j, struct host *h, char type, const char *p, 
 	case 'O': /* 4-byte rank, stream, bytes (none: the stream ended) */
 		if (n >= 5) {
 			const uint8_t *u = (const uint8_t *)p;
-			int id = (int)((uint32_t)u[0] << 24 | (uint32_t)u[1] << 16 | (uint32_t)u[2] << 8 |
-			               u[3]);
+			int id = (int)frame_get_u32(u);
 
 			if (id >= h->first && id < h->first + h->n && u[4] <= 1) {
 				rk = &j->ranks[id];
@@ -3451,7 +3460,7 @@ static bool read_frame(char *type_out, char *buf, size_t *len_out, kdeadline dl)
 
 	if (!read_full(STDIN_FILENO, hdr, sizeof(hdr), dl))
 		return false;
-	n = (uint32_t)hdr[1] << 24 | (uint32_t)hdr[2] << 16 | (uint32_t)hdr[3] << 8 | hdr[4];
+	n = frame_get_u32(hdr + 1);
 	if (n > FRAME_MAX || !read_full(STDIN_FILENO, buf, n, dl))
 		return false;
 	buf[n] = '\0';
