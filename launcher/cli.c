@@ -1,0 +1,365 @@
+/*
+ * cli.c -- khorrun's command line. Every option is checked here, before anything starts,
+ * and a bad one is named with what it wants, followed by the usage (exit status 2).
+ */
+#include "cli.h"
+
+#include "base/err.h"
+#include "base/parse.h"
+#include "khor.h"
+#include "runtime/config.h"
+#include "say.h"
+
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+	        "usage: khorrun -np N [options] [--] program [args...]\n"
+	        "       khorrun [-np N] -H HOST:SLOTS,... | --hostfile FILE [options] program ...\n"
+	        "\n"
+	        "Starts N ranks of program on this host, or host by host on the hosts given (over\n"
+	        "ssh for every host but this one), with a rendezvous store, prefixes their output\n"
+	        "with \"[rank] \", and stops them all when one fails.\n"
+	        "\n"
+	        "options:\n"
+	        "  -np N, -n N          number of ranks to start (required without hosts; with\n"
+	        "                       hosts, the default is every slot)\n"
+	        "  -x VAR=VALUE, -x VAR set VAR in every rank's environment, or pass khorrun's\n"
+	        "                       own VAR to the ranks on other hosts (repeatable)\n"
+	        "  --timeout DURATION   set KHOR_TIMEOUT in the ranks (30s, 500ms, 2m, inf)\n"
+	        "  --grace DURATION     time between SIGTERM and SIGKILL when stopping ranks\n"
+	        "                       (default 3s)\n"
+	        "  --bind-store ADDR[:PORT]  address the rendezvous store listens on (default\n"
+	        "                       127.0.0.1; with other hosts, this host's address on the\n"
+	        "                       route to the first of them)\n"
+	        "  --store-port PORT    its port (default 0: any free port)\n"
+	        "  --job-id ID          job id (default khor-<8 random hex digits>)\n"
+	        "  --no-prefix          do not prefix output lines with \"[rank] \"\n"
+	        "  --output-filename DIR  also write each rank's output, unprefixed, to\n"
+	        "                       DIR/rank.N/stdout and DIR/rank.N/stderr (on this host)\n"
+	        "  --bind MODE          cores: pin each rank to its own equal block of khorrun's\n"
+	        "                       CPUs (hardware threads of a core together), or to CPU\n"
+	        "                       r mod CPUs when ranks outnumber them; none (default)\n"
+	        "\n"
+	        "hosts:\n"
+	        "  -H, --host HOST[:SLOTS],...  hosts and their slots (no SLOTS: 1); repeatable\n"
+	        "  --hostfile FILE      one host a line: \"HOST slots=N\", \"HOST:N\" or \"HOST\"\n"
+	        "                       (1 slot); '#' starts a comment\n"
+	        "                       Without either, inside a Slurm allocation\n"
+	        "                       (SLURM_JOB_NODELIST), its nodes and tasks per node.\n"
+	        "  --ssh-command CMD    how to reach a host (default \"ssh\"); khorrun appends\n"
+	        "                       HOST and its command, and for ssh itself -T and\n"
+	        "                       -o BatchMode=yes -o ConnectTimeout=<start timeout>\n"
+	        "  --ssh-port PORT      ssh -p PORT\n"
+	        "  --ssh-identity FILE  ssh -i FILE\n"
+	        "  --start-timeout DURATION  time for every host to start its ranks (default 30s)\n"
+	        "  --remote-khorrun PATH  khorrun on the other hosts (default: this one's path)\n"
+	        "  --dry-run            print where each rank would run and exit\n"
+	        "\n"
+	        "  -h, --help           show this help\n"
+	        "  --help-env           list the KHOR_* variables the ranks read\n"
+	        "  --version            print the version\n"
+	        "\n"
+	        "Each rank gets KHOR_RANK, KHOR_SIZE, KHOR_LOCAL_RANK, KHOR_LOCAL_SIZE,\n"
+	        "KHOR_CROSS_RANK, KHOR_CROSS_SIZE, KHOR_LOCAL_CPUS, KHOR_STORE_ADDR, KHOR_SECRET,\n"
+	        "KHOR_JOB_ID and KHOR_LAUNCHER=khorrun on top of khorrun's own environment, and\n"
+	        "for Horovod scripts HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK,\n"
+	        "HOROVOD_LOCAL_SIZE, HOROVOD_CROSS_RANK, HOROVOD_CROSS_SIZE (the same values)\n"
+	        "and HOROVOD_HOSTNAME (KHOR_HOSTNAME as the ranks see it, else this host's name).\n"
+	        "On other hosts the ranks get, on top of their login environment, khorrun's\n"
+	        "KHOR_* and HOROVOD_* variables, the -x ones, and KHOR_HOSTNAME = the host's name\n"
+	        "as given; they run in khorrun's working directory.\n"
+	        "Ranks read stdin from /dev/null. Exit status: the first failed rank's\n"
+	        "(128+signal if killed), 130/143 when interrupted by SIGINT/SIGTERM, 2 for a bad\n"
+	        "command line, 127 when the program is not found, 126 when it cannot be run,\n"
+	        "1 when a host cannot be reached or does not start its ranks in time.\n");
+}
+
+/* The variables every rank reads (runtime/config.c's table, as in the README). */
+static void print_env_help(void)
+{
+	printf("Variables khor reads in every rank (set them in khorrun's environment or with\n"
+	       "-x VAR=VALUE):\n\n");
+	for (int i = 0; i < config_nvars; i++)
+		printf("  %-20s %-8s %s\n", config_vars[i].name,
+		       config_vars[i].def != NULL ? config_vars[i].def : "-", config_vars[i].help);
+	printf("\nDurations take ms, s, m suffixes; sizes take K, M, G (powers of 1024).\n");
+}
+
+int cli_bad_usage(const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	say("%s", msg);
+	usage(stderr);
+	return 2;
+}
+
+static bool valid_job_id(const char *s)
+{
+	size_t n = strlen(s);
+
+	/* It becomes a store key prefix, so keep it short and free of '/'. */
+	if (n == 0 || n > 64)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		if (!isalnum((unsigned char)s[i]) && s[i] != '-' && s[i] != '_' && s[i] != '.')
+			return false;
+	}
+	return true;
+}
+
+static bool valid_env_name(const char *s, size_t n)
+{
+	if (n == 0 || isdigit((unsigned char)s[0]))
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		if (!isalnum((unsigned char)s[i]) && s[i] != '_')
+			return false;
+	}
+	return true;
+}
+
+/* The options that take a value ("-x V", "--grace=3s"). */
+static bool takes_value(const char *name)
+{
+	static const char *const names[] = {
+		"-np", "-n", "--np", "-x", "--timeout", "--grace", "--bind-store", "--store-port",
+		"--job-id", "--bind", "-H", "--host", "--hostfile", "--ssh-command", "--ssh-port",
+		"--ssh-identity", "--start-timeout", "--remote-khorrun", "--output-filename",
+	};
+
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		if (strcmp(name, names[i]) == 0)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * "--bind-store ADDR[:PORT]": one colon means a port; a v6 address takes brackets for one
+ * ("[::1]:5000"), or none at all ("::").
+ */
+static int parse_bind_store(const char *val, struct opts *o)
+{
+	static char host[256];
+	const char *port = NULL;
+
+	if (val[0] == '[') {
+		const char *end = strchr(val, ']');
+
+		if (end == NULL || (end[1] != '\0' && end[1] != ':') || end == val + 1 ||
+		    (size_t)(end - val - 1) >= sizeof(host))
+			return cli_bad_usage("--bind-store wants ADDR, ADDR:PORT or [V6ADDR]:PORT, not '%s'",
+			                     val);
+		memcpy(host, val + 1, (size_t)(end - val - 1));
+		host[end - val - 1] = '\0';
+		if (end[1] == ':')
+			port = end + 2;
+	} else {
+		const char *c = strchr(val, ':');
+
+		if (c != NULL && strchr(c + 1, ':') == NULL) {
+			if ((size_t)(c - val) >= sizeof(host) || c == val)
+				return cli_bad_usage("--bind-store wants ADDR or ADDR:PORT, not '%s'", val);
+			memcpy(host, val, (size_t)(c - val));
+			host[c - val] = '\0';
+			port = c + 1;
+		} else {
+			kstrlcpy(host, val, sizeof(host));
+		}
+	}
+	if (port != NULL) {
+		int64_t v;
+
+		if (!kparse_i64(port, &v) || v < 0 || v > 65535)
+			return cli_bad_usage("--bind-store: the port wants a number from 0 to 65535, not "
+			                     "'%s'", port);
+		o->store_port = (uint16_t)v;
+	}
+	o->bind_host = host;
+	o->bind_given = true;
+	return -1;
+}
+
+/*
+ * Parses argv into o. Returns -1 to go on, or the exit status to exit with (0 after --help
+ * or --version, 2 after a bad command line, which it has explained on stderr).
+ */
+int cli_parse(int argc, char **argv, struct opts *o)
+{
+	int i;
+
+	memset(o, 0, sizeof(*o));
+	o->bind_host = "127.0.0.1";
+	o->grace_ms = DEFAULT_GRACE_MS;
+	o->start_timeout_ms = DEFAULT_START_TIMEOUT_MS;
+	o->bind = CPUBIND_NONE;
+	o->xvars = calloc((size_t)argc, sizeof(*o->xvars));
+	o->xnames = calloc((size_t)argc, sizeof(*o->xnames));
+	o->host_args = calloc((size_t)argc, sizeof(*o->host_args));
+	if (o->xvars == NULL || o->xnames == NULL || o->host_args == NULL) {
+		say("out of memory");
+		return 1;
+	}
+
+	for (i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		const char *val = NULL;
+		char name[64];
+		const char *eq;
+
+		if (strcmp(a, "--") == 0) {
+			i++;
+			break;
+		}
+		if (a[0] != '-' || a[1] == '\0')
+			break;
+		/* "--flag=value" is split here; single-dash flags always take the next word. */
+		eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
+		if (eq != NULL) {
+			if ((size_t)(eq - a) >= sizeof(name))
+				return cli_bad_usage("unknown option '%s'", a);
+			memcpy(name, a, (size_t)(eq - a));
+			name[eq - a] = '\0';
+			val = eq + 1;
+		} else {
+			kstrlcpy(name, a, sizeof(name));
+		}
+
+		if (strcmp(name, "-h") == 0 || strcmp(name, "--help") == 0) {
+			usage(stdout);
+			return 0;
+		}
+		if (strcmp(name, "--help-env") == 0) {
+			print_env_help();
+			return 0;
+		}
+		if (strcmp(name, "--version") == 0) {
+			printf("khorrun (khor) %d.%d.%d\n", KHOR_VERSION_MAJOR, KHOR_VERSION_MINOR,
+			       KHOR_VERSION_PATCH);
+			return 0;
+		}
+		if (strcmp(name, "--no-prefix") == 0 || strcmp(name, "--dry-run") == 0) {
+			if (val != NULL)
+				return cli_bad_usage("%s takes no value", name);
+			if (name[2] == 'n')
+				o->no_prefix = true;
+			else
+				o->dry_run = true;
+			continue;
+		}
+
+		/* Every other option takes a value. */
+		if (!takes_value(name))
+			return cli_bad_usage("unknown option '%s'", a);
+		if (val == NULL) {
+			if (i + 1 >= argc)
+				return cli_bad_usage("option '%s' needs a value", name);
+			val = argv[++i];
+		}
+
+		if (strcmp(name, "-np") == 0 || strcmp(name, "-n") == 0 ||
+		    strcmp(name, "--np") == 0) {
+			int64_t v;
+
+			if (!kparse_i64(val, &v) || v < 1 || v > MAX_RANKS)
+				return cli_bad_usage("%s wants a number of ranks from 1 to %d, not '%s'",
+				                     name, MAX_RANKS, val);
+			o->np = (int)v;
+		} else if (strcmp(name, "-x") == 0) {
+			const char *e = strchr(val, '=');
+			size_t n = e != NULL ? (size_t)(e - val) : strlen(val);
+
+			if (!valid_env_name(val, n))
+				return cli_bad_usage("-x wants VAR=VALUE or VAR with VAR a variable name, not "
+				                     "'%s'", val);
+			/*
+			 * "-x VAR" alone (mpirun's way to export a variable): the ranks here inherit
+			 * khorrun's whole environment anyway; those on other hosts get it this way.
+			 */
+			if (e != NULL)
+				o->xvars[o->nxvars++] = val;
+			else
+				o->xnames[o->nxnames++] = val;
+		} else if (strcmp(name, "--timeout") == 0) {
+			int64_t ms;
+
+			if (!kparse_duration_ms(val, &ms))
+				return cli_bad_usage("--timeout wants a duration like 30s, 500ms, 2m or inf, "
+				                     "not '%s'", val);
+			o->timeout = val;
+		} else if (strcmp(name, "--grace") == 0) {
+			/* A grace period without end would let a stuck rank hold khorrun forever. */
+			if (!kparse_duration_ms(val, &o->grace_ms) || o->grace_ms < 0)
+				return cli_bad_usage("--grace wants a finite duration like 3s or 500ms, "
+				                     "not '%s'", val);
+		} else if (strcmp(name, "--start-timeout") == 0) {
+			if (!kparse_duration_ms(val, &o->start_timeout_ms) || o->start_timeout_ms <= 0)
+				return cli_bad_usage("--start-timeout wants a finite duration like 30s, not "
+				                     "'%s'", val);
+		} else if (strcmp(name, "--bind-store") == 0) {
+			int rc;
+
+			if (val[0] == '\0')
+				return cli_bad_usage("--bind-store wants a host name or address");
+			if ((rc = parse_bind_store(val, o)) >= 0)
+				return rc;
+		} else if (strcmp(name, "--store-port") == 0) {
+			int64_t v;
+
+			if (!kparse_i64(val, &v) || v < 0 || v > 65535)
+				return cli_bad_usage("--store-port wants a port from 0 to 65535, not '%s'",
+				                     val);
+			o->store_port = (uint16_t)v;
+		} else if (strcmp(name, "--job-id") == 0) {
+			if (!valid_job_id(val))
+				return cli_bad_usage("--job-id wants 1 to 64 letters, digits, '-', '_' or "
+				                     "'.', not '%s'", val);
+			o->job_id = val;
+		} else if (strcmp(name, "--bind") == 0) {
+			if (!cpubind_parse(val, &o->bind))
+				return cli_bad_usage("--bind wants cores or none, not '%s'", val);
+		} else if (strcmp(name, "-H") == 0 || strcmp(name, "--host") == 0) {
+			o->host_args[o->nhost_args++] = val;
+		} else if (strcmp(name, "--hostfile") == 0) {
+			o->hostfile = val;
+		} else if (strcmp(name, "--ssh-command") == 0) {
+			if (strspn(val, " \t") == strlen(val))
+				return cli_bad_usage("--ssh-command wants a command such as \"ssh -F cfg\"");
+			o->ssh_command = val;
+		} else if (strcmp(name, "--ssh-port") == 0) {
+			int64_t v;
+
+			if (!kparse_i64(val, &v) || v < 1 || v > 65535)
+				return cli_bad_usage("--ssh-port wants a port from 1 to 65535, not '%s'", val);
+			o->ssh_port = val;
+		} else if (strcmp(name, "--ssh-identity") == 0) {
+			o->ssh_identity = val;
+		} else if (strcmp(name, "--remote-khorrun") == 0) {
+			if (val[0] != '/')
+				return cli_bad_usage("--remote-khorrun wants an absolute path, not '%s'", val);
+			o->remote_khorrun = val;
+		} else if (strcmp(name, "--output-filename") == 0) {
+			if (val[0] == '\0')
+				return cli_bad_usage("--output-filename wants a directory");
+			o->output_dir = val;
+		}
+	}
+
+	if (i >= argc)
+		return cli_bad_usage("no program given");
+	if (o->nhost_args > 0 && o->hostfile != NULL)
+		return cli_bad_usage("-H and --hostfile both name the hosts; give one of them");
+	o->prog_argv = &argv[i];
+	return -1;
+}

@@ -1,0 +1,125 @@
+/*
+ * env.c -- the ranks' environment. khorrun's own variables must win over the shell's (a
+ * stale KHOR_RANK would break the job), and the per-rank entries are buffers rewritten in
+ * place, so starting N ranks builds the vector once, not N times.
+ */
+#include "env.h"
+
+#include "base/err.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* Does the "NAME=value" entry have the same NAME as the "NAME=..." string `def`? */
+static bool same_name(const char *entry, const char *def)
+{
+	size_t n = strcspn(def, "=");
+
+	return strncmp(entry, def, n) == 0 && entry[n] == '=';
+}
+
+static bool env_has(char **env, size_t n, const char *def)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (same_name(env[i], def))
+			return true;
+	}
+	return false;
+}
+
+const char *const env_id_prefixes[NPREFIXES] = { "KHOR_", "HOROVOD_" };
+
+void env_fill_slots(char (*slots)[SLOT_LEN], const struct rank *rk, int r)
+{
+	for (size_t p = 0; p < NPREFIXES; p++) {
+		char(*s)[SLOT_LEN] = slots + SLOTS_PER_PREFIX * p;
+		const char *pre = env_id_prefixes[p];
+
+		snprintf(s[0], SLOT_LEN, "%sRANK=%d", pre, r);
+		snprintf(s[1], SLOT_LEN, "%sLOCAL_RANK=%d", pre, rk->lrank);
+		snprintf(s[2], SLOT_LEN, "%sLOCAL_SIZE=%d", pre, rk->lsize);
+		snprintf(s[3], SLOT_LEN, "%sCROSS_RANK=%d", pre, rk->xrank);
+		snprintf(s[4], SLOT_LEN, "%sCROSS_SIZE=%d", pre, rk->xsize);
+	}
+}
+
+bool env_add_fixed(char **fixed, size_t *nfixed, const char *fmt, ...)
+{
+	va_list ap;
+	int rc;
+
+	if (*nfixed >= MAX_FIXED)
+		return false;
+	va_start(ap, fmt);
+	rc = vasprintf(&fixed[*nfixed], fmt, ap);
+	va_end(ap);
+	if (rc < 0)
+		return false; /* vasprintf leaves the pointer undefined; it is not counted */
+	(*nfixed)++;
+	return true;
+}
+
+/*
+ * The host name the ranks go by, for HOROVOD_HOSTNAME: KHOR_HOSTNAME as the ranks will see
+ * it (the last -x, else khorrun's environment; empty means unset), else gethostname(), which
+ * is what runtime/config.c groups ranks into hosts by.
+ */
+void env_rank_hostname(const struct opts *o, char *out, size_t len)
+{
+	const char *v = NULL;
+	bool from_x = false;
+
+	for (int i = o->nxvars - 1; i >= 0 && !from_x; i--) {
+		if (same_name(o->xvars[i], "KHOR_HOSTNAME=")) {
+			v = o->xvars[i] + strlen("KHOR_HOSTNAME=");
+			from_x = true;
+		}
+	}
+	if (!from_x)
+		v = getenv("KHOR_HOSTNAME");
+	if (v != NULL && *v != '\0') {
+		kstrlcpy(out, v, len);
+		return;
+	}
+	memset(out, 0, len);
+	if (gethostname(out, len - 1) != 0)
+		kstrlcpy(out, "localhost", len);
+}
+
+/*
+ * The ranks' environment: khorrun's own, under the -x variables, under the launcher's
+ * KHOR_* and HOROVOD_* variables (which must win, or a stale KHOR_RANK in the shell would
+ * break the job). Entries are added highest priority first and a name already present is
+ * skipped. slots are the NSLOTS buffers the caller rewrites before each spawn.
+ */
+char **env_build(const struct opts *o, char **fixed, size_t nfixed,
+                 char (*slots)[SLOT_LEN])
+{
+	size_t nenv = 0, n = 0;
+	char **env;
+
+	while (environ != NULL && environ[nenv] != NULL)
+		nenv++;
+	env = calloc(nfixed + NSLOTS + (size_t)o->nxvars + nenv + 1, sizeof(*env));
+	if (env == NULL)
+		return NULL;
+	for (size_t i = 0; i < NSLOTS; i++)
+		env[n++] = slots[i];
+	for (size_t i = 0; i < nfixed; i++)
+		env[n++] = fixed[i];
+	for (int i = o->nxvars - 1; i >= 0; i--) {
+		if (!env_has(env, n, o->xvars[i]))
+			env[n++] = (char *)o->xvars[i];
+	}
+	for (size_t i = 0; i < nenv; i++) {
+		if (strchr(environ[i], '=') != NULL && !env_has(env, n, environ[i]))
+			env[n++] = environ[i];
+	}
+	env[n] = NULL;
+	return env;
+}

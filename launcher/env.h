@@ -1,0 +1,34 @@
+/*
+ * env.h -- the ranks' environment: what is the same in every rank of a host ("fixed"), the
+ * identity that differs per rank ("slots", rewritten before each start), and khorrun's own
+ * environment and -x variables under them.
+ */
+#ifndef KHOR_LAUNCHER_ENV_H
+#define KHOR_LAUNCHER_ENV_H
+
+#include "job.h"
+
+/*
+ * Every rank's identity goes out under two prefixes: KHOR_ for khor itself and HOROVOD_ for
+ * scripts written for horovodrun, which read HOROVOD_RANK and friends directly.
+ */
+#define NPREFIXES ((size_t)2)
+extern const char *const env_id_prefixes[NPREFIXES];
+/* The entries that differ between ranks, under each prefix: see env_fill_slots. */
+#define SLOTS_PER_PREFIX 5
+#define NSLOTS (SLOTS_PER_PREFIX * NPREFIXES)
+#define SLOT_LEN 40
+/* The entries that are the same in every rank of a host: see main. */
+#define MAX_FIXED 24
+
+/* Rank rk's identity, as placed by place_ranks (one host: local rank = rank). */
+void env_fill_slots(char (*slots)[SLOT_LEN], const struct rank *rk, int r);
+/* Appends one printf-made "NAME=value" to fixed; false when out of memory or room. */
+bool env_add_fixed(char **fixed, size_t *nfixed, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* The host name the ranks go by, for HOROVOD_HOSTNAME. */
+void env_rank_hostname(const struct opts *o, char *out, size_t len);
+/* The environment to start the ranks with; slots are rewritten before each start. */
+char **env_build(const struct opts *o, char **fixed, size_t nfixed, char (*slots)[SLOT_LEN]);
+
+#endif
