@@ -95,8 +95,14 @@ int helper_main(void)
 			if (a == NULL)
 				goto out;
 			argv = a;
-			argv[nargv++] = strdup(buf);
-			argv[nargv] = NULL;
+			argv[nargv] = strdup(buf);
+			if (argv[nargv] == NULL) {
+				/* A short argument list would run another command line: stop instead. */
+				say("out of memory for the program's arguments");
+				frame_sendf('F', "1");
+				goto out;
+			}
+			argv[++nargv] = NULL;
 			break;
 		}
 		case 'V': {
