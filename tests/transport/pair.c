@@ -35,8 +35,8 @@ const kerr *pair_link_error(const struct transport_ops *tp, tp_link *l)
 
 static struct board *board_new(void)
 {
-	struct board *b = mmap(NULL, sizeof(*b), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-	                       -1, 0);
+	struct board *b =
+	    mmap(NULL, sizeof(*b), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	cr_assert(b != MAP_FAILED);
 	memset(b, 0, sizeof(*b));
 	return b;
@@ -59,11 +59,17 @@ tp_ctx *pair_ctx(struct rank_env *env, const char *secret)
 	/* ib's bootstrap goes where the device is (KHOR_SOCKET_IFNAME in the VM). */
 	const char *ifname = env->tp == &tcp_transport_ops || env->tp == &shm_transport_ops ||
 	                             getenv("KHOR_SOCKET_IFNAME") == NULL
-	                     ? "lo" : getenv("KHOR_SOCKET_IFNAME");
-	tp_options o = { .rank = env->rank, .size = 2, .job_id = env->job->job_id,
-	                 .secret = secret ? secret : "test-secret", .ifname_spec = ifname,
-	                 .nsocks = 2, .min_stripe_bytes = 65536, .handshake_timeout_ms = 5000,
-	                 .meta = &coll_meta_rules };
+	                         ? "lo"
+	                         : getenv("KHOR_SOCKET_IFNAME");
+	tp_options o = {.rank = env->rank,
+	                .size = 2,
+	                .job_id = env->job->job_id,
+	                .secret = secret ? secret : "test-secret",
+	                .ifname_spec = ifname,
+	                .nsocks = 2,
+	                .min_stripe_bytes = 65536,
+	                .handshake_timeout_ms = 5000,
+	                .meta = &coll_meta_rules};
 	tp_ctx *c = NULL;
 	kerr e;
 
@@ -82,7 +88,8 @@ tp_link *pair_link_up(struct rank_env *env, tp_ctx *c)
 	if (env->rank == 0) {
 		while (!atomic_load(&env->b->ready[1]))
 			CHECK(!kdeadline_passed(dl), "rank 1 never published its address");
-		CHECK(tp->connect(c, 1, env->b->addr[1], &l, &e) == KHOR_SUCCESS, "connect: %s", e.text);
+		CHECK(tp->connect(c, 1, env->b->addr[1], &l, &e) == KHOR_SUCCESS, "connect: %s",
+		      e.text);
 		while (!tp->link_ready(l)) {
 			CHECK(pair_link_error(tp, l)->status == KHOR_SUCCESS, "link: %s",
 			      pair_link_error(tp, l)->text);
@@ -105,7 +112,8 @@ tp_link *pair_link_up(struct rank_env *env, tp_ctx *c)
 		CHECK(strstr(d, ", 2 sockets") != NULL, "describe: %s", d);
 	else
 		CHECK(strstr(d, " port ") != NULL && strstr(d, "GID") != NULL &&
-		      strstr(d, "QP") != NULL, "describe: %s", d);
+		          strstr(d, "QP") != NULL,
+		      "describe: %s", d);
 	return l;
 }
 
@@ -121,8 +129,8 @@ khor_status pair_wait(struct rank_env *env, tp_req *r, int timeout_ms, kerr *e)
 		if (done)
 			return st;
 		CHECK(!kdeadline_passed(dl), "request never completed");
-		CHECK(env->tp->progress(env->ctx, timeout_ms, NULL, e) == KHOR_SUCCESS, "progress: %s",
-		      e->text);
+		CHECK(env->tp->progress(env->ctx, timeout_ms, NULL, e) == KHOR_SUCCESS,
+		      "progress: %s", e->text);
 	}
 }
 
@@ -176,7 +184,7 @@ void pair_count_memfd(int *fds_out, int *maps_out)
 
 static void rank_main(struct job *j, struct board *b, int rank)
 {
-	struct rank_env env_s = { .rank = rank, .tp = j->tp, .b = b, .job = j }, *env = &env_s;
+	struct rank_env env_s = {.rank = rank, .tp = j->tp, .b = b, .job = j}, *env = &env_s;
 	int fds, maps;
 
 	atomic_store(&b->pid[rank], (int)getpid());
@@ -194,7 +202,7 @@ static void rank_main(struct job *j, struct board *b, int rank)
 	if (env->ctx != NULL) {
 		/* Let the last frames drain before closing (the peer may still be reading). */
 		for (int i = 0; i < 10; i++)
-			j->tp->progress(env->ctx, 1, NULL, &(kerr){ 0 });
+			j->tp->progress(env->ctx, 1, NULL, &(kerr){0});
 		j->tp->destroy(env->ctx);
 	}
 	pair_count_memfd(&fds, &maps);
@@ -213,8 +221,8 @@ struct board *pair_run(struct job *j)
 	static int counter;
 	struct board *b = board_new();
 	pid_t pids[2];
-	int status[2] = { -1, -1 };
-	int pipefd[2] = { -1, -1 };
+	int status[2] = {-1, -1};
+	int pipefd[2] = {-1, -1};
 	bool killed = false;
 	kdeadline dl = kdeadline_in_ms((int64_t)(j->deadline_s ? j->deadline_s : 60) * 1000);
 
@@ -266,8 +274,9 @@ struct board *pair_run(struct job *j)
 	}
 	for (int r = 0; r < 2; r++) {
 		if (killed && r == j->kill_rank) {
-			cr_assert_eq(status[r], 128 + SIGKILL, "rank %d was to be killed but exited %d: %s",
-			             r, status[r], b->msg[r]);
+			cr_assert_eq(status[r], 128 + SIGKILL,
+			             "rank %d was to be killed but exited %d: %s", r, status[r],
+			             b->msg[r]);
 			continue;
 		}
 		cr_assert_eq(status[r], 0, "rank %d failed (exit %d): %s", r, status[r], b->msg[r]);
@@ -277,11 +286,10 @@ struct board *pair_run(struct job *j)
 	return b;
 }
 
-struct job pair_job(const struct transport_ops *tp, const char *cma, rank_body b0,
-                         rank_body b1)
+struct job pair_job(const struct transport_ops *tp, const char *cma, rank_body b0, rank_body b1)
 {
-	struct job j = { .tp = tp, .cma = cma, .body = { b0, b1 }, .kill_rank = -1,
-	                 .capture_stderr = -1 };
+	struct job j = {
+	    .tp = tp, .cma = cma, .body = {b0, b1}, .kill_rank = -1, .capture_stderr = -1};
 	return j;
 }
 
@@ -296,8 +304,9 @@ void pair_stream_forever(struct rank_env *env)
 	pair_fill(x, 4096, 1);
 	for (uint32_t i = 0;; i++) {
 		tp_req *s;
-		tp_tag t = { 5, i, 0, 0 };
-		CHECK(env->tp->isend(env->link, x, len, t, NULL, &s, &e) == KHOR_SUCCESS, "%s", e.text);
+		tp_tag t = {5, i, 0, 0};
+		CHECK(env->tp->isend(env->link, x, len, t, NULL, &s, &e) == KHOR_SUCCESS, "%s",
+		      e.text);
 		pair_wait(env, s, 0, &e);
 		atomic_store(&env->b->phase[0], (int)i + 1);
 	}

@@ -43,14 +43,14 @@ typedef void (*rank_body)(struct rank_env *env);
 
 struct job {
 	const struct transport_ops *tp;
-	const char *cma;       /* KHOR_SHM_CMA for the ranks, or NULL */
+	const char *cma; /* KHOR_SHM_CMA for the ranks, or NULL */
 	rank_body body[2];
 	const char *secret[2]; /* NULL: "test-secret" */
 	bool no_link;          /* the bodies link up themselves */
 	int kill_rank;         /* -1: none; else SIGKILL it once phase[kill_rank] >= kill_phase */
 	int kill_phase;
 	int kill_delay_ms;
-	int capture_stderr;    /* -1: none; else that rank's stderr ends up in board->log */
+	int capture_stderr; /* -1: none; else that rank's stderr ends up in board->log */
 	int deadline_s;
 	char job_id[64];
 	void *arg;
@@ -64,12 +64,12 @@ const kerr *pair_link_error(const struct transport_ops *tp, tp_link *l);
 
 /* Fails the rank: the message goes to the board (the parent reports it), exit status 1. */
 void pair_fail(struct rank_env *env, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3), noreturn));
+    __attribute__((format(printf, 2, 3), noreturn));
 
-#define CHECK(cond, fmt, ...)                                                             \
-	do {                                                                              \
-		if (!(cond))                                                              \
-			pair_fail(env, "line %d: %s: " fmt, __LINE__, #cond, ##__VA_ARGS__); \
+#define CHECK(cond, fmt, ...)                                                                      \
+	do {                                                                                       \
+		if (!(cond))                                                                       \
+			pair_fail(env, "line %d: %s: " fmt, __LINE__, #cond, ##__VA_ARGS__);       \
 	} while (0)
 
 /* A transport instance of env's rank (secret NULL: "test-secret"). */
@@ -91,8 +91,7 @@ void pair_stream_forever(struct rank_env *env);
 /* ---- in the parent ------------------------------------------------------------------- */
 
 /* A job of body b0 on rank 0 and b1 on rank 1 over tp (cma: KHOR_SHM_CMA, or NULL). */
-struct job pair_job(const struct transport_ops *tp, const char *cma, rank_body b0,
-                    rank_body b1);
+struct job pair_job(const struct transport_ops *tp, const char *cma, rank_body b0, rank_body b1);
 /* Runs both ranks; returns the board for extra checks. Asserts each rank's exit. */
 struct board *pair_run(struct job *j);
 
