@@ -6,7 +6,7 @@
  *   khorrun -np 2 khor-bench allreduce --comms 1,2 -b 8 -e 64M -f 8388608
  *
  * It uses only the public API of khor.h, the way a user's program would, so what it measures
- * is what they get. The flags, the sweep, the checks and the output are in bench_common.h,
+ * is what they get. The flags, the sweep, the checks and the output are in bench_*.c (bench.h),
  * shared with the OpenMPI peer (peers/mpi_bench.c) so the two print comparable columns; this
  * file only joins the job and maps the benchmark's calls onto khor's.
  *
@@ -19,7 +19,7 @@
  * khor_comm_free. The threads and the rows are bench_run_comms'; here are only the split and
  * the free.
  *
- * khor-bench step (bench_step.h) is the other mode: a training step's gradients (ResNet-50's,
+ * khor-bench step (step.h) is the other mode: a training step's gradients (ResNet-50's,
  * or 1000 small tensors) handed to the engine by a backprop thread, against one flat
  * khor_allreduce and one per tensor on the same bytes, with the engine's 8-byte latency and
  * negotiation cost and, with --sweep, its fusion threshold, cycle time and autotune.
@@ -28,7 +28,7 @@
  * times host and device buffers side by side, in alternating rounds at every size, with the
  * ratio of their busbw: on a shared machine only a ratio measured that way means anything.
  * The patterns are written and checked on the CPU and copied, outside the timed calls
- * (bench_common.h).
+ * (bench_bufs.c).
  */
 /* clock_gettime and posix_memalign, also under a strict -std=c11. */
 #define _POSIX_C_SOURCE 200809L
@@ -43,8 +43,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench_common.h"
-#include "bench_step.h"
+#include "bench.h"
+#include "bench_args.h"
+#include "bench_comms.h"
+#include "bench_sweep.h"
+#include "step_args.h"
+#include "step_run.h"
 
 #define PROG "khor-bench"
 /* --mem cuda|both where no GPU is usable: a skip, as CTest and automake count one. */
@@ -183,7 +187,7 @@ static void cuda_open(int local_rank)
 		         name);
 }
 
-/* The memory ops of bench_common.h. Each makes the context current: --comms calls them from
+/* The memory ops of bench.h (struct bench_mem). Each makes the context current: --comms calls them from
  * threads of its own. */
 static int cu_current(char *why, size_t len)
 {
@@ -588,7 +592,7 @@ static int take_khor_flags(int argc, char **argv)
 	return out;
 }
 
-/* khor-bench step (bench_step.h): its own flags, one run on the world comm. */
+/* khor-bench step (step.h): its own flags, one run on the world comm. */
 static int step_main(int argc, char **argv)
 {
 	struct step_args args;

@@ -42,7 +42,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define AG_MAX_LANES 64
+#define AG_MAX_LANES COLL_MAX_LANES
 
 struct lane {
 	bool active;
@@ -147,18 +147,11 @@ khor_status ring_allgatherv(coll_comm *cc, const void *sendbuf, void *recvbuf,
 		}
 		if (st != KHOR_SUCCESS || lanes_done == nlanes)
 			break;
-		if (!moved) {
-			coll_xfer xs[2 * AG_MAX_LANES];
-			for (int li = 0; li < nactive; li++) {
-				xs[2 * li] = lanes[li].x[0];
-				xs[2 * li + 1] = lanes[li].x[1];
-			}
-			st = coll_wait_step(cc, &w, xs, 2 * nactive, err);
-		}
+		if (!moved)
+			st = COLL_LANES_WAIT(cc, &w, lanes, nactive, err);
 	}
 	if (st != KHOR_SUCCESS) {
-		for (int li = 0; li < nactive; li++)
-			coll_drain(cc, lanes[li].x, 2);
+		COLL_LANES_DRAIN(cc, lanes, nactive);
 		coll_wait_fail(&w, err, " (ring, step %d of %d)", lanes[0].step, nsteps);
 	}
 	return st;

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #define A2A_MAX_WINDOW 32
+_Static_assert(A2A_MAX_WINDOW <= COLL_MAX_LANES, "the window is waited on as lanes");
 
 struct slot {
 	int step; /* 0 = free */
@@ -144,19 +145,11 @@ khor_status pairwise_alltoallv(coll_comm *cc, const void *sendbuf, const size_t 
 		}
 		if (st != KHOR_SUCCESS || steps_done == n - 1)
 			break;
-		if (!moved) {
-			coll_xfer xs[2 * A2A_MAX_WINDOW];
-			for (int i = 0; i < window; i++) {
-				xs[2 * i] = slots[i].x[0];
-				xs[2 * i + 1] = slots[i].x[1];
-			}
-			st = coll_wait_step(cc, &w, xs, 2 * window, err);
-		}
+		if (!moved)
+			st = COLL_LANES_WAIT(cc, &w, slots, window, err);
 	}
-	if (st != KHOR_SUCCESS) {
-		for (int i = 0; i < window; i++)
-			coll_drain(cc, slots[i].x, 2);
-	}
+	if (st != KHOR_SUCCESS)
+		COLL_LANES_DRAIN(cc, slots, window);
 out:
 	if (st != KHOR_SUCCESS)
 		coll_wait_fail(&w, err, " (pairwise%s)", sendbuf == recvbuf ? ", in place" : "");

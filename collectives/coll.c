@@ -666,6 +666,34 @@ void coll_drain(coll_comm *cc, coll_xfer *xs, int nxs)
 	}
 }
 
+/* The pair of lane i of an array of lanes whose pairs lie stride bytes apart. */
+static inline coll_xfer *lane_pair(const coll_xfer *first, size_t stride, int i)
+{
+	return (coll_xfer *)((const char *)first + (size_t)i * stride);
+}
+
+khor_status coll_lanes_wait(coll_comm *cc, coll_wait *w, const coll_xfer *first, size_t stride,
+                            int nlanes, kerr *err)
+{
+	coll_xfer xs[2 * COLL_MAX_LANES];
+
+	if (nlanes > COLL_MAX_LANES)
+		return kerr_set(err, KHOR_ERR_INTERNAL, "%s: %d lanes, more than the %d a wait "
+		                "takes", coll_wait_what(w), nlanes, COLL_MAX_LANES);
+	for (int i = 0; i < nlanes; i++) {
+		const coll_xfer *x = lane_pair(first, stride, i);
+		xs[2 * i] = x[0];
+		xs[2 * i + 1] = x[1];
+	}
+	return coll_wait_step(cc, w, xs, 2 * nlanes, err);
+}
+
+void coll_lanes_drain(coll_comm *cc, coll_xfer *first, size_t stride, int nlanes)
+{
+	for (int i = 0; i < nlanes; i++)
+		coll_drain(cc, lane_pair(first, stride, i), 2);
+}
+
 khor_status coll_sendrecv(coll_comm *cc, coll_wait *w, int send_peer, const void *sbuf,
                           size_t slen, int recv_peer, void *rbuf, size_t rlen, tp_tag tag,
                           kerr *err)

@@ -293,4 +293,21 @@ void coll_lane_range(size_t count, int n, int b, size_t index, size_t slice_el, 
 /* Finishes every pending transfer in xs after an error (so no request dangles). */
 void coll_drain(coll_comm *cc, coll_xfer *xs, int nxs);
 
+/*
+ * The lanes of a pipelined schedule (ring.c, allgather.c, reducescatter.c, and alltoall.c's
+ * window of steps): each lane is a struct of the schedule's own whose member x is the pair
+ * of its step in flight, [0] the receive and [1] the send. A pass over the lanes tests and
+ * advances them; when no lane moved, COLL_LANES_WAIT waits on every pair until one can
+ * (coll_wait_step: its deadline and abort checks); after an error COLL_LANES_DRAIN
+ * finishes all of them. At most COLL_MAX_LANES lanes.
+ */
+#define COLL_MAX_LANES 64
+khor_status coll_lanes_wait(coll_comm *cc, coll_wait *w, const coll_xfer *first, size_t stride,
+                            int nlanes, kerr *err);
+void coll_lanes_drain(coll_comm *cc, coll_xfer *first, size_t stride, int nlanes);
+#define COLL_LANES_WAIT(cc, w, lanes, nlanes, err) \
+	coll_lanes_wait((cc), (w), (lanes)[0].x, sizeof((lanes)[0]), (nlanes), (err))
+#define COLL_LANES_DRAIN(cc, lanes, nlanes) \
+	coll_lanes_drain((cc), (lanes)[0].x, sizeof((lanes)[0]), (nlanes))
+
 #endif

@@ -12,18 +12,33 @@
 #include <string.h>
 #include <time.h>
 
-extern const kmem_backend kmem_emu_backend;
 #ifdef KHOR_HAVE_CUDA_KERNELS
 extern const kmem_backend kmem_cuda_backend;
 #endif
 
-const kmem_backend *const kmem_backends[] = {
-	&kmem_emu_backend,
+/* The built-in backends, and room ahead of them for those a test adds (kmem_backend_add). */
+#define KMEM_BACKENDS_ADDED 4
+const kmem_backend *kmem_backends[KMEM_BACKENDS_ADDED + 2] = {
 #ifdef KHOR_HAVE_CUDA_KERNELS
 	&kmem_cuda_backend,
 #endif
 	NULL,
 };
+static int nadded;
+
+bool kmem_backend_add(const kmem_backend *be)
+{
+	int n = 0;
+
+	if (nadded == KMEM_BACKENDS_ADDED)
+		return false;
+	while (kmem_backends[n] != NULL)
+		n++;
+	memmove(&kmem_backends[1], &kmem_backends[0], (size_t)(n + 1) * sizeof(kmem_backends[0]));
+	kmem_backends[0] = be;
+	nadded++;
+	return true;
+}
 
 void kmem_query(const void *p, kmem_where *out)
 {

@@ -8,14 +8,12 @@
  *
  *   cuda (cuda/mem_cuda.c)   the CUDA driver API, loaded at run time (dlopen libcuda.so.1),
  *                            and khor's CUDA kernels; present when built with nvcc
- *   emu  (collectives/mem_emu.c)
- *                            a pretend device for the tests of this machine, which has no
- *                            GPU: memory the process itself cannot touch (a PROT_NONE
- *                            mapping, whose pages a second, private mapping reaches) and
- *                            streams that run their operations on a thread of their own.
- *                            A schedule that reads or writes "device" memory directly
- *                            crashes; one that forgets to wait for a stream reads stale
- *                            data. Nothing but tests allocates it.
+ *
+ * A test adds backends of its own ahead of these (kmem_backend_add): the emulated device
+ * (tests/support/mem_emu.c), a pretend device for machines without a GPU, whose memory
+ * the process cannot touch and whose streams run on threads of their own, so that a
+ * schedule that reads device memory directly crashes and one that forgets to wait for a
+ * stream reads stale data. It is a test double: libkhor does not carry it.
  *
  * The kind is found per call (kmem_query): libkhor has no hard CUDA dependency, and on a
  * machine without libcuda every buffer is host memory at the cost of one failed dlopen.
@@ -109,8 +107,19 @@ struct kmem_backend {
 	int (*dmabuf_fd)(const void *p, size_t len, uint64_t *offset_out);
 };
 
-/* Every backend built in, NULL-terminated: the first whose query claims a pointer owns it. */
-extern const kmem_backend *const kmem_backends[];
+/*
+ * Every backend, NULL-terminated: those a test added, then those built in (cuda when built
+ * with it). The first whose query claims a pointer owns it.
+ */
+extern const kmem_backend *kmem_backends[];
+
+/*
+ * Puts be first in kmem_backends: the seam's way in for a test double, so that libkhor
+ * itself carries none. Internal (not exported from libkhor.so; the tests link the static
+ * layers). Not thread-safe against kmem_query: call it before any thread can ask the seam,
+ * from a constructor. False when the room for added backends is used up.
+ */
+bool kmem_backend_add(const kmem_backend *be);
 
 /* The kind of p (never fails: unknown pointers are host memory). */
 void kmem_query(const void *p, kmem_where *out);

@@ -59,7 +59,7 @@ khor_status ring_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, si
 	uint8_t *out = recvbuf;
 	size_t slice_el, max_chunk, nlanes, next_lane = 0, lanes_done = 0;
 	int nactive;
-	struct lane lanes[64];
+	struct lane lanes[COLL_MAX_LANES];
 	coll_wait w;
 	khor_status st = KHOR_SUCCESS;
 
@@ -75,7 +75,7 @@ khor_status ring_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, si
 		slice_el *= 2;
 		nlanes = (max_chunk + slice_el - 1) / slice_el;
 	}
-	nactive = cc->max_lanes < 64 ? cc->max_lanes : 64;
+	nactive = cc->max_lanes < COLL_MAX_LANES ? cc->max_lanes : COLL_MAX_LANES;
 	if (nactive < 1)
 		nactive = 1;
 	if ((size_t)nactive > nlanes)
@@ -159,19 +159,11 @@ khor_status ring_allreduce(coll_comm *cc, const void *sendbuf, void *recvbuf, si
 		}
 		if (st != KHOR_SUCCESS || lanes_done == nlanes)
 			break;
-		if (!moved) {
-			coll_xfer xs[128];
-			int nx = 0;
-			for (int li = 0; li < nactive; li++) {
-				xs[nx++] = lanes[li].x[0];
-				xs[nx++] = lanes[li].x[1];
-			}
-			st = coll_wait_step(cc, &w, xs, nx, err);
-		}
+		if (!moved)
+			st = COLL_LANES_WAIT(cc, &w, lanes, nactive, err);
 	}
 	if (st != KHOR_SUCCESS) {
-		for (int li = 0; li < nactive; li++)
-			coll_drain(cc, lanes[li].x, 2);
+		COLL_LANES_DRAIN(cc, lanes, nactive);
 		coll_wait_fail(&w, err, " (step %d of %d)", lanes[0].step, nsteps);
 	}
 	return st;

@@ -5,7 +5,7 @@
 
 gloo is what PyTorch users get on CPUs without MPI, so it is the yardstick khor's users will
 hold up. This program takes khor-bench's flags and prints its columns, CSV and JSON
-(bench/bench_common.h is the reference: same sizes, busbw factors, data patterns, checks,
+(bench/bench_*.c are the reference: same sizes, busbw factors, data patterns, checks,
 slowest-rank average time); a change to either must be made to both.
 
 With --np N it is its own launcher: it starts N copies of itself with torchrun's variables
@@ -224,7 +224,7 @@ def main(argv):
     library = f"torch {torch.__version__} gloo"
     transport, algo = "tcp", "gloo"
 
-    # ---- the patterns of bench_common.h, on whole tensors ----
+    # ---- the patterns of bench_data.c, on whole tensors ----
     def period():
         p = limit - n + 2 if a.op in ("min", "max") else limit / n
         return 1 if p < 1 else PERIOD if p > PERIOD else int(p)

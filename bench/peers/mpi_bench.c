@@ -3,8 +3,8 @@
  *
  *   mpirun -np 4 --mca btl tcp,self --mca btl_tcp_if_include lo mpi-bench allreduce -e 64M
  *
- * Same flags, sweep, checks and columns as khor-bench (all of it in ../bench_common.h); only
- * the calls differ: MPI_Allreduce, MPI_Reduce, MPI_Bcast, MPI_Allgather, MPI_Reduce_scatter
+ * Same flags, sweep, checks and columns as khor-bench (all of it in ../bench_*.c, compiled
+ * in, and ../bench.h); only the calls differ: MPI_Allreduce, MPI_Reduce, MPI_Bcast, MPI_Allgather, MPI_Reduce_scatter
  * (_block when the blocks are even), MPI_Alltoall, MPI_Gather, MPI_Scatter, MPI_Barrier.
  * Built with mpicc on its own (never linked with khor), so it measures MPI and nothing else.
  *
@@ -16,9 +16,16 @@
 /* clock_gettime and posix_memalign, also under a strict -std=c11. */
 #define _POSIX_C_SOURCE 200809L
 
+#include <limits.h>
 #include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-#include "bench/bench_common.h"
+#include "bench/bench.h"
+#include "bench/bench_args.h"
+#include "bench/bench_data.h"
+#include "bench/bench_sweep.h"
 
 #define PROG "mpi-bench"
 

@@ -1,7 +1,7 @@
 /*
  * test_device.c -- every collective on device buffers, through the public API, over real
  * tcp and shm links, n = 1..4, on the device KHOR_TEST_DEVICE names: emu (the default: the
- * emulated device of collectives/mem_emu.c) or cuda (a real GPU, device 0, shared by the
+ * emulated device of tests/support/mem_emu.c) or cuda (a real GPU, device 0, shared by the
  * ranks; CTest's test_device_gpu). With cuda and no usable GPU every test skips, saying why.
  *
  * Each case runs twice in every rank: on host buffers, then on device buffers with the
@@ -26,7 +26,7 @@
 #include "tests/harness.h"
 #include "tests/values.h"
 
-#include "collectives/mem_emu.h"
+#include "tests/support/mem_emu.h"
 #include "collectives/reduce.h"
 #ifdef KHOR_HAVE_CUDA_KERNELS
 #include "cuda/mem_cuda.h"

@@ -14,7 +14,7 @@
  * one child per test, as Criterion does.
  */
 #include "base/dtype.h"
-#include "collectives/mem_emu.h"
+#include "tests/support/mem_emu.h"
 #include "collectives/reduce.h"
 #include "tests/mem_check.h"
 #include "tests/values.h"

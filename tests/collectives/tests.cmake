@@ -5,7 +5,9 @@ khor_test(test_collectives collectives/test_collectives.c 900)
 khor_test(test_reduce collectives/test_reduce.c 120)
 khor_test(test_hier collectives/test_hier.c 600)
 khor_test(test_mem collectives/test_mem.c 300)
+target_link_libraries(test_mem PRIVATE khor_mem_emu)
 khor_test(test_device collectives/test_device.c 600)
+target_link_libraries(test_device PRIVATE khor_mem_emu)
 # The same on a real GPU (KHOR_TEST_DEVICE=cuda; label gpu: skips with the reason where no
 # GPU is usable).
 if(KHOR_HAVE_CUDA_KERNELS)
@@ -18,4 +20,4 @@ endif()
 # start under TSan); not a CTest test: run build/tests/tsan_mem [name filter].
 add_executable(tsan_mem collectives/test_mem.c)
 target_compile_definitions(tsan_mem PRIVATE TEST_MEM_PLAIN)
-target_link_libraries(tsan_mem PRIVATE khor_collectives m)
+target_link_libraries(tsan_mem PRIVATE khor_mem_emu khor_collectives m)

@@ -3,7 +3,7 @@
  * ranks and links (harness.h) on pretend hosts (KHOR_HOSTNAME).
  *
  * Suite nccl runs everywhere (CTest test_nccl, label nccl): KHOR_NCCL=bogus is refused at
- * init; on buffers of the emulated device (collectives/mem_emu.h), which NCCL cannot take,
+ * init; on buffers of the emulated device (tests/support/mem_emu.h), which NCCL cannot take,
  * auto runs khor's own schedules and gets every result right, and on fails the call on
  * every rank saying that NCCL needs CUDA device memory.
  *
@@ -23,7 +23,7 @@
 #include "tests/harness.h"
 #include "tests/values.h"
 #include "collectives/mem.h"
-#include "collectives/mem_emu.h"
+#include "tests/support/mem_emu.h"
 #include "collectives/reduce.h"
 #include "base/dtype.h"
 #include "gpu_check.h"

@@ -16,7 +16,7 @@ endif()
 # everywhere (it opens libcuda itself): suite nccl runs here on the emulated device (label
 # nccl), suite nccl_gpu skips with the reason where no GPU is usable (label gpu).
 add_executable(test_nccl cuda/test_nccl.c)
-target_link_libraries(test_nccl PRIVATE khor_testlib)
+target_link_libraries(test_nccl PRIVATE khor_testlib khor_mem_emu)
 add_test(NAME test_nccl COMMAND test_nccl --jobs 1 --filter "nccl/*")
 set_tests_properties(test_nccl PROPERTIES TIMEOUT 600 LABELS nccl)
 add_test(NAME test_nccl_gpu COMMAND test_nccl --jobs 1 --filter "nccl_gpu/*")

@@ -1,6 +1,6 @@
 /*
  * test_engine_device.c -- the engine with device tensors, on the emulated device
- * (collectives/mem_emu.h: memory the process cannot touch, streams on threads of their own):
+ * (tests/support/mem_emu.h: memory the process cannot touch, streams on threads of their own):
  * allreduce alone and fused (prescale, postscale, avg), broadcast, allgather, alltoall and
  * reducescatter on device buffers against a host reference; ready events that complete
  * only after a delayed fill on another stream (the result must be the fill's), and one that
@@ -16,7 +16,7 @@
  */
 #include "tests/harness.h"
 
-#include "collectives/mem_emu.h"
+#include "tests/support/mem_emu.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>

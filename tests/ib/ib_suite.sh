@@ -2,11 +2,11 @@
 # The ib tests, run inside the soft-RoCE VM (tests/ib/vm.sh boots it; CTest's ib_softroce
 # calls both) or on a host with a real HCA (bench/ib/real_hca.sh):
 #   tests/ib/ib_suite.sh BUILD_DIR [quick]
-# Runs, over ib: the ib-only tests (test_ib), the transport-generic suite of test_shm (the
-# cases tcp and shm meet: tag matching in any order, length mismatches, a dead peer named,
-# data sent before an exit delivered, strangers refused), every collective at n = 2 and 4
-# (test_collectives), the allreduce schedules at n = 2 and 4 (test_allreduce), and kill -9
-# of a rank (test_faults). "quick" leaves out test_collectives' n = 4 cases and
+# Runs, over ib: the ib-only tests (test_ib), the transport contract (test_contract's suite
+# ib, the cases every transport meets: tag matching in any order, length mismatches, a dead
+# peer named, data sent before an exit delivered, strangers refused), every collective at
+# n = 2 and 4 (test_collectives), the allreduce schedules at n = 2 and 4 (test_allreduce),
+# and kill -9 of a rank (test_faults). "quick" leaves out test_collectives' n = 4 cases and
 # test_allreduce (for a short CI). Every suite runs even when one fails; the exit status is
 # the number of failed suites.
 set -u
@@ -26,7 +26,7 @@ run() {
 }
 ulimit -l unlimited 2>/dev/null || true
 run "$t/test_ib" --jobs 1
-KHOR_TEST_IB=1 run "$t/test_shm" --jobs 1 --filter 'ib/*'
+KHOR_TEST_IB=1 run "$t/test_contract" --jobs 1 --filter 'ib/*'
 export KHOR_TRANSPORT=ib
 if [ "$mode" = quick ]; then
   run "$t/test_collectives" --jobs 1 --filter 'collectives/*_n2'

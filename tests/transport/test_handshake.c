@@ -2,7 +2,8 @@
  * test_handshake.c -- the shared link handshake (transport/handshake.h) as pure functions,
  * without sockets: a full exchange, every refusal of a doctored HELLO, wrong secrets on
  * either side, a replayed proof, a HELLO for another transport, bad magic. The transports'
- * own tests (test_tcp, test_shm) run the same checks over real sockets.
+ * own tests (test_tcp, test_shm) and the contract they share (test_contract) run the same
+ * checks over real sockets.
  */
 #include "transport/handshake.h"
 

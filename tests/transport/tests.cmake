@@ -1,7 +1,13 @@
 # tests/transport -- the tests of transport/ (included by tests/CMakeLists.txt).
 khor_test(test_tcp transport/test_tcp.c 120)
 khor_test(test_tcp_frames transport/test_tcp_frames.c 60)
-khor_test(test_shm transport/test_shm.c 300)
+# Two ranks forked per case (pair.c): the contract every transport keeps, run over each one
+# built (tcp, shm, shm with CMA; ib where an RDMA device is, else its cases skip saying
+# why), and shm's own behaviour.
+khor_test(test_contract transport/test_contract.c 300)
+target_sources(test_contract PRIVATE transport/pair.c)
+khor_test(test_shm transport/test_shm.c 120)
+target_sources(test_shm PRIVATE transport/pair.c)
 khor_test(test_handshake transport/test_handshake.c 60)
 khor_test(test_regcache transport/test_regcache.c 120)
 # ib: the device tests skip here (no RDMA in this kernel) but the reason ib gives is

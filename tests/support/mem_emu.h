@@ -1,16 +1,17 @@
 /*
- * mem_emu.h -- test-only extras of the emulated device (mem_emu.c): what a test needs to
- * fill and read device buffers and to hold a stream back. Internal: libkhor does not export
- * these; the tests link the static layers.
+ * mem_emu.h -- the emulated device (mem_emu.c), a test double of the memory seam: what a
+ * test needs to fill and read device buffers and to hold a stream back. Test-only: it is
+ * built into the static library khor_mem_emu (tests/CMakeLists.txt), never into libkhor.
  *
- * The backend itself is kmem_emu_backend (mem.h's table). KHOR_MEM_EMU_DELAY_US=N in the
- * environment makes every operation of every emu stream first sleep a pseudo-random
- * 0..N us, so a schedule that forgets a stream-ordered wait reads stale data.
+ * The backend itself is kmem_emu_backend, which linking khor_mem_emu adds to the seam
+ * (kmem_backend_add). KHOR_MEM_EMU_DELAY_US=N in the environment, this double's own knob,
+ * makes every operation of every emu stream first sleep a pseudo-random 0..N us, so a
+ * schedule that forgets a stream-ordered wait reads stale data.
  */
 #ifndef KHOR_MEM_EMU_H
 #define KHOR_MEM_EMU_H
 
-#include "mem.h"
+#include "collectives/mem.h"
 
 extern const kmem_backend kmem_emu_backend;
 

@@ -1,7 +1,10 @@
 /*
- * mem_emu.c -- the emulated device (mem.h): memory this process cannot touch and streams
- * that run their operations on threads of their own, so that a machine without a GPU
- * tests the device paths of the schedules and of the staging in coll.c.
+ * mem_emu.c -- the emulated device, a test double of the memory seam (collectives/mem.h):
+ * memory this process cannot touch and streams that run their operations on threads of
+ * their own, so that a machine without a GPU tests the device paths of the schedules and of
+ * the staging in collectives/coll.c. It lives in the tests, never in libkhor: a test that
+ * links it (khor_mem_emu) gets the backend added ahead of the built-in ones by a
+ * constructor (kmem_backend_add), before any thread of the test can ask the seam.
  *
  *   dev_alloc:  memfd --+-- PROT_NONE mapping      the "device pointer" handed out
  *                       +-- PROT_READ|WRITE mapping the alias the stream workers use
@@ -23,9 +26,10 @@
  * uses is held until it has run: a dev_free with work still queued on the memory unmaps it
  * after that work (cuMemFree synchronizes; this is the emulation's equivalent).
  *
- * KHOR_MEM_EMU_DELAY_US=N (read once, a test knob): every operation first sleeps a
- * pseudo-random 0..N us, so that a schedule that forgets a stream-ordered wait reads
- * stale data instead of getting lucky.
+ * KHOR_MEM_EMU_DELAY_US=N (read once): every operation first sleeps a pseudo-random
+ * 0..N us, so that a schedule that forgets a stream-ordered wait reads stale data instead
+ * of getting lucky. It is this test double's own knob, not a setting of the library (which
+ * knows nothing of the emulated device): runtime/config's table does not list it.
  *
  * fork: the child keeps the mappings (MAP_SHARED: the parent's and the child's device
  * memory are the same pages, unlike CUDA's) but not the worker threads; the default stream
@@ -36,7 +40,7 @@
 
 #include "base/dtype.h"
 #include "base/log.h"
-#include "reduce.h"
+#include "collectives/reduce.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -1051,6 +1055,18 @@ const kmem_backend kmem_emu_backend = {
 	.host_free = emu_host_free,
 	.dmabuf_fd = emu_dmabuf_fd,
 };
+
+/*
+ * Linking this file into a test is what puts the emulated device into the seam: first in
+ * the table, as it was when libkhor carried it, so that its one-load query answers before
+ * a real backend's. Before main, so no thread of the test can be querying yet.
+ */
+__attribute__((constructor)) static void emu_register(void)
+{
+	if (!kmem_backend_add(&kmem_emu_backend))
+		KLOG_ERR("the emulated device could not be added to the memory seam: its backend "
+		         "table is full");
+}
 
 /* ---- test-only extras (mem_emu.h) ----------------------------------------------------- */
 
