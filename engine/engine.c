@@ -12,12 +12,10 @@
 
 #include "base/dtype.h"
 #include "base/log.h"
-#include "base/parse.h"
 #include "collectives/reduce.h"
 
 #include <errno.h>
 #include <stdarg.h>
-#include <strings.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,127 +135,6 @@ void emap_free(emap *m)
 	}
 	free(m->b);
 	memset(m, 0, sizeof(*m));
-}
-
-/* ---- settings --------------------------------------------------------------------------- */
-
-/* The KHOR_ name from cfg or the environment, else the HOROVOD_ alias from the environment. */
-static const char *lookup2(const khor_config *cfg, const char *name, const char *alias,
-                           const char **from)
-{
-	const char *v = config_lookup(cfg, name);
-
-	*from = name;
-	if (v == NULL && alias != NULL) {
-		v = getenv(alias);
-		if (v != NULL && *v == '\0')
-			v = NULL;
-		*from = alias;
-	}
-	return v;
-}
-
-static bool truthy(const char *v)
-{
-	return strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0 || strcasecmp(v, "yes") == 0 ||
-	       strcasecmp(v, "on") == 0;
-}
-
-static khor_status get_seconds(const khor_config *cfg, const char *name, const char *alias,
-                               const char *def, double *out, kerr *err)
-{
-	const char *from, *v = lookup2(cfg, name, alias, &from);
-	char *end;
-
-	if (v == NULL) {
-		v = def;
-		from = name;
-	}
-	errno = 0;
-	double d = strtod(v, &end);
-	if (end != v && *end == 's' && end[1] == '\0')
-		end++;
-	if (errno != 0 || end == v || *end != '\0' || d < 0)
-		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected seconds >= 0 (e.g. 60)",
-		                from, v);
-	*out = d;
-	return KHOR_SUCCESS;
-}
-
-khor_status engine_settings(const khor_config *cfg, eng_settings *s, kerr *err)
-{
-	const char *from, *v;
-	khor_status st;
-
-	memset(s, 0, sizeof(*s));
-	v = lookup2(cfg, "KHOR_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", &from);
-	s->fusion_set = v != NULL;
-	if (v == NULL)
-		v = "64M";
-	if (!kparse_size(v, &s->fusion_bytes) || s->fusion_bytes > (1ull << 40))
-		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected bytes (suffixes K, M, "
-		                "G allowed; 0 = no fusion)", from, v);
-	v = lookup2(cfg, "KHOR_CYCLE_TIME", "HOROVOD_CYCLE_TIME", &from);
-	s->cycle_set = v != NULL;
-	if (v != NULL) {
-		char *end;
-		errno = 0;
-		s->cycle_ms = strtod(v, &end);
-		if (end != v && strcmp(end, "ms") == 0)
-			end += 2;
-		if (errno != 0 || end == v || *end != '\0' || s->cycle_ms < 0 || s->cycle_ms > 60000)
-			return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected milliseconds "
-			                "from 0 to 60000", from, v);
-	}
-	v = lookup2(cfg, "KHOR_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", &from);
-	s->cache_capacity = 1024;
-	if (v != NULL) {
-		int64_t n;
-		if (!kparse_i64(v, &n) || n < 0 || n > (1 << 20))
-			return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected entries from 0 "
-			                "to 1048576 (0 = no cache)", from, v);
-		s->cache_capacity = (int)n;
-	}
-	v = lookup2(cfg, "KHOR_TIMELINE", "HOROVOD_TIMELINE", &from);
-	if (v != NULL && kstrlcpy(s->timeline, v, sizeof(s->timeline)) >= sizeof(s->timeline))
-		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s: path longer than %zu bytes", from,
-		                sizeof(s->timeline) - 1);
-	v = lookup2(cfg, "KHOR_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES", &from);
-	s->mark_cycles = v != NULL && truthy(v);
-	if ((st = get_seconds(cfg, "KHOR_STALL_CHECK_TIME", "HOROVOD_STALL_CHECK_TIME_SECONDS",
-	                      "60", &s->stall_check_s, err)) != KHOR_SUCCESS)
-		return st;
-	if ((st = get_seconds(cfg, "KHOR_STALL_SHUTDOWN_TIME",
-	                      "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "0", &s->stall_shutdown_s,
-	                      err)) != KHOR_SUCCESS)
-		return st;
-	/* Horovod's switch to turn the inspector off. */
-	v = getenv("HOROVOD_STALL_CHECK_DISABLE");
-	if (v != NULL && truthy(v) && config_lookup(cfg, "KHOR_STALL_CHECK_TIME") == NULL)
-		s->stall_check_s = 0;
-	v = lookup2(cfg, "KHOR_AUTOTUNE", "HOROVOD_AUTOTUNE", &from);
-	s->autotune = v != NULL && truthy(v);
-	v = lookup2(cfg, "KHOR_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG", &from);
-	if (v != NULL)
-		kstrlcpy(s->autotune_log, v, sizeof(s->autotune_log));
-	s->warmup_samples = 3;
-	s->steps_per_sample = 10;
-	const char *ints[2][2] = {
-		{ "KHOR_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES" },
-		{ "KHOR_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE" },
-	};
-	int *dst[2] = { &s->warmup_samples, &s->steps_per_sample };
-	for (int i = 0; i < 2; i++) {
-		int64_t n;
-		v = lookup2(cfg, ints[i][0], ints[i][1], &from);
-		if (v == NULL)
-			continue;
-		if (!kparse_i64(v, &n) || n < i || n > 100000)
-			return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected an integer from "
-			                "%d to 100000", from, v, i);
-		*dst[i] = (int)n;
-	}
-	return KHOR_SUCCESS;
 }
 
 /* ---- handles ---------------------------------------------------------------------------- */

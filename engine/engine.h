@@ -40,7 +40,7 @@ enum eng_kind {
 const char *eng_kind_name(int kind);  /* "allreduce" */
 const char *eng_kind_upper(int kind); /* "ALLREDUCE", the timeline's */
 
-/* Settings of an engine, from its config, KHOR_* and HOROVOD_* (engine.c). */
+/* Settings of an engine, from its config, KHOR_* and HOROVOD_* (settings.c). */
 typedef struct eng_settings {
 	uint64_t fusion_bytes;
 	double cycle_ms;
