@@ -3,7 +3,7 @@
  * autotune, each from runtime/config.c's table (the caller's khor_config, then KHOR_*, then
  * Horovod's alias, then the table's default), checked here where their units are known.
  */
-#include "engine.h"
+#include "settings.h"
 
 #include "base/parse.h"
 
@@ -49,7 +49,7 @@ static khor_status get_seconds(const khor_config *cfg, const char *name, double 
 	return KHOR_SUCCESS;
 }
 
-khor_status engine_settings(const khor_config *cfg, eng_settings *s, kerr *err)
+khor_status settings_read(const khor_config *cfg, eng_settings *s, kerr *err)
 {
 	const char *from, *v;
 	khor_status st;
