@@ -210,7 +210,6 @@ bool response_parse(eset *s, const uint8_t *p, size_t len, eresp *out)
 	}
 	out->items = items;
 	out->n = n;
-	out->cap = cap;
 	out->stop = stop;
 	return true;
 }

@@ -163,7 +163,7 @@ typedef struct eitem {
 /* A cycle's responses, as negotiation hands them to the set's loop to run (response.c). */
 typedef struct eresp {
 	eitem *items;
-	int n, cap;
+	int n;
 	bool stop; /* every rank asked to stop: the set's thread ends after these */
 } eresp;
 
