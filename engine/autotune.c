@@ -10,7 +10,7 @@
  * never searched. Only set 0's coordinator runs it; its choices reach every rank in a
  * response, so all ranks switch between the same two cycles. Each window is one CSV row.
  */
-#include "engine.h"
+#include "autotune.h"
 
 #include "base/log.h"
 

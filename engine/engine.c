@@ -10,14 +10,24 @@
  */
 #include "engine.h"
 
+#include "autotune.h"
+#include "desc.h"
+#include "execute.h"
+#include "fusion.h"
+#include "negotiate.h"
+#include "queue.h"
+#include "response.h"
+#include "response_cache.h"
+#include "settings.h"
+#include "table.h"
+#include "timeline.h"
+
 #include "base/dtype.h"
 #include "base/log.h"
-#include "base/parse.h"
 #include "collectives/reduce.h"
 
 #include <errno.h>
 #include <stdarg.h>
-#include <strings.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,324 +35,9 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *const kind_names[EK_KINDS] = {
-	"allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join"
-};
-static const char *const kind_upper[EK_KINDS] = {
-	"ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER", "BARRIER", "JOIN"
-};
-
-const char *eng_kind_name(int kind)
-{
-	return kind >= 0 && kind < EK_KINDS ? kind_names[kind] : "?";
-}
-
-const char *eng_kind_upper(int kind)
-{
-	return kind >= 0 && kind < EK_KINDS ? kind_upper[kind] : "?";
-}
-
-/* ---- a small string map ---------------------------------------------------------------- */
-
-struct emap_node {
-	struct emap_node *next;
-	void *v;
-	char k[];
-};
-
-static uint64_t hash_str(const char *s)
-{
-	uint64_t h = 1469598103934665603ull;
-	for (; *s != '\0'; s++)
-		h = (h ^ (uint8_t)*s) * 1099511628211ull;
-	return h;
-}
-
-void *emap_get(const emap *m, const char *k)
-{
-	if (m->nb == 0)
-		return NULL;
-	for (struct emap_node *n = m->b[hash_str(k) % m->nb]; n != NULL; n = n->next)
-		if (strcmp(n->k, k) == 0)
-			return n->v;
-	return NULL;
-}
-
-static khor_status emap_grow(emap *m)
-{
-	size_t nb = m->nb == 0 ? 64 : m->nb * 2;
-	struct emap_node **b = calloc(nb, sizeof(*b));
-
-	if (b == NULL)
-		return KHOR_ERR_NO_MEMORY;
-	for (size_t i = 0; i < m->nb; i++) {
-		struct emap_node *n = m->b[i], *next;
-		for (; n != NULL; n = next) {
-			next = n->next;
-			size_t j = hash_str(n->k) % nb;
-			n->next = b[j];
-			b[j] = n;
-		}
-	}
-	free(m->b);
-	m->b = b;
-	m->nb = nb;
-	return KHOR_SUCCESS;
-}
-
-khor_status emap_put(emap *m, const char *k, void *v)
-{
-	size_t len = strlen(k);
-	struct emap_node *n;
-
-	if (m->n >= m->nb && emap_grow(m) != KHOR_SUCCESS)
-		return KHOR_ERR_NO_MEMORY;
-	n = malloc(sizeof(*n) + len + 1);
-	if (n == NULL)
-		return KHOR_ERR_NO_MEMORY;
-	memcpy(n->k, k, len + 1);
-	n->v = v;
-	size_t j = hash_str(k) % m->nb;
-	n->next = m->b[j];
-	m->b[j] = n;
-	m->n++;
-	return KHOR_SUCCESS;
-}
-
-void *emap_del(emap *m, const char *k)
-{
-	if (m->nb == 0)
-		return NULL;
-	for (struct emap_node **pp = &m->b[hash_str(k) % m->nb]; *pp != NULL; pp = &(*pp)->next) {
-		if (strcmp((*pp)->k, k) == 0) {
-			struct emap_node *n = *pp;
-			void *v = n->v;
-			*pp = n->next;
-			free(n);
-			m->n--;
-			return v;
-		}
-	}
-	return NULL;
-}
-
-void emap_free(emap *m)
-{
-	for (size_t i = 0; i < m->nb; i++) {
-		struct emap_node *n = m->b[i], *next;
-		for (; n != NULL; n = next) {
-			next = n->next;
-			free(n);
-		}
-	}
-	free(m->b);
-	memset(m, 0, sizeof(*m));
-}
-
-/* ---- settings --------------------------------------------------------------------------- */
-
-/* The KHOR_ name from cfg or the environment, else the HOROVOD_ alias from the environment. */
-static const char *lookup2(const khor_config *cfg, const char *name, const char *alias,
-                           const char **from)
-{
-	const char *v = config_lookup(cfg, name);
-
-	*from = name;
-	if (v == NULL && alias != NULL) {
-		v = getenv(alias);
-		if (v != NULL && *v == '\0')
-			v = NULL;
-		*from = alias;
-	}
-	return v;
-}
-
-static bool truthy(const char *v)
-{
-	return strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0 || strcasecmp(v, "yes") == 0 ||
-	       strcasecmp(v, "on") == 0;
-}
-
-static khor_status get_seconds(const khor_config *cfg, const char *name, const char *alias,
-                               const char *def, double *out, kerr *err)
-{
-	const char *from, *v = lookup2(cfg, name, alias, &from);
-	char *end;
-
-	if (v == NULL) {
-		v = def;
-		from = name;
-	}
-	errno = 0;
-	double d = strtod(v, &end);
-	if (end != v && *end == 's' && end[1] == '\0')
-		end++;
-	if (errno != 0 || end == v || *end != '\0' || d < 0)
-		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected seconds >= 0 (e.g. 60)",
-		                from, v);
-	*out = d;
-	return KHOR_SUCCESS;
-}
-
-khor_status engine_settings(const khor_config *cfg, eng_settings *s, kerr *err)
-{
-	const char *from, *v;
-	khor_status st;
-
-	memset(s, 0, sizeof(*s));
-	v = lookup2(cfg, "KHOR_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", &from);
-	s->fusion_set = v != NULL;
-	if (v == NULL)
-		v = "64M";
-	if (!kparse_size(v, &s->fusion_bytes) || s->fusion_bytes > (1ull << 40))
-		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected bytes (suffixes K, M, "
-		                "G allowed; 0 = no fusion)", from, v);
-	v = lookup2(cfg, "KHOR_CYCLE_TIME", "HOROVOD_CYCLE_TIME", &from);
-	s->cycle_set = v != NULL;
-	if (v != NULL) {
-		char *end;
-		errno = 0;
-		s->cycle_ms = strtod(v, &end);
-		if (end != v && strcmp(end, "ms") == 0)
-			end += 2;
-		if (errno != 0 || end == v || *end != '\0' || s->cycle_ms < 0 || s->cycle_ms > 60000)
-			return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected milliseconds "
-			                "from 0 to 60000", from, v);
-	}
-	v = lookup2(cfg, "KHOR_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", &from);
-	s->cache_capacity = 1024;
-	if (v != NULL) {
-		int64_t n;
-		if (!kparse_i64(v, &n) || n < 0 || n > (1 << 20))
-			return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected entries from 0 "
-			                "to 1048576 (0 = no cache)", from, v);
-		s->cache_capacity = (int)n;
-	}
-	v = lookup2(cfg, "KHOR_TIMELINE", "HOROVOD_TIMELINE", &from);
-	if (v != NULL && kstrlcpy(s->timeline, v, sizeof(s->timeline)) >= sizeof(s->timeline))
-		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s: path longer than %zu bytes", from,
-		                sizeof(s->timeline) - 1);
-	v = lookup2(cfg, "KHOR_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES", &from);
-	s->mark_cycles = v != NULL && truthy(v);
-	if ((st = get_seconds(cfg, "KHOR_STALL_CHECK_TIME", "HOROVOD_STALL_CHECK_TIME_SECONDS",
-	                      "60", &s->stall_check_s, err)) != KHOR_SUCCESS)
-		return st;
-	if ((st = get_seconds(cfg, "KHOR_STALL_SHUTDOWN_TIME",
-	                      "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "0", &s->stall_shutdown_s,
-	                      err)) != KHOR_SUCCESS)
-		return st;
-	/* Horovod's switch to turn the inspector off. */
-	v = getenv("HOROVOD_STALL_CHECK_DISABLE");
-	if (v != NULL && truthy(v) && config_lookup(cfg, "KHOR_STALL_CHECK_TIME") == NULL)
-		s->stall_check_s = 0;
-	v = lookup2(cfg, "KHOR_AUTOTUNE", "HOROVOD_AUTOTUNE", &from);
-	s->autotune = v != NULL && truthy(v);
-	v = lookup2(cfg, "KHOR_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG", &from);
-	if (v != NULL)
-		kstrlcpy(s->autotune_log, v, sizeof(s->autotune_log));
-	s->warmup_samples = 3;
-	s->steps_per_sample = 10;
-	const char *ints[2][2] = {
-		{ "KHOR_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES" },
-		{ "KHOR_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE" },
-	};
-	int *dst[2] = { &s->warmup_samples, &s->steps_per_sample };
-	for (int i = 0; i < 2; i++) {
-		int64_t n;
-		v = lookup2(cfg, ints[i][0], ints[i][1], &from);
-		if (v == NULL)
-			continue;
-		if (!kparse_i64(v, &n) || n < i || n > 100000)
-			return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected an integer from "
-			                "%d to 100000", from, v, i);
-		*dst[i] = (int)n;
-	}
-	return KHOR_SUCCESS;
-}
-
-/* ---- handles ---------------------------------------------------------------------------- */
-
-static void engine_unref_locked(struct khor_engine *e, bool *free_it);
 static void engine_free(struct khor_engine *e);
 
-static void handle_free_mem(khor_handle *h)
-{
-	for (int i = 0; i < h->n; i++) {
-		free(h->t[i].name);
-		free(h->t[i].owned_out);
-		free(h->t[i].splits);
-		free(h->t[i].rsplits);
-	}
-	free(h->t);
-	free(h->key);
-	free(h->desc);
-	free(h);
-}
-
-/* Unlinks h from the set's maps (its names may be enqueued again). Under mu. */
-static void handle_forget_locked(khor_handle *h)
-{
-	eset *s = h->set;
-
-	if (emap_get(&s->keys, h->key) == h)
-		emap_del(&s->keys, h->key);
-	for (int i = 0; i < h->n; i++)
-		if (h->t[i].name != NULL && emap_get(&s->names, h->t[i].name) == h)
-			emap_del(&s->names, h->t[i].name);
-	if (s->join == h)
-		s->join = NULL;
-}
-
-void engine_complete_locked(struct khor_engine *e, khor_handle *h, khor_status st,
-                            const char *msg)
-{
-	if (h->done)
-		return;
-	handle_forget_locked(h);
-	h->status = st;
-	/* Every caller passes its sentence; the fallback only keeps the text from being empty
-	 * (khor_strerror lives in the bindings, above this layer). */
-	if (st != KHOR_SUCCESS)
-		kerr_set(&h->err, st, "%s", msg != NULL ? msg : "failed");
-	h->done = true;
-	atomic_store_explicit(&h->done_flag, true, memory_order_release);
-	/* Waiters and the fd hear once per batch of completions (engine_signal_locked). */
-	e->signal_pending = true;
-	if (h->cb != NULL) {
-		khor_done_fn cb = h->cb;
-		h->cb = NULL;
-		/* done is published: the owner may free h while mu is let go for the callback
-		 * (found by TSan: a read of h->detached after such a free). It only detaches it
-		 * then, and the free happens below. */
-		h->in_cb = true;
-		pthread_mutex_unlock(&e->mu);
-		cb(h->cb_arg, h, st);
-		pthread_mutex_lock(&e->mu);
-		h->in_cb = false;
-	}
-	if (h->detached) {
-		/* The engine's own reference lasts until engine_stop has failed every handle, so
-		 * this one is never the last. */
-		bool last;
-		handle_free_mem(h);
-		engine_unref_locked(e, &last);
-	}
-}
-
-void engine_signal_locked(struct khor_engine *e)
-{
-	uint64_t one = 1;
-
-	if (!e->signal_pending)
-		return;
-	e->signal_pending = false;
-	pthread_cond_broadcast(&e->cv);
-	if (write(e->efd, &one, sizeof(one)) < 0) {
-		/* the counter is full: the fd is readable anyway */
-	}
-}
-
-/* ---- enqueue ---------------------------------------------------------------------------- */
+static khor_status bad(kerr *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static eset *find_set(struct khor_engine *e, int id)
 {
@@ -374,8 +69,6 @@ static bool is_float(khor_dtype d)
 {
 	return d == KHOR_FLOAT32 || d == KHOR_FLOAT64 || d == KHOR_FLOAT16 || d == KHOR_BFLOAT16;
 }
-
-static khor_status bad(kerr *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static khor_status bad(kerr *err, const char *fmt, ...)
 {
@@ -538,6 +231,7 @@ khor_status engine_enqueue(struct khor_engine *e, int set, int kind, int n, cons
 		free(h);
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "enqueue: out of memory");
 	}
+	klist_init(&h->link);
 	h->set = s;
 	h->eng = e;
 	h->set_rank = s->rank;
@@ -622,64 +316,21 @@ khor_status engine_enqueue(struct khor_engine *e, int set, int kind, int n, cons
 			goto fail_unlock;
 		}
 	}
-	for (int i = 0; i < n; i++)
-		if (emap_put(&s->names, h->t[i].name, h) != KHOR_SUCCESS)
-			goto fail_nomem;
-	if (emap_put(&s->keys, h->key, h) != KHOR_SUCCESS)
+	if (queue_push_locked(s, h) != KHOR_SUCCESS)
 		goto fail_nomem;
-	if (kind == EK_JOIN)
-		s->join = h;
 	e->refs++;
-	if (s->fresh_tail != NULL)
-		s->fresh_tail->next = h;
-	else
-		s->fresh = h;
-	s->fresh_tail = h;
 	pthread_mutex_unlock(&e->mu);
 	set_wake(s);
 	*out = h;
 	return KHOR_SUCCESS;
 
 fail_nomem:
-	handle_forget_locked(h);
 	st = kerr_set(err, KHOR_ERR_NO_MEMORY, "enqueue '%s': out of memory", h->key);
 fail_unlock:
 	pthread_mutex_unlock(&e->mu);
 fail_free:
-	handle_free_mem(h);
+	queue_handle_free(h);
 	return st;
-}
-
-/* ---- the set threads --------------------------------------------------------------------- */
-
-void engine_fail_set(eset *s, const kerr *cause)
-{
-	struct khor_engine *e = s->e;
-
-	pthread_mutex_lock(&e->mu);
-	if (!s->failed) {
-		s->failed = true;
-		s->err = *cause;
-		KLOG_ERR("engine set %d: %s", s->id, cause->text);
-	}
-	for (;;) {
-		khor_handle *h = s->pending != NULL ? s->pending : s->fresh;
-		if (h == NULL)
-			break;
-		if (h == s->pending) {
-			s->pending = h->next;
-			if (s->pending != NULL)
-				s->pending->prev = NULL;
-		} else {
-			s->fresh = h->next;
-			if (s->fresh == NULL)
-				s->fresh_tail = NULL;
-		}
-		h->next = h->prev = NULL;
-		engine_complete_locked(e, h, s->err.status, s->err.text);
-	}
-	engine_signal_locked(e);
-	pthread_mutex_unlock(&e->mu);
 }
 
 /* A one-rank set needs no negotiation: everything enqueued is ready at once. */
@@ -689,32 +340,33 @@ static void solo_loop(eset *s)
 
 	for (;;) {
 		pthread_mutex_lock(&e->mu);
-		while (s->fresh == NULL && !s->stop)
+		while (klist_empty(&s->fresh) && !s->stop)
 			pthread_cond_wait(&s->cv, &e->mu);
-		if (s->fresh == NULL && s->stop) {
+		if (klist_empty(&s->fresh) && s->stop) {
 			pthread_mutex_unlock(&e->mu);
 			return;
 		}
 		int n = 0;
-		for (khor_handle *h = s->fresh; h != NULL; h = h->next)
+		klist *node, *tmp;
+		KLIST_FOREACH_SAFE(node, tmp, &s->fresh)
 			n++;
 		eitem *items = calloc((size_t)n, sizeof(*items));
 		if (items == NULL) {
 			pthread_mutex_unlock(&e->mu);
 			kerr x;
 			kerr_set(&x, KHOR_ERR_NO_MEMORY, "engine set %d: out of memory", s->id);
-			engine_fail_set(s, &x);
+			queue_fail_set(s, &x);
 			return;
 		}
 		int i = 0;
-		for (khor_handle *h = s->fresh, *next; h != NULL; h = next) {
-			next = h->next;
-			h->next = NULL;
+		KLIST_FOREACH_SAFE(node, tmp, &s->fresh) {
+			khor_handle *h = KLIST_ENTRY(node, khor_handle, link);
+			klist_del(&h->link);
 			h->t_response = kclock_ns();
 			if (h->kind == EK_JOIN) {
 				/* Every member (this one) has joined: it is the last. */
 				h->join_rank = 0;
-				engine_complete_locked(e, h, KHOR_SUCCESS, NULL);
+				queue_complete_locked(e, h, KHOR_SUCCESS, NULL);
 				continue;
 			}
 			items[i].h = h;
@@ -727,8 +379,7 @@ static void solo_loop(eset *s)
 			items[i].t = h->t;
 			i++;
 		}
-		s->fresh = s->fresh_tail = NULL;
-		engine_signal_locked(e);
+		queue_signal_locked(e);
 		pthread_mutex_unlock(&e->mu);
 		execute_items(s, items, i);
 		free(items);
@@ -745,9 +396,24 @@ static void *set_main(void *arg)
 		execute_dev_release(s); /* on this thread, where its context is bound */
 		return NULL;
 	}
+	/*
+	 * The cycle loop: negotiation hands back the cycle's responses, which run here, in
+	 * order, on every rank alike.
+	 */
 	for (;;) {
-		bool go = s->rank == 0 ? negotiate_coord_cycle(s) : negotiate_worker_cycle(s);
+		eresp r = { 0 };
+		bool go = s->rank == 0 ? negotiate_coord_cycle(s, &r) : negotiate_worker_cycle(s, &r);
 		if (!go)
+			break;
+		bool stop = r.stop;
+		if (r.n > 0)
+			execute_items(s, r.items, r.n);
+		response_free(&r);
+		s->cycles++;
+		pthread_mutex_lock(&s->e->mu);
+		bool failed = s->failed;
+		pthread_mutex_unlock(&s->e->mu);
+		if (stop || failed)
 			break;
 	}
 	execute_dev_release(s);
@@ -766,7 +432,7 @@ static void *set_main(void *arg)
 		s->err = x;
 	}
 	pthread_mutex_unlock(&s->e->mu);
-	engine_fail_set(s, &x);
+	queue_fail_set(s, &x);
 	return NULL;
 }
 
@@ -794,23 +460,16 @@ static void set_free(eset *s)
 {
 	if (s == NULL)
 		return;
-	negotiate_free(s);
+	table_free(s);
 	execute_dev_release(s); /* nothing left, unless its thread never ended */
-	if (s->data != NULL) {
-		comm_reg_invalidate(s->data->ctx, s->fusion, s->fusion_len);
+	fusion_release(s);
+	if (s->data != NULL)
 		comm_free(s->data);
-	}
 	if (s->ctl != NULL)
 		comm_free(s->ctl);
 	emap_free(&s->names);
 	emap_free(&s->keys);
-	for (int i = 0; i < s->cache.n; i++) {
-		free(s->cache.slot[i].key);
-		free(s->cache.slot[i].desc);
-	}
-	free(s->cache.slot);
-	emap_free(&s->cache.index);
-	free(s->fusion);
+	response_cache_free(&s->cache);
 	pthread_cond_destroy(&s->cv);
 	free(s);
 }
@@ -827,6 +486,9 @@ khor_status engine_add_set(struct khor_engine *e, khor_comm *comm, int *id_out, 
 	s->rank = comm->rank;
 	s->size = comm->size;
 	s->id = e->nsets == 0 ? 0 : (int)comm->id;
+	klist_init(&s->fresh);
+	klist_init(&s->pending);
+	klist_init(&s->arrivals);
 	pthread_cond_init(&s->cv, NULL);
 	atomic_init(&s->woken, false);
 	s->cache.cap = e->s.cache_capacity;
@@ -918,7 +580,7 @@ khor_status engine_start(khor_comm *comm, const khor_config *cfg, struct khor_en
 		engine_free(e);
 		return st;
 	}
-	if ((st = engine_settings(cfg, &e->s, err)) != KHOR_SUCCESS) {
+	if ((st = settings_read(cfg, &e->s, err)) != KHOR_SUCCESS) {
 		engine_free(e);
 		return st;
 	}
@@ -1046,8 +708,6 @@ khor_status engine_timeline(struct khor_engine *e, const char *path, bool mark, 
 	return KHOR_SUCCESS;
 }
 
-/* ---- handles: waiting and results ------------------------------------------------------------ */
-
 khor_status engine_wait(khor_handle *h)
 {
 	struct khor_engine *e = h->eng;
@@ -1113,7 +773,7 @@ void engine_handle_free(khor_handle *h)
 		pthread_mutex_unlock(&e->mu);
 		return;
 	}
-	handle_free_mem(h);
+	queue_handle_free(h);
 	engine_unref_locked(e, &free_engine);
 	pthread_mutex_unlock(&e->mu);
 	if (free_engine)

@@ -1,31 +1,26 @@
 /*
- * execute.c -- runs one cycle's responses on the set's data comm, in the order every rank
- * got them, and completes the handles.
- *
- * Fusion: the allreduce tensors of a cycle are grouped by (dtype, op, prescale, postscale)
- * in order of first appearance, and each group is cut into runs of at most the fusion
- * threshold; a run of several tensors is copied into the fusion buffer, reduced as one
- * allreduce and copied back out. Every rank computes the same plan from the same responses
- * and the same threshold (autotune changes it only through a response).
- *
- *   cycle's allreduces:  a(f32) b(f32) c(f64) d(f32) ...
- *   classes:             [a b d ...](f32 sum)  [c](f64 sum)
- *   runs (threshold T):  [a b] [d ...]          [c]
+ * execute.c -- runs one cycle's response list on the set's data comm, in the order every
+ * rank got it, and completes the handles: errors first, then the allreduces in the runs of
+ * the fusion plan (fusion.c), then everything else in response order.
  *
  * A rank that has joined has no tensor of its own: it takes part with zeros, in the fusion
  * buffer, and the average still divides by the whole set.
  *
- * Device memory (collectives/mem.h): a tensor's kind is found at enqueue, and the classes
- * split by it too, so host and device tensors of a cycle never share a run. Host tensors
- * take the CPU paths below (memcpy, reduce_scale) as they always have. Device tensors go, in
- * order, onto the set's own stream (engine.h: edev): the copies into the device fusion
- * buffer, the scale factors, the collective as a stream-form call on that same stream
- * (so it starts after the copies, with no host wait between), the copies out; then one
- * wait for the stream, with the comm's timeout, before the handles complete. A tensor
+ * Device memory (collectives/mem.h): a tensor's kind is found at enqueue, and the fusion
+ * classes split by it too, so host and device tensors of a cycle never share a run. Host
+ * tensors take the CPU paths below (memcpy, reduce_scale) as they always have. Device
+ * tensors go, in order, onto the set's own stream (types.h: edev): the copies into the
+ * device fusion buffer, the scale factors, the collective as a stream-form call on that same
+ * stream (so it starts after the copies, with no host wait between), the copies out; then
+ * one wait for the stream, with the comm's timeout, before the handles complete. A tensor
  * enqueued with a ready event (khor.h: the _event forms) is waited for here, on the set
  * thread, before the first run that reads it.
  */
-#include "engine.h"
+#include "execute.h"
+
+#include "fusion.h"
+#include "queue.h"
+#include "timeline.h"
 
 #include "base/dtype.h"
 #include "base/log.h"
@@ -35,24 +30,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-
-/* The host fusion buffer, grown to at least len bytes. */
-static void *fusion(eset *s, size_t len)
-{
-	if (s->fusion_len < len) {
-		void *p = malloc(len);
-		if (p == NULL)
-			return NULL;
-		comm_reg_invalidate(s->data->ctx, s->fusion, s->fusion_len);
-		free(s->fusion);
-		s->fusion = p;
-		s->fusion_len = len;
-	}
-	return s->fusion;
-}
-
-/* ---- device memory: the set's stream (engine.h: edev) -------------------------------------- */
 
 static kdeadline comm_deadline(const eset *s)
 {
@@ -157,35 +134,6 @@ static khor_status m_scale(edev *d, void *p, size_t count, khor_dtype dt, double
 	if (f == 1.0 || count == 0)
 		return KHOR_SUCCESS;
 	return d->be->scale(p, count, dt, f, d->stream, err);
-}
-
-/*
- * The fusion buffer of the run's memory, grown to at least len bytes; NULL when it cannot
- * be had (for device memory, with the backend's reason in err). Growing the device one
- * waits for its stream first: work queued on the old buffer must have run before it goes.
- */
-static void *fbuf(eset *s, edev *d, size_t len, kerr *err)
-{
-	void *p;
-
-	if (d == NULL)
-		return fusion(s, len);
-	if (d->fusion_len >= len && d->fusion != NULL)
-		return d->fusion;
-	if (d->fusion != NULL) {
-		if (kmem_stream_sync(d->be, d->stream, comm_deadline(s), "growing the engine's "
-		                     "device fusion buffer", err) != KHOR_SUCCESS)
-			return NULL;
-		comm_reg_invalidate(s->data->ctx, d->fusion, d->fusion_len);
-		d->be->dev_free(d->fusion);
-		d->fusion = NULL;
-		d->fusion_len = 0;
-	}
-	if (d->be->dev_alloc(len, &p, err) != KHOR_SUCCESS)
-		return NULL;
-	d->fusion = p;
-	d->fusion_len = len;
-	return p;
 }
 
 /*
@@ -344,7 +292,7 @@ static khor_status alloc_out(eset *s, edev *d, eitem *it, etensor *t, int64_t ro
 		kerr e;
 		if (it->msg == NULL)
 			it->msg = strdup(msg);
-		p = fbuf(s, d, bytes > 0 ? bytes : 1, &e);
+		p = fusion_buffer(s, d, bytes > 0 ? bytes : 1, &e);
 		if (p == NULL)
 			return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s", msg);
 	}
@@ -451,7 +399,7 @@ static khor_status run_reducescatter(eset *s, edev *d, eitem *it, int i, kerr *e
 	coll_block(d0, s->size, s->rank, &off, &len);
 	bool even = d0 % (size_t)s->size == 0;
 	size_t need = (it->prescale != 1.0 || !even) ? t->count * esz : 0;
-	uint8_t *tmp = need > 0 ? fbuf(s, d, need, err) : NULL;
+	uint8_t *tmp = need > 0 ? fusion_buffer(s, d, need, err) : NULL;
 	if (need > 0 && tmp == NULL) {
 		if (d != NULL) {
 			kerr_prefix(err, "reducescatter '%s': the device fusion buffer", t->name);
@@ -479,37 +427,6 @@ static khor_status run_reducescatter(eset *s, edev *d, eitem *it, int i, kerr *e
 		st = m_scale(d, t->out, len * row, t->dtype, it->postscale, err);
 	return st;
 }
-
-/* One allreduce tensor of an item (a piece of the fusion plan). */
-typedef struct piece {
-	eitem *it;
-	int ti;
-	const kmem_where *dev; /* its device memory, NULL for host memory */
-} piece;
-
-static bool same_class(const piece *a, const piece *b)
-{
-	const kmem_where *x = a->dev, *y = b->dev;
-
-	return a->it->t[a->ti].dtype == b->it->t[b->ti].dtype && a->it->op == b->it->op &&
-	       a->it->prescale == b->it->prescale && a->it->postscale == b->it->postscale &&
-	       (x == NULL ? y == NULL
-	                  : y != NULL && x->be == y->be && x->ctx == y->ctx && x->device == y->device);
-}
-
-static size_t piece_bytes(const piece *p)
-{
-	const etensor *t = &p->it->t[p->ti];
-	return t->count * kdtype_size(t->dtype);
-}
-
-/*
- * Tensors of this size or more never go through the fusion buffer: copying them in and
- * out costs more than the call it saves. Measured with khor-bench step on ResNet-50's
- * gradients (2 ranks, shm): with every tensor fused up to 64 MiB the step took 3.0x one
- * flat allreduce of the same bytes, the copies (2 x 102 MB) being most of the difference.
- */
-#define ENG_FUSE_MAX (1u << 20)
 
 /*
  * Runs pieces [0, m) as one allreduce (fused when m > 1), on host memory or on the device
@@ -562,7 +479,7 @@ static khor_status run_fused(eset *s, piece *p, int m, kerr *err)
 		s->bytes_done += t0->count * esz;
 		return st;
 	}
-	uint8_t *buf = fbuf(s, d, total * esz, err);
+	uint8_t *buf = fusion_buffer(s, d, total * esz, err);
 	uint64_t *ts = tl ? malloc(sizeof(uint64_t) * 4 * (size_t)m) : NULL;
 	if (buf == NULL) {
 		free(ts);
@@ -640,7 +557,7 @@ static void finish(eset *s, eitem *it, khor_status st, const kerr *err)
 	if (st != KHOR_SUCCESS)
 		snprintf(msg, sizeof(msg), "%s", err->text);
 	pthread_mutex_lock(&e->mu);
-	engine_complete_locked(e, it->h, st, st != KHOR_SUCCESS ? msg : NULL);
+	queue_complete_locked(e, it->h, st, st != KHOR_SUCCESS ? msg : NULL);
 	pthread_mutex_unlock(&e->mu);
 	it->h = NULL;
 	it->t = NULL; /* they were the handle's */
@@ -652,17 +569,7 @@ static void fail_rest(eset *s, eitem *items, int n, const kerr *cause)
 {
 	for (int i = 0; i < n; i++)
 		finish(s, &items[i], cause->status, cause);
-	engine_fail_set(s, cause);
-}
-
-static void execute_all(eset *s, eitem *items, int n);
-
-void execute_items(eset *s, eitem *items, int n)
-{
-	execute_all(s, items, n);
-	pthread_mutex_lock(&s->e->mu);
-	engine_signal_locked(s->e);
-	pthread_mutex_unlock(&s->e->mu);
+	queue_fail_set(s, cause);
 }
 
 static void execute_all(eset *s, eitem *items, int n)
@@ -670,7 +577,6 @@ static void execute_all(eset *s, eitem *items, int n)
 	struct khor_engine *e = s->e;
 	kerr err;
 	khor_status st = KHOR_SUCCESS;
-	int np = 0;
 
 	kerr_clear(&err);
 	/* Errors first: they need nothing from the other ranks. */
@@ -685,87 +591,28 @@ static void execute_all(eset *s, eitem *items, int n)
 		         items[i].msg != NULL ? items[i].msg : "failed");
 		finish(s, &items[i], KHOR_ERR_INVALID_ARG, &x);
 	}
-	/* The fusion plan over the allreduces. */
-	for (int i = 0; i < n; i++)
-		if (!items[i].error && items[i].kind == EK_ALLREDUCE)
-			np += items[i].n;
-	piece *p = np > 0 ? malloc(sizeof(*p) * (size_t)np) : NULL;
-	int *left = calloc((size_t)n + 1, sizeof(int));
-	piece *run_p = np > 0 ? malloc(sizeof(*run_p) * (size_t)np) : NULL;
-	if ((np > 0 && (p == NULL || run_p == NULL)) || left == NULL) {
-		free(p);
-		free(left);
-		free(run_p);
+	/* A joined rank's zeros go where its own last allreduce went (types.h: join_on_dev). */
+	kmem_where joined = { KMEM_DEVICE, s->dev.be, s->dev.device, s->dev.ctx };
+	const kmem_where *ghost_dev = s->join_on_dev && s->dev.be != NULL ? &joined : NULL;
+	fusion_plan plan;
+	if (!fusion_plan_make(items, n, atomic_load(&e->fusion_bytes), ghost_dev, &plan)) {
 		kerr_set(&err, KHOR_ERR_NO_MEMORY, "engine set %d: out of memory", s->id);
 		fail_rest(s, items, n, &err);
 		return;
 	}
-	/* A joined rank's zeros go where its own last allreduce went (engine.h: join_on_dev). */
-	kmem_where joined = { KMEM_DEVICE, s->dev.be, s->dev.device, s->dev.ctx };
-	const kmem_where *ghost_dev = s->join_on_dev && s->dev.be != NULL ? &joined : NULL;
-	int k = 0;
-	for (int i = 0; i < n; i++) {
-		if (items[i].error || items[i].kind != EK_ALLREDUCE)
-			continue;
-		left[i] = items[i].n;
-		for (int t = 0; t < items[i].n; t++)
-			p[k++] = (piece){ &items[i], t,
-			                  items[i].h != NULL ? tensor_dev(&items[i].t[t]) : ghost_dev };
+	int *left = calloc((size_t)n + 1, sizeof(int));
+	if (left == NULL) {
+		fusion_plan_free(&plan);
+		kerr_set(&err, KHOR_ERR_NO_MEMORY, "engine set %d: out of memory", s->id);
+		fail_rest(s, items, n, &err);
+		return;
 	}
-	uint64_t threshold = atomic_load(&e->fusion_bytes);
-	/*
-	 * The plan, in one pass: each class keeps one open run; a piece that does not fit its
-	 * class's run closes it and opens the next. Runs execute in the order they were opened.
-	 * Big pieces, and every piece without fusion, are runs of their own.
-	 */
-	int nruns = 0, ncls = 0;
-	int *open_run = malloc(sizeof(int) * (size_t)(np > 0 ? np : 1));  /* class -> run */
-	int *cls_first = malloc(sizeof(int) * (size_t)(np > 0 ? np : 1)); /* class -> piece */
-	int *run_of = malloc(sizeof(int) * (size_t)(np > 0 ? np : 1));    /* piece -> run */
-	size_t *run_bytes = malloc(sizeof(size_t) * (size_t)(np > 0 ? np : 1));
-	int *run_n = calloc((size_t)(np > 0 ? np : 1), sizeof(int));
-	if (open_run == NULL || cls_first == NULL || run_of == NULL || run_bytes == NULL ||
-	    run_n == NULL) {
-		st = kerr_set(&err, KHOR_ERR_NO_MEMORY, "engine set %d: out of memory", s->id);
-		np = 0;
-	}
-	for (int a = 0; a < np; a++) {
-		size_t tb = piece_bytes(&p[a]);
-		int c = 0;
-		while (c < ncls && !same_class(&p[cls_first[c]], &p[a]))
-			c++;
-		if (c == ncls) {
-			cls_first[ncls++] = a;
-			open_run[c] = -1;
-		}
-		int r = open_run[c];
-		bool fits = r >= 0 && threshold > 0 && tb < ENG_FUSE_MAX &&
-		            run_bytes[r] < ENG_FUSE_MAX && run_bytes[r] + tb <= threshold;
-		if (!fits) {
-			r = nruns++;
-			run_bytes[r] = 0;
-			open_run[c] = tb < ENG_FUSE_MAX && threshold > 0 ? r : -1;
-		}
-		run_of[a] = r;
-		run_bytes[r] += tb;
-		run_n[r]++;
-	}
-	/* Pieces grouped by run, in piece order within a run (a counting sort). */
-	int *pos = calloc((size_t)nruns + 1, sizeof(int));
-	if (np > 0 && pos == NULL) {
-		st = kerr_set(&err, KHOR_ERR_NO_MEMORY, "engine set %d: out of memory", s->id);
-		np = 0;
-		nruns = 0;
-	}
-	for (int r = 0; r < nruns; r++) {
-		pos[r + 1] = pos[r] + run_n[r];
-		run_n[r] = pos[r]; /* now: where the run's next piece goes */
-	}
-	for (int a = 0; a < np; a++)
-		run_p[run_n[run_of[a]]++] = p[a];
-	for (int r = 0; r < nruns && st == KHOR_SUCCESS; r++) {
-		int m = pos[r + 1] - pos[r];
-		piece *rp = run_p + pos[r];
+	for (int i = 0; i < n; i++)
+		if (!items[i].error && items[i].kind == EK_ALLREDUCE)
+			left[i] = items[i].n;
+	for (int r = 0; r < plan.nruns && st == KHOR_SUCCESS; r++) {
+		int m = plan.start[r + 1] - plan.start[r];
+		piece *rp = plan.pieces + plan.start[r];
 		for (int q = 0; q < m && st == KHOR_SUCCESS; q++)
 			st = wait_ready(s, rp[q].it, &err);
 		if (st != KHOR_SUCCESS)
@@ -779,14 +626,7 @@ static void execute_all(eset *s, eitem *items, int n)
 				finish(s, &items[idx], KHOR_SUCCESS, NULL);
 		}
 	}
-	free(pos);
-	free(open_run);
-	free(cls_first);
-	free(run_of);
-	free(run_bytes);
-	free(run_n);
-	free(p);
-	free(run_p);
+	fusion_plan_free(&plan);
 	free(left);
 	if (st != KHOR_SUCCESS) {
 		fail_rest(s, items, n, &err);
@@ -866,4 +706,12 @@ static void execute_all(eset *s, eitem *items, int n)
 	}
 	if (st != KHOR_SUCCESS)
 		fail_rest(s, items, n, &err);
+}
+
+void execute_items(eset *s, eitem *items, int n)
+{
+	execute_all(s, items, n);
+	pthread_mutex_lock(&s->e->mu);
+	queue_signal_locked(s->e);
+	pthread_mutex_unlock(&s->e->mu);
 }

@@ -12,7 +12,7 @@
  * once closed ({"traceEvents": [...]}); a crashed run leaves it unterminated, which the
  * viewers accept.
  */
-#include "engine.h"
+#include "timeline.h"
 
 #include <errno.h>
 #include <stdio.h>

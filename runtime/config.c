@@ -10,64 +10,65 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 const struct config_var config_vars[] = {
-	{ "KHOR_RANK", NULL, "This process's rank (set by khorrun; else RANK, SLURM_PROCID in an srun step, or JOB_COMPLETION_INDEX)" },
-	{ "KHOR_SIZE", NULL, "Number of ranks (set by khorrun; else WORLD_SIZE, SLURM_NTASKS in an srun step, or KHOR_K8S_SIZE)" },
-	{ "KHOR_LOCAL_RANK", NULL, "Rank among the ranks on this host (else computed from host names)" },
-	{ "KHOR_LOCAL_SIZE", NULL, "Ranks on this host (else computed)" },
-	{ "KHOR_CROSS_RANK", NULL, "Rank among ranks with the same local rank (else computed)" },
-	{ "KHOR_CROSS_SIZE", NULL, "Number of ranks with this local rank (else computed)" },
-	{ "KHOR_LOCAL_CPUS", NULL, "CPUs this host's ranks share (set by khorrun; else this process's CPU set, or all online CPUs when it is one CPU)" },
-	{ "KHOR_STORE_ADDR", NULL, "host:port of the rendezvous store (set by khorrun; else MASTER_ADDR:MASTER_PORT, or the srun step's first node, or Kubernetes index 0, where rank 0 starts it)" },
-	{ "KHOR_K8S_SIZE", NULL, "Kubernetes indexed Job: number of ranks (the Job's completions); the rank is JOB_COMPLETION_INDEX, one per pod" },
-	{ "KHOR_K8S_SERVICE", NULL, "Kubernetes: the headless Service named as the pods' subdomain; the store is then on JOB-0.SERVICE, JOB being this pod's host name less its -INDEX" },
-	{ "KHOR_K8S_STORE_HOST", NULL, "Kubernetes: host of the store, served by index 0, instead of JOB-0.KHOR_K8S_SERVICE" },
-	{ "KHOR_K8S_STORE_PORT", "29500", "Kubernetes: port index 0 serves the store on" },
-	{ "KHOR_SECRET", NULL, "Job secret proven by every store and link handshake (khorrun makes one); unset = unauthenticated" },
-	{ "KHOR_JOB_ID", "default", "Job id; keys and links of other jobs are refused" },
-	{ "KHOR_TIMEOUT", "300s", "Deadline of every collective and wait (e.g. 30s, 500ms, 5m; -1 = none)" },
-	{ "KHOR_INIT_TIMEOUT", NULL, "Deadline for all ranks to join at init (default: KHOR_TIMEOUT)" },
-	{ "KHOR_HOSTNAME", NULL, "Host identity used to group ranks per node (default: gethostname)" },
-	{ "KHOR_SOCKET_IFNAME", NULL, "Interface for links: prefixes (eth,ib), =exact, ^excluded, or a CIDR (198.18.0.0/15); unset = tcp publishes every usable address, the store's subnet first, and each peer dials one it can reach" },
-	{ "KHOR_SOCKET_NSOCKS", "2", "TCP sockets per link; large messages are striped over them (1-16)" },
-	{ "KHOR_SOCKET_BUFSIZE", "0", "SO_SNDBUF/SO_RCVBUF of link sockets (0 = kernel autotuning, usually fastest)" },
-	{ "KHOR_MIN_STRIPE", "256K", "Smallest piece a message is striped into across sockets" },
-	{ "KHOR_SLICE_BYTES", "512K", "Pipeline slice of ring allreduce and chain broadcast" },
-	{ "KHOR_PIPELINE_DEPTH", "4", "Slices in flight per collective (1-64)" },
-	{ "KHOR_ALGO", "auto", "Allreduce algorithm: ring, tree (double binary), rd (recursive doubling), hd (halving-doubling) or auto (cost model)" },
-	{ "KHOR_AUTO_TRIALS", "3", "Auto: rounds of timed calls of each allreduce schedule the model predicts close, inside the first call of each power-of-two size (0 = the model alone; 0 when KHOR_COST_* are set)" },
-	{ "KHOR_HIER", "auto", "Node-aware allreduce/broadcast across hosts: on, off or auto (cost model)" },
-	{ "KHOR_NCCL", "auto", "Device buffers: NCCL inside each node (libnccl.so.2, loaded at run time), khor across nodes: auto (CUDA memory, a dtype NCCL has, more than one rank per node), on (also one rank per node; a call NCCL can't take fails saying why) or off" },
-	{ "KHOR_RD_MAX_BYTES", NULL, "When set: broadcast uses the binomial tree, allgather Bruck and reduce-scatter recursive halving up to this size (total bytes), chain and ring above; unset = cost model" },
-	{ "KHOR_COST_ALPHA_US", NULL, "Cost model: per-message time in us (with BETA and GAMMA set, init skips its measurement)" },
-	{ "KHOR_COST_BETA_GBPS", NULL, "Cost model: link bandwidth in GB/s" },
-	{ "KHOR_COST_GAMMA_GBPS", NULL, "Cost model: reduction speed in GB/s" },
-	{ "KHOR_SPIN_US", "300", "Busy-poll this many microseconds before sleeping in a wait (0 = sleep at once)" },
-	{ "KHOR_TRANSPORT", "auto", "Links: ib (verbs, every peer), tcp, shm (same-host peers only) or auto (shm within a host; ib across where both ranks have it, else tcp)" },
-	{ "KHOR_IB_HCA", NULL, "ib: devices and ports to use, as NCCL_IB_HCA: name prefixes (mlx5), =exact names, ^excluded, :port (mlx5_0:1); unset = the first active port" },
-	{ "KHOR_IB_GID_INDEX", NULL, "ib: GID table index (RoCE); unset = the RoCE v2 GID of the interface KHOR_SOCKET_IFNAME (or the store's route) selects" },
-	{ "KHOR_IB_QPS_PER_CONN", "2", "ib: reliable-connected queue pairs per link; large messages are split over them (1-8)" },
-	{ "KHOR_IB_TIMEOUT", "14", "ib: QP ack timeout exponent, 4.096 us x 2^N per retry (1-31)" },
-	{ "KHOR_IB_RETRY_CNT", "7", "ib: QP retries before a link fails with retry-exceeded (0-7)" },
-	{ "KHOR_IB_MAX_WR_BYTES", "0", "ib: largest RDMA write per work request (0 = the ports' max_msg_sz)" },
-	{ "KHOR_IB_FLUSH", "auto", "ib: flush after receives into registered memory: auto (device memory only) or always" },
-	{ "KHOR_REG_CACHE_ENTRIES", "64", "ib: unused memory registrations kept for reuse, at most this many (0 = none kept)" },
-	{ "KHOR_REG_CACHE_MB", "1024", "ib: ... and at most this many MiB registered in all (the locked-memory limit, ulimit -l, also bounds it)" },
-	{ "KHOR_REG_CACHE_USER", "0", "ib: 1 = keep user buffers registered across calls (the application never frees a buffer it passed, as MPI's leave_pinned); 0 = drop them at the end of each call" },
-	{ "KHOR_FUSION_THRESHOLD", "64M", "Engine: allreduces ready in one cycle are packed into one buffer up to this many bytes (0 = no fusion; alias HOROVOD_FUSION_THRESHOLD)" },
-	{ "KHOR_CYCLE_TIME", "0", "Engine: least ms between the starts of two negotiation cycles (0 = start one as soon as work arrives; alias HOROVOD_CYCLE_TIME)" },
-	{ "KHOR_CACHE_CAPACITY", "1024", "Engine: response cache entries per process set (0 = off; alias HOROVOD_CACHE_CAPACITY)" },
-	{ "KHOR_TIMELINE", NULL, "Engine: write a Chrome trace-event timeline to this file (rank 0; %r in the name = every rank its own; alias HOROVOD_TIMELINE)" },
-	{ "KHOR_TIMELINE_MARK_CYCLES", "0", "Engine: mark each negotiation cycle in the timeline (alias HOROVOD_TIMELINE_MARK_CYCLES)" },
-	{ "KHOR_STALL_CHECK_TIME", "60", "Engine: seconds a tensor may wait for missing ranks before the coordinator warns (0 = off; alias HOROVOD_STALL_CHECK_TIME_SECONDS)" },
-	{ "KHOR_STALL_SHUTDOWN_TIME", "0", "Engine: seconds after which stalled tensors fail on every rank (0 = never; alias HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)" },
-	{ "KHOR_AUTOTUNE", "0", "Engine: search fusion threshold and cycle time by measured throughput (alias HOROVOD_AUTOTUNE)" },
-	{ "KHOR_AUTOTUNE_LOG", NULL, "Engine: CSV file of autotune's samples (alias HOROVOD_AUTOTUNE_LOG)" },
-	{ "KHOR_AUTOTUNE_WARMUP_SAMPLES", "3", "Engine: autotune windows discarded at the start (alias HOROVOD_AUTOTUNE_WARMUP_SAMPLES)" },
-	{ "KHOR_AUTOTUNE_STEPS_PER_SAMPLE", "10", "Engine: cycles with work per autotune window (alias HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE)" },
-	{ "KHOR_LOG", "warn", "Log level: error, warn, info, debug, trace (alias HOROVOD_LOG_LEVEL)" },
+	{ "KHOR_RANK", NULL, "This process's rank (set by khorrun; else RANK, SLURM_PROCID in an srun step, or JOB_COMPLETION_INDEX)", NULL, NULL },
+	{ "KHOR_SIZE", NULL, "Number of ranks (set by khorrun; else WORLD_SIZE, SLURM_NTASKS in an srun step, or KHOR_K8S_SIZE)", NULL, NULL },
+	{ "KHOR_LOCAL_RANK", NULL, "Rank among the ranks on this host (else computed from host names)", NULL, NULL },
+	{ "KHOR_LOCAL_SIZE", NULL, "Ranks on this host (else computed)", NULL, NULL },
+	{ "KHOR_CROSS_RANK", NULL, "Rank among ranks with the same local rank (else computed)", NULL, NULL },
+	{ "KHOR_CROSS_SIZE", NULL, "Number of ranks with this local rank (else computed)", NULL, NULL },
+	{ "KHOR_LOCAL_CPUS", NULL, "CPUs this host's ranks share (set by khorrun; else this process's CPU set, or all online CPUs when it is one CPU)", NULL, NULL },
+	{ "KHOR_STORE_ADDR", NULL, "host:port of the rendezvous store (set by khorrun; else MASTER_ADDR:MASTER_PORT, or the srun step's first node, or Kubernetes index 0, where rank 0 starts it)", NULL, NULL },
+	{ "KHOR_K8S_SIZE", NULL, "Kubernetes indexed Job: number of ranks (the Job's completions); the rank is JOB_COMPLETION_INDEX, one per pod", NULL, NULL },
+	{ "KHOR_K8S_SERVICE", NULL, "Kubernetes: the headless Service named as the pods' subdomain; the store is then on JOB-0.SERVICE, JOB being this pod's host name less its -INDEX", NULL, NULL },
+	{ "KHOR_K8S_STORE_HOST", NULL, "Kubernetes: host of the store, served by index 0, instead of JOB-0.KHOR_K8S_SERVICE", NULL, NULL },
+	{ "KHOR_K8S_STORE_PORT", "29500", "Kubernetes: port index 0 serves the store on", NULL, NULL },
+	{ "KHOR_SECRET", NULL, "Job secret proven by every store and link handshake (khorrun makes one); unset = unauthenticated", NULL, NULL },
+	{ "KHOR_JOB_ID", "default", "Job id; keys and links of other jobs are refused", NULL, NULL },
+	{ "KHOR_TIMEOUT", "300s", "Deadline of every collective and wait (e.g. 30s, 500ms, 5m; -1 = none)", NULL, NULL },
+	{ "KHOR_INIT_TIMEOUT", NULL, "Deadline for all ranks to join at init (default: KHOR_TIMEOUT)", NULL, NULL },
+	{ "KHOR_HOSTNAME", NULL, "Host identity used to group ranks per node (default: gethostname)", NULL, NULL },
+	{ "KHOR_SOCKET_IFNAME", NULL, "Interface for links: prefixes (eth,ib), =exact, ^excluded, or a CIDR (198.18.0.0/15); unset = tcp publishes every usable address, the store's subnet first, and each peer dials one it can reach", NULL, NULL },
+	{ "KHOR_SOCKET_NSOCKS", "2", "TCP sockets per link; large messages are striped over them (1-16)", NULL, NULL },
+	{ "KHOR_SOCKET_BUFSIZE", "0", "SO_SNDBUF/SO_RCVBUF of link sockets (0 = kernel autotuning, usually fastest)", NULL, NULL },
+	{ "KHOR_MIN_STRIPE", "256K", "Smallest piece a message is striped into across sockets", NULL, NULL },
+	{ "KHOR_SLICE_BYTES", "512K", "Pipeline slice of ring allreduce and chain broadcast", NULL, NULL },
+	{ "KHOR_PIPELINE_DEPTH", "4", "Slices in flight per collective (1-64)", NULL, NULL },
+	{ "KHOR_ALGO", "auto", "Allreduce algorithm: ring, tree (double binary), rd (recursive doubling), hd (halving-doubling) or auto (cost model)", NULL, NULL },
+	{ "KHOR_AUTO_TRIALS", "3", "Auto: rounds of timed calls of each allreduce schedule the model predicts close, inside the first call of each power-of-two size (0 = the model alone; 0 when KHOR_COST_* are set)", NULL, NULL },
+	{ "KHOR_HIER", "auto", "Node-aware allreduce/broadcast across hosts: on, off or auto (cost model)", NULL, NULL },
+	{ "KHOR_NCCL", "auto", "Device buffers: NCCL inside each node (libnccl.so.2, loaded at run time), khor across nodes: auto (CUDA memory, a dtype NCCL has, more than one rank per node), on (also one rank per node; a call NCCL can't take fails saying why) or off", NULL, NULL },
+	{ "KHOR_RD_MAX_BYTES", NULL, "When set: broadcast uses the binomial tree, allgather Bruck and reduce-scatter recursive halving up to this size (total bytes), chain and ring above; unset = cost model", NULL, NULL },
+	{ "KHOR_COST_ALPHA_US", NULL, "Cost model: per-message time in us (with BETA and GAMMA set, init skips its measurement)", NULL, NULL },
+	{ "KHOR_COST_BETA_GBPS", NULL, "Cost model: link bandwidth in GB/s", NULL, NULL },
+	{ "KHOR_COST_GAMMA_GBPS", NULL, "Cost model: reduction speed in GB/s", NULL, NULL },
+	{ "KHOR_SPIN_US", "300", "Busy-poll this many microseconds before sleeping in a wait (0 = sleep at once)", NULL, NULL },
+	{ "KHOR_TRANSPORT", "auto", "Links: ib (verbs, every peer), tcp, shm (same-host peers only) or auto (shm within a host; ib across where both ranks have it, else tcp)", NULL, NULL },
+	{ "KHOR_IB_HCA", NULL, "ib: devices and ports to use, as NCCL_IB_HCA: name prefixes (mlx5), =exact names, ^excluded, :port (mlx5_0:1); unset = the first active port", NULL, NULL },
+	{ "KHOR_IB_GID_INDEX", NULL, "ib: GID table index (RoCE); unset = the RoCE v2 GID of the interface KHOR_SOCKET_IFNAME (or the store's route) selects", NULL, NULL },
+	{ "KHOR_IB_QPS_PER_CONN", "2", "ib: reliable-connected queue pairs per link; large messages are split over them (1-8)", NULL, NULL },
+	{ "KHOR_IB_TIMEOUT", "14", "ib: QP ack timeout exponent, 4.096 us x 2^N per retry (1-31)", NULL, NULL },
+	{ "KHOR_IB_RETRY_CNT", "7", "ib: QP retries before a link fails with retry-exceeded (0-7)", NULL, NULL },
+	{ "KHOR_IB_MAX_WR_BYTES", "0", "ib: largest RDMA write per work request (0 = the ports' max_msg_sz)", NULL, NULL },
+	{ "KHOR_IB_FLUSH", "auto", "ib: flush after receives into registered memory: auto (device memory only) or always", NULL, NULL },
+	{ "KHOR_REG_CACHE_ENTRIES", "64", "ib: unused memory registrations kept for reuse, at most this many (0 = none kept)", NULL, NULL },
+	{ "KHOR_REG_CACHE_MB", "1024", "ib: ... and at most this many MiB registered in all (the locked-memory limit, ulimit -l, also bounds it)", NULL, NULL },
+	{ "KHOR_REG_CACHE_USER", "0", "ib: 1 = keep user buffers registered across calls (the application never frees a buffer it passed, as MPI's leave_pinned); 0 = drop them at the end of each call", NULL, NULL },
+	{ "KHOR_FUSION_THRESHOLD", "64M", "Engine: allreduces ready in one cycle are packed into one buffer up to this many bytes (0 = no fusion; alias HOROVOD_FUSION_THRESHOLD)", "HOROVOD_FUSION_THRESHOLD", NULL },
+	{ "KHOR_CYCLE_TIME", "0", "Engine: least ms between the starts of two negotiation cycles (0 = start one as soon as work arrives; alias HOROVOD_CYCLE_TIME)", "HOROVOD_CYCLE_TIME", NULL },
+	{ "KHOR_CACHE_CAPACITY", "1024", "Engine: response cache entries per process set (0 = off; alias HOROVOD_CACHE_CAPACITY)", "HOROVOD_CACHE_CAPACITY", NULL },
+	{ "KHOR_TIMELINE", NULL, "Engine: write a Chrome trace-event timeline to this file (rank 0; %r in the name = every rank its own; alias HOROVOD_TIMELINE)", "HOROVOD_TIMELINE", NULL },
+	{ "KHOR_TIMELINE_MARK_CYCLES", "0", "Engine: mark each negotiation cycle in the timeline (alias HOROVOD_TIMELINE_MARK_CYCLES)", "HOROVOD_TIMELINE_MARK_CYCLES", NULL },
+	{ "KHOR_STALL_CHECK_TIME", "60", "Engine: seconds a tensor may wait for missing ranks before the coordinator warns (0 = off; alias HOROVOD_STALL_CHECK_TIME_SECONDS)", "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_CHECK_DISABLE" },
+	{ "KHOR_STALL_SHUTDOWN_TIME", "0", "Engine: seconds after which stalled tensors fail on every rank (0 = never; alias HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", NULL },
+	{ "KHOR_AUTOTUNE", "0", "Engine: search fusion threshold and cycle time by measured throughput (alias HOROVOD_AUTOTUNE)", "HOROVOD_AUTOTUNE", NULL },
+	{ "KHOR_AUTOTUNE_LOG", NULL, "Engine: CSV file of autotune's samples (alias HOROVOD_AUTOTUNE_LOG)", "HOROVOD_AUTOTUNE_LOG", NULL },
+	{ "KHOR_AUTOTUNE_WARMUP_SAMPLES", "3", "Engine: autotune windows discarded at the start (alias HOROVOD_AUTOTUNE_WARMUP_SAMPLES)", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", NULL },
+	{ "KHOR_AUTOTUNE_STEPS_PER_SAMPLE", "10", "Engine: cycles with work per autotune window (alias HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE)", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", NULL },
+	{ "KHOR_LOG", "warn", "Log level: error, warn, info, debug, trace (alias HOROVOD_LOG_LEVEL)", NULL, NULL },
 };
 const int config_nvars = sizeof(config_vars) / sizeof(config_vars[0]);
 
@@ -79,12 +80,19 @@ bool config_known(const char *name)
 	return false;
 }
 
-static const char *config_default(const char *name)
+static const struct config_var *config_var_of(const char *name)
 {
 	for (int i = 0; i < config_nvars; i++)
 		if (strcmp(config_vars[i].name, name) == 0)
-			return config_vars[i].def;
+			return &config_vars[i];
 	return NULL;
+}
+
+const char *config_default(const char *name)
+{
+	const struct config_var *cv = config_var_of(name);
+
+	return cv != NULL ? cv->def : NULL;
 }
 
 const char *config_lookup(const struct khor_config *cfg, const char *name)
@@ -103,6 +111,35 @@ static const char *env(const char *name)
 {
 	const char *v = getenv(name);
 	return v != NULL && *v != '\0' ? v : NULL;
+}
+
+const char *config_lookup_alias(const struct khor_config *cfg, const char *name,
+                                const char **from_out)
+{
+	const struct config_var *cv = config_var_of(name);
+	const char *v = config_lookup(cfg, name);
+
+	*from_out = name;
+	if (v == NULL && cv != NULL && cv->alias != NULL) {
+		v = env(cv->alias);
+		*from_out = cv->alias;
+	}
+	return v;
+}
+
+/* Horovod's spelling of "on" for its switches. */
+static bool truthy(const char *v)
+{
+	return strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0 || strcasecmp(v, "yes") == 0 ||
+	       strcasecmp(v, "on") == 0;
+}
+
+bool config_alias_off(const struct khor_config *cfg, const char *name)
+{
+	const struct config_var *cv = config_var_of(name);
+	const char *v = cv != NULL && cv->alias_off != NULL ? getenv(cv->alias_off) : NULL;
+
+	return v != NULL && truthy(v) && config_lookup(cfg, name) == NULL;
 }
 
 static khor_status get_int(const struct khor_config *cfg, const char *name, const char *alt,

@@ -18,6 +18,12 @@ struct config_var {
 	const char *name;
 	const char *def;  /* NULL: no default */
 	const char *help;
+	/* Horovod's name for the same setting, read from the environment when name is not
+	 * given anywhere (HOROVOD_FUSION_THRESHOLD); NULL: none. */
+	const char *alias;
+	/* Horovod's switch that turns the setting off (HOROVOD_STALL_CHECK_DISABLE): when true
+	 * and name itself is not given, the setting is 0 whatever the alias says; NULL: none. */
+	const char *alias_off;
 };
 
 extern const struct config_var config_vars[];
@@ -71,6 +77,17 @@ typedef struct settings {
 /* Looks up name in cfg, then the environment; NULL when unset or empty. */
 const char *config_lookup(const struct khor_config *cfg, const char *name);
 bool config_known(const char *name);
+/* The table's default of name; NULL when it has none (or name is not in the table). */
+const char *config_default(const char *name);
+/*
+ * name as config_lookup finds it, else its Horovod alias from the environment (empty counts
+ * as unset); *from_out is the variable the value came from, for error messages (name when
+ * neither is set, then NULL is returned).
+ */
+const char *config_lookup_alias(const struct khor_config *cfg, const char *name,
+                                const char **from_out);
+/* True when name's Horovod off switch is set to 1, true, yes or on and name is not given. */
+bool config_alias_off(const struct khor_config *cfg, const char *name);
 khor_status config_parse(const struct khor_config *cfg, settings *out, kerr *err);
 /* KHOR_ALGO (NULL = auto) as enum allreduce_algo; KHOR_HIER (NULL = auto) as 0/1/2. */
 khor_status config_parse_algo(const char *value, int *algo, kerr *err);

@@ -1,13 +1,15 @@
 /*
  * test_negotiate.c -- the engine's parsers of negotiation bytes against bad input: tensor
  * descriptors (desc_parse, desc_key), a worker's report as the coordinator reads it
- * (coord_merge) and a response as a rank applies it (apply_response). Every truncation,
+ * (table_merge) and a response as a rank applies it (response_parse). Every truncation,
  * out-of-range field and unknown record must be refused with KHOR_ERR_PROTOCOL (a response
  * fails the set), never read past the bytes or index outside the cache.
  *
  * No links: a process set is set up by hand with just what the parsers touch.
  */
-#include "engine/engine.h"
+#include "engine/desc.h"
+#include "engine/response.h"
+#include "engine/table.h"
 
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -140,6 +142,9 @@ static eset *bare_set(int n)
 	e->efd = -1;
 	s->e = e;
 	s->size = n;
+	klist_init(&s->fresh);
+	klist_init(&s->pending);
+	klist_init(&s->arrivals);
 	s->cache.cap = 4;
 	s->joined_r = calloc((size_t)n, sizeof(bool));
 	s->stop_r = calloc((size_t)n, sizeof(bool));
@@ -148,7 +153,7 @@ static eset *bare_set(int n)
 
 static void bare_free(eset *s)
 {
-	negotiate_free(s);
+	table_free(s);
 	emap_free(&s->keys);
 	emap_free(&s->names);
 	pthread_mutex_destroy(&s->e->mu);
@@ -201,7 +206,7 @@ Test(negotiate, malformed_reports_are_refused)
 		eset *s = bare_set(2);
 		kerr err;
 		kerr_clear(&err);
-		cr_expect_eq(coord_merge(s, 1, r[i].b, r[i].n, &err), KHOR_ERR_PROTOCOL,
+		cr_expect_eq(table_merge(s, 1, r[i].b, r[i].n, &err), KHOR_ERR_PROTOCOL,
 		             "a report with %s was accepted", what[i]);
 		bare_free(s);
 	}
@@ -212,7 +217,7 @@ Test(negotiate, malformed_reports_are_refused)
 	put(&ok, d, len);
 	eset *s = bare_set(2);
 	kerr err;
-	cr_expect_eq(coord_merge(s, 1, ok.b, ok.n, &err), KHOR_SUCCESS, "%s", err.text);
+	cr_expect_eq(table_merge(s, 1, ok.b, ok.n, &err), KHOR_SUCCESS, "%s", err.text);
 	cr_expect_not_null(emap_get(&s->table, "grad/w\ngrad/b"));
 	bare_free(s);
 	free(d);
@@ -243,8 +248,9 @@ Test(negotiate, malformed_responses_fail_the_set)
 	put(&r[5], "\1\0", 2);
 	for (int i = 0; i < 6; i++) {
 		eset *s = bare_set(2);
-		cr_expect_not(apply_response(s, r[i].b, r[i].n), "a response with %s was applied",
-		              what[i]);
+		eresp out;
+		cr_expect_not(response_parse(s, r[i].b, r[i].n, &out), "a response with %s was "
+		              "applied", what[i]);
 		cr_expect(s->failed, "a response with %s did not fail the set", what[i]);
 		cr_expect_eq(s->err.status, KHOR_ERR_PROTOCOL, "%s: status %d: %s", what[i],
 		             s->err.status, s->err.text);

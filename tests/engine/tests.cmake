@@ -3,8 +3,15 @@ khor_test(test_engine engine/test_engine.c 900)
 khor_test(test_engine_device engine/test_engine_device.c 600)
 target_link_libraries(test_engine_device PRIVATE khor_mem_emu)
 khor_test(test_negotiate engine/test_negotiate.c 60)
+khor_test(test_engine_settings engine/test_settings.c 60)
 # The engine from three threads per rank, the same way: for -DKHOR_SANITIZE=thread, not a
 # CTest test (test_engine covers the engine under Criterion).
 add_executable(tsan_engine engine/tsan_engine.c harness.c ${PROJECT_SOURCE_DIR}/bindings/capi.c
   ${PROJECT_SOURCE_DIR}/bindings/capi_engine.c)
 target_link_libraries(tsan_engine PRIVATE khor_engine m)
+# No file of engine/ calls back into a file that calls it (from the objects' symbols).
+if(KHOR_PYTHON)
+  add_test(NAME engine_call_cycles COMMAND ${KHOR_PYTHON}
+    ${CMAKE_CURRENT_LIST_DIR}/call_cycles.py "$<TARGET_OBJECTS:khor_engine>")
+  set_tests_properties(engine_call_cycles PROPERTIES TIMEOUT 60)
+endif()

@@ -1,0 +1,49 @@
+/* ctl.h -- the cycle's messages on a set's control comm (ctl.c). */
+#ifndef KHOR_ENGINE_CTL_H
+#define KHOR_ENGINE_CTL_H
+
+#include "bbuf.h"
+#include "types.h"
+
+
+#define MSG_MAGIC 0x4b4e4547u /* "KNEG" */
+#define MSG_INLINE 240
+#define MSG_MAX (256u << 20) /* a report or response: 4-byte slots or descriptors, far less */
+
+enum { M_REQ = 1, M_GO, M_RESP, M_ABORT };
+
+typedef struct msg_hdr {
+	uint32_t magic;
+	uint8_t type;
+	uint8_t pad[3];
+	uint32_t cycle;
+	uint32_t len;
+	uint8_t data[MSG_INLINE];
+} msg_hdr;
+
+
+/*
+ * Waits until one of xs completes (*which = its index), or, with wake_ok, this set is woken
+ * by an enqueue or a stop (*which = -1), or dl passes, or idle_ms (> 0) passes (*which = -2).
+ * Spins for the comm's spin time first when spin. Link errors come back with the peer
+ * named by the transport.
+ */
+khor_status ctl_wait(eset *s, coll_xfer *xs, int nxs, bool wake_ok, kdeadline dl, bool spin,
+                     int idle_ms, int *which, kerr *err);
+/* The tag of this cycle's message at step. */
+tp_tag ctl_tag(const eset *s, uint32_t step);
+/* Sends a header (+ payload frame) to peer; the transfers go into xs[0..1]. */
+khor_status ctl_send(eset *s, int peer, uint8_t type, uint32_t step, const bbuf *pl,
+                     msg_hdr *hdr, coll_xfer *xs, kerr *err);
+/* Waits for sends to finish (bounded). */
+khor_status ctl_flush(eset *s, coll_xfer *xs, int nxs, kerr *err);
+void ctl_drain(eset *s, coll_xfer *xs, int nxs);
+/* Receives the payload that follows hdr (when it did not fit), into *out (malloc'd). */
+khor_status ctl_payload(eset *s, int peer, const msg_hdr *hdr, uint32_t step, uint8_t **out,
+                        kerr *err);
+/* A header of this cycle, of a known type, of a length within bounds. */
+khor_status ctl_check_hdr(const eset *s, const msg_hdr *h, int peer, kerr *err);
+/* Tells every worker the set failed (best effort: a short wait, then give up). */
+void ctl_abort(eset *s, const bool *go_sent, const kerr *cause);
+
+#endif
