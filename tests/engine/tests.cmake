@@ -9,9 +9,3 @@ khor_test(test_engine_settings engine/test_settings.c 60)
 add_executable(tsan_engine engine/tsan_engine.c harness.c ${PROJECT_SOURCE_DIR}/bindings/capi.c
   ${PROJECT_SOURCE_DIR}/bindings/capi_engine.c)
 target_link_libraries(tsan_engine PRIVATE khor_engine m)
-# No file of engine/ calls back into a file that calls it (from the objects' symbols).
-if(KHOR_PYTHON)
-  add_test(NAME engine_call_cycles COMMAND ${KHOR_PYTHON}
-    ${CMAKE_CURRENT_LIST_DIR}/call_cycles.py "$<TARGET_OBJECTS:khor_engine>")
-  set_tests_properties(engine_call_cycles PROPERTIES TIMEOUT 60)
-endif()
