@@ -62,7 +62,7 @@ const struct config_var config_vars[] = {
 	{ "KHOR_CACHE_CAPACITY", "1024", "Engine: response cache entries per process set (0 = off; alias HOROVOD_CACHE_CAPACITY)", "HOROVOD_CACHE_CAPACITY", NULL },
 	{ "KHOR_TIMELINE", NULL, "Engine: write a Chrome trace-event timeline to this file (rank 0; %r in the name = every rank its own; alias HOROVOD_TIMELINE)", "HOROVOD_TIMELINE", NULL },
 	{ "KHOR_TIMELINE_MARK_CYCLES", "0", "Engine: mark each negotiation cycle in the timeline (alias HOROVOD_TIMELINE_MARK_CYCLES)", "HOROVOD_TIMELINE_MARK_CYCLES", NULL },
-	{ "KHOR_STALL_CHECK_TIME", "60", "Engine: seconds a tensor may wait for missing ranks before the coordinator warns (0 = off; alias HOROVOD_STALL_CHECK_TIME_SECONDS)", "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_CHECK_DISABLE" },
+	{ "KHOR_STALL_CHECK_TIME", "60", "Engine: seconds a tensor may wait for missing ranks before the coordinator warns (0 = off; alias HOROVOD_STALL_CHECK_TIME_SECONDS; HOROVOD_STALL_CHECK_DISABLE=1 turns it off)", "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_CHECK_DISABLE" },
 	{ "KHOR_STALL_SHUTDOWN_TIME", "0", "Engine: seconds after which stalled tensors fail on every rank (0 = never; alias HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", NULL },
 	{ "KHOR_AUTOTUNE", "0", "Engine: search fusion threshold and cycle time by measured throughput (alias HOROVOD_AUTOTUNE)", "HOROVOD_AUTOTUNE", NULL },
 	{ "KHOR_AUTOTUNE_LOG", NULL, "Engine: CSV file of autotune's samples (alias HOROVOD_AUTOTUNE_LOG)", "HOROVOD_AUTOTUNE_LOG", NULL },
