@@ -59,16 +59,3 @@ const struct transport_ops *transport_find(const char *name)
 			return l[i];
 	return NULL;
 }
-
-bool tp_meta_conflict(const tp_meta_rules *r, uint32_t a, uint32_t b)
-{
-	return r != NULL && r->conflict != NULL && r->conflict(a, b);
-}
-
-const char *tp_meta_describe(const tp_meta_rules *r, uint32_t meta, char *buf, size_t len)
-{
-	if (r != NULL && r->describe != NULL)
-		return r->describe(meta, buf, len);
-	snprintf(buf, len, "meta 0x%08x", meta);
-	return buf;
-}

@@ -53,6 +53,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define TP_ADDR_MAX 256
 #define TP_VERSION 2 /* of this table; transports compiled against another are refused */
@@ -123,8 +124,23 @@ typedef struct tp_meta_rules {
 	const char *(*describe)(uint32_t meta, char *buf, size_t len);
 } tp_meta_rules;
 
-bool tp_meta_conflict(const tp_meta_rules *r, uint32_t a, uint32_t b);
-const char *tp_meta_describe(const tp_meta_rules *r, uint32_t meta, char *buf, size_t len);
+/*
+ * The rules' two questions, asked by every transport. Inline, so that the transports need
+ * nothing from transport.c, the registry that lists them.
+ */
+static inline bool tp_meta_conflict(const tp_meta_rules *r, uint32_t a, uint32_t b)
+{
+	return r != NULL && r->conflict != NULL && r->conflict(a, b);
+}
+
+static inline const char *tp_meta_describe(const tp_meta_rules *r, uint32_t meta, char *buf,
+                                            size_t len)
+{
+	if (r != NULL && r->describe != NULL)
+		return r->describe(meta, buf, len);
+	snprintf(buf, len, "meta 0x%08x", meta);
+	return buf;
+}
 
 static inline bool tp_tag_eq(tp_tag a, tp_tag b)
 {
