@@ -43,8 +43,9 @@
  * registration cache above, regcache.h) or, when it passes none, one made for the request
  * and dropped when it completes. Device memory is registered through ib_gdr.h.
  *
- * Threads: every op takes the instance's lock; progress() lets go of it while it sleeps,
- * and only one thread sleeps at a time (base/sleeper.h), as in tcp.c.
+ * Threads: every op takes the instance's lock (the skeleton's, transport/skel.h);
+ * progress() lets go of it while it sleeps, and only one thread sleeps at a time
+ * (base/sleeper.h), as in tcp.c.
  */
 #include "ib.h"
 #include "ib_int.h"
@@ -71,12 +72,9 @@ const char *ib_errstr(int e)
 
 tp_req *ib_req_new(tp_link *l)
 {
-	tp_ctx *ctx = l->ctx;
-	tp_req *r = ctx->free_reqs;
+	tp_req *r = tp_skel_req_get(&l->ctx->sk, sizeof(*r));
 
-	if (r != NULL)
-		ctx->free_reqs = r->next;
-	else if ((r = malloc(sizeof(*r))) == NULL)
+	if (r == NULL)
 		return NULL;
 	memset(r, 0, sizeof(*r));
 	r->link = l;
@@ -91,8 +89,7 @@ void ib_req_release(tp_req *r)
 	if (r->own_mr != NULL)
 		ctx->api->dereg_mr(r->own_mr);
 	r->link->pending--;
-	r->next = ctx->free_reqs;
-	ctx->free_reqs = r;
+	tp_skel_req_put(&ctx->sk, r);
 }
 
 void ib_req_finish(tp_req *r, khor_status st)
@@ -101,7 +98,7 @@ void ib_req_finish(tp_req *r, khor_status st)
 		return;
 	r->done = true;
 	r->st = st;
-	atomic_fetch_add_explicit(&r->link->ctx->completions, 1, memory_order_relaxed);
+	tp_skel_completed(&r->link->ctx->sk);
 	if (r->orphan && r->wr_out == 0)
 		ib_req_release(r);
 }
@@ -149,20 +146,20 @@ static void fail_list(tp_req *head, khor_status st)
 
 void ib_link_fail(tp_link *l, khor_status st, const char *fmt, ...)
 {
-	char what[KERR_TEXT_MAX];
+	char what[KERR_TEXT_MAX], who[TP_ADDR_MAX + 64];
 	va_list ap;
 
 	if (l->err.status != KHOR_SUCCESS)
 		return;
 	va_start(ap, fmt);
-	vsnprintf(what, sizeof(what), fmt, ap);
+	vsnprintf(what, sizeof(what), fmt, ap); /* the peer is told these words, unprefixed */
 	va_end(ap);
 	if (l->peer >= 0)
-		kerr_set(&l->err, st, "ib link to peer rank %d (%s): %s", l->peer,
-		         l->peer_addr[0] ? l->peer_addr : "address unknown", what);
+		snprintf(who, sizeof(who), "ib link to peer rank %d (%s)", l->peer,
+		         l->peer_addr[0] ? l->peer_addr : "address unknown");
 	else
-		kerr_set(&l->err, st, "ib link from %s: %s", l->peer_addr, what);
-	KLOG_DEBUG("%s", l->err.text);
+		snprintf(who, sizeof(who), "ib link from %s", l->peer_addr);
+	tp_skel_fail(&l->err, st, who, "%s", what);
 	bool was_ready = l->state == LS_READY;
 	if ((l->state == LS_READY || l->state == LS_READY_WAIT) && l->fd >= 0 && !l->peer_failed) {
 		struct ib_abort a = { .magic = HS_MAGIC, .status = (uint32_t)st };
@@ -186,7 +183,7 @@ void ib_link_fail(tp_link *l, khor_status st, const char *fmt, ...)
 	l->recvs = l->sends_eager = l->sends_eager_tail = l->sends_rdv = NULL;
 	l->ctl_q = l->ctl_q_tail = NULL;
 	memset(l->rdv, 0, sizeof(l->rdv));
-	atomic_fetch_add_explicit(&l->ctx->completions, 1, memory_order_relaxed);
+	tp_skel_completed(&l->ctx->sk);
 }
 
 /* ---- progress ------------------------------------------------------------------------ */
@@ -218,57 +215,53 @@ static void drain_cq_events(tp_ctx *ctx)
 
 static khor_status ib_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err)
 {
+	tp_skel *sk = &ctx->sk;
 	struct epoll_event evs[64];
 	bool moved, sleeper = false;
 	int n, e;
 
-	if (timeout_ms == 0) {
-		if (!kmutex_trylock_polite(&ctx->mu)) {
-			if (moved_out != NULL)
-				*moved_out = kseen_changed(ctx, atomic_load(&ctx->completions));
-			return KHOR_SUCCESS;
-		}
-	} else {
-		kmutex_lock(&ctx->mu);
-	}
+	if (!tp_skel_progress_begin(sk, timeout_ms, moved_out))
+		return KHOR_SUCCESS;
 	moved = drive_all(ctx);
-	moved |= kseen_changed(ctx, atomic_load(&ctx->completions));
+	moved |= tp_skel_seen(sk);
 	/*
 	 * A spinning caller polls the completion queues only: the poll set (bootstrap sockets,
 	 * new connections, device events) is looked at every 64th spin. Completions need no
 	 * system call; an epoll_wait per spin doubled the 8-byte latency in the VM.
 	 */
 	if (timeout_ms == 0 && (++ctx->spins & 63) != 0) {
-		if (moved && (ctx->sl.asleep || ctx->sl.waiting > 0))
-			ksleeper_moved(&ctx->sl);
-		kmutex_unlock(&ctx->mu);
+		if (moved)
+			tp_skel_moved(sk);
+		kmutex_unlock(&sk->mu);
 		if (moved_out != NULL)
 			*moved_out = moved;
 		return KHOR_SUCCESS;
 	}
 	if (!moved && timeout_ms != 0) {
-		if (!ksleeper_enter(&ctx->sl, &ctx->mu, timeout_ms)) {
+		if (!tp_skel_sleep_begin(sk, timeout_ms)) {
+			/* Another thread slept in the kernel for both of us and has returned. */
 			moved = drive_all(ctx);
-			moved |= kseen_changed(ctx, atomic_load(&ctx->completions));
-			kmutex_unlock(&ctx->mu);
+			tp_skel_progress_end(sk, false, moved_out);
 			if (moved_out != NULL)
-				*moved_out = moved;
+				*moved_out |= moved;
 			return KHOR_SUCCESS;
 		}
 		sleeper = true;
 		/* Completions that came after the poll above but before the CQs were armed
-		 * raised no event: look once more (the CQs stay armed from the last event). */
+		 * raised no event: look once more (the CQs stay armed from the last event); and
+		 * a wake since our last look means no sleep either. */
 		moved = drive_all(ctx);
-		kmutex_unlock(&ctx->mu);
+		moved |= tp_skel_seen(sk);
+		kmutex_unlock(&sk->mu);
 	}
 	n = epoll_wait(ctx->epfd, evs, 64, moved ? 0 : timeout_ms);
 	e = errno;
 	if (sleeper) {
-		kmutex_lock(&ctx->mu);
-		ksleeper_leave(&ctx->sl);
+		kmutex_lock(&sk->mu);
+		tp_skel_sleep_end(sk);
 	}
 	if (n < 0) {
-		kmutex_unlock(&ctx->mu);
+		kmutex_unlock(&sk->mu);
 		if (moved_out != NULL)
 			*moved_out = moved;
 		if (e == EINTR)
@@ -279,8 +272,8 @@ static khor_status ib_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ker
 		void *p = evs[i].data.ptr;
 		if (p == NULL)
 			ib_conn_accept(ctx);
-		else if (p == (void *)&ctx->sl)
-			continue;
+		else if (p == (void *)&sk->sl)
+			continue; /* a wake-up: tp_skel_sleep_end drained it */
 		else if (p == (void *)ctx->ch)
 			drain_cq_events(ctx);
 		else if (p == (void *)ctx->dev)
@@ -290,23 +283,17 @@ static khor_status ib_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ker
 	}
 	moved |= drive_all(ctx);
 	ib_conn_sweep(ctx);
-	if ((moved || n > 0) && (ctx->sl.asleep || ctx->sl.waiting > 0))
-		ksleeper_moved(&ctx->sl);
-	if (moved_out != NULL)
-		*moved_out = moved || n > 0 || kseen_changed(ctx, atomic_load(&ctx->completions));
-	kmutex_unlock(&ctx->mu);
+	tp_skel_progress_end(sk, moved || n > 0, moved_out);
 	return KHOR_SUCCESS;
 }
 
 /* ---- ops ----------------------------------------------------------------------------- */
 
-static khor_status ib_test(tp_req *r, bool *done_out, kerr *err)
+static khor_status ib_test_locked(tp_req *r, bool *done_out, kerr *err)
 {
 	tp_link *l = r->link;
-	tp_ctx *ctx = l->ctx;
 	khor_status st = KHOR_SUCCESS;
 
-	kmutex_lock(&ctx->mu);
 	if (!r->done && l->err.status != KHOR_SUCCESS)
 		ib_req_finish(r, l->err.status);
 	*done_out = r->done;
@@ -324,16 +311,13 @@ static khor_status ib_test(tp_req *r, bool *done_out, kerr *err)
 		else
 			ib_req_release(r);
 	}
-	kmutex_unlock(&ctx->mu);
 	return st;
 }
 
-static void ib_cancel(tp_req *r)
+static void ib_cancel_locked(tp_req *r)
 {
 	tp_link *l = r->link;
-	tp_ctx *ctx = l->ctx;
 
-	kmutex_lock(&ctx->mu);
 	if (!r->done) {
 		bool quiet = false;
 		if (!r->is_send && !r->rdv)
@@ -362,28 +346,14 @@ static void ib_cancel(tp_req *r)
 		r->orphan = true;
 	else
 		ib_req_release(r);
-	kmutex_unlock(&ctx->mu);
 }
 
-static khor_status ib_link_error(tp_link *l, kerr *err_out)
+static bool ib_link_ready_locked(const tp_link *l)
 {
-	kmutex_lock(&l->ctx->mu);
-	khor_status st = l->err.status;
-	if (st != KHOR_SUCCESS && err_out != NULL)
-		*err_out = l->err;
-	kmutex_unlock(&l->ctx->mu);
-	return st;
+	return l->state == LS_READY && l->err.status == KHOR_SUCCESS;
 }
 
-static bool ib_link_ready(const tp_link *l)
-{
-	kmutex_lock(&l->ctx->mu);
-	bool ready = l->state == LS_READY && l->err.status == KHOR_SUCCESS;
-	kmutex_unlock(&l->ctx->mu);
-	return ready;
-}
-
-static void ib_describe(const tp_link *l, char *buf, size_t len)
+static void ib_describe_locked(const tp_link *l, char *buf, size_t len)
 {
 	const tp_ctx *ctx = l->ctx;
 
@@ -408,11 +378,10 @@ static const char *ib_address(const tp_ctx *ctx)
 	return ctx->addr;
 }
 
-static khor_status ib_accept(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
+static khor_status ib_accept_locked(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
 {
 	if (peer < 0 || peer >= ctx->size || peer == ctx->rank)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "ib accept: bad peer rank %d", peer);
-	kmutex_lock(&ctx->mu);
 	tp_link *l = ctx->incoming[peer];
 	if (l != NULL && (l->state == LS_READY || l->state == LS_DEAD)) {
 		l->claimed = true;
@@ -420,17 +389,11 @@ static khor_status ib_accept(tp_ctx *ctx, int peer, tp_link **link_out, kerr *er
 	} else {
 		*link_out = NULL;
 	}
-	kmutex_unlock(&ctx->mu);
 	return KHOR_SUCCESS;
 }
 
-static void ib_wake(tp_ctx *ctx)
-{
-	kmutex_lock(&ctx->mu);
-	atomic_fetch_add_explicit(&ctx->completions, 1, memory_order_relaxed);
-	ksleeper_moved(&ctx->sl);
-	kmutex_unlock(&ctx->mu);
-}
+/* The ops that take the lock around the bodies above and in ib_connect.c and ib_p2p.c. */
+TP_SKEL_LOCKED_OPS(ib)
 
 /* ---- create and destroy -------------------------------------------------------------- */
 
@@ -477,11 +440,6 @@ static void ib_destroy(tp_ctx *ctx)
 		n = l->next_all;
 		link_free(ctx, l);
 	}
-	while (ctx->free_reqs != NULL) {
-		tp_req *r = ctx->free_reqs;
-		ctx->free_reqs = r->next;
-		free(r);
-	}
 	if (ctx->fqp != NULL)
 		api->destroy_qp(ctx->fqp);
 	if (ctx->fcq != NULL)
@@ -492,15 +450,13 @@ static void ib_destroy(tp_ctx *ctx)
 		close(ctx->listen_fd);
 	if (ctx->epfd >= 0)
 		close(ctx->epfd);
-	if (ctx->sl.wake_fd >= 0)
-		ksleeper_destroy(&ctx->sl);
 	if (ctx->ch != NULL)
 		api->destroy_comp_channel(ctx->ch);
 	if (ctx->pd != NULL)
 		api->dealloc_pd(ctx->pd);
 	if (ctx->dev != NULL)
 		api->close_device(ctx->dev);
-	pthread_mutex_destroy(&ctx->mu.m);
+	tp_skel_destroy(&ctx->sk);
 	free(ctx->incoming);
 	free(ctx->outgoing);
 	free(ctx->secret);
@@ -524,7 +480,6 @@ static khor_status ib_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err)
 	ctx->size = opt->size;
 	ctx->meta = opt->meta;
 	ctx->listen_fd = ctx->epfd = -1;
-	ctx->sl.wake_fd = -1;
 	ctx->hs_timeout_ms = opt->handshake_timeout_ms > 0 ? opt->handshake_timeout_ms : 30000;
 	ctx->secret = strdup(opt->secret ? opt->secret : "");
 	ctx->self = (hs_self){ .transport = HS_TP_IB, .version = IB_PROTO, .rank = opt->rank,
@@ -540,7 +495,8 @@ static khor_status ib_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err)
 	ctx->gid_forced = given ? opt->ib_gid_index : -1;
 	if (given && opt->ib_hca != NULL && opt->ib_hca[0] != '\0')
 		kstrlcpy(ctx->hca, opt->ib_hca, sizeof(ctx->hca));
-	kmutex_init(&ctx->mu);
+	if ((st = tp_skel_init(&ctx->sk, err)) != KHOR_SUCCESS)
+		goto fail;
 	ctx->incoming = calloc((size_t)opt->size, sizeof(tp_link *));
 	ctx->outgoing = calloc((size_t)opt->size, sizeof(tp_link *));
 	if (ctx->secret == NULL || ctx->incoming == NULL || ctx->outgoing == NULL) {
@@ -601,10 +557,8 @@ static khor_status ib_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err)
 		kerr_prefix(err, "ib bootstrap on interface %s", ifname);
 		goto fail;
 	}
-	if ((st = ksleeper_init(&ctx->sl, err)) != KHOR_SUCCESS)
-		goto fail;
-	int fds[4] = { ctx->listen_fd, ctx->sl.wake_fd, ctx->ch->fd, ctx->dev->async_fd };
-	void *tags[4] = { NULL, &ctx->sl, ctx->ch, ctx->dev };
+	int fds[4] = { ctx->listen_fd, ctx->sk.sl.wake_fd, ctx->ch->fd, ctx->dev->async_fd };
+	void *tags[4] = { NULL, &ctx->sk.sl, ctx->ch, ctx->dev };
 	for (int i = 0; i < 4; i++) {
 		if (i >= 2)
 			fcntl(fds[i], F_SETFL, fcntl(fds[i], F_GETFL) | O_NONBLOCK);
@@ -649,6 +603,6 @@ const struct transport_ops ib_transport_ops = {
 	.progress = ib_progress,
 	.cancel = ib_cancel,
 	.link_error = ib_link_error,
-	.wake = ib_wake,
+	.wake = tp_skel_wake,
 	.destroy = ib_destroy,
 };

@@ -519,8 +519,8 @@ void ib_conn_sweep(tp_ctx *ctx)
 	}
 }
 
-khor_status ib_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
-                       kerr *err)
+khor_status ib_connect_locked(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
+                              kerr *err)
 {
 	char host[256];
 	uint16_t port;
@@ -537,18 +537,14 @@ khor_status ib_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **l
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "ib connect to rank %d: bad address '%s'",
 		                peer, peer_addr);
 	if ((st = ksock_resolve(host, port, &a, err)) != KHOR_SUCCESS)
-		return st;
-	kmutex_lock(&ctx->mu);
+		return st; /* a number: resolving it never waits for a name server */
 	if (ctx->outgoing[peer] != NULL) {
 		*link_out = ctx->outgoing[peer];
-		kmutex_unlock(&ctx->mu);
 		return KHOR_SUCCESS;
 	}
 	tp_link *l = calloc(1, sizeof(*l));
-	if (l == NULL) {
-		kmutex_unlock(&ctx->mu);
+	if (l == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "ib connect: out of memory");
-	}
 	l->ctx = ctx;
 	l->peer = peer;
 	l->fd = -1;
@@ -588,6 +584,5 @@ khor_status ib_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **l
 	hs_expect(l, sizeof(hs_challenge));
 	ib_conn_drive(l);
 done:
-	kmutex_unlock(&ctx->mu);
 	return KHOR_SUCCESS;
 }

@@ -11,7 +11,8 @@
  *     ib_gdr.c      registration of device memory (dmabuf, peer-memory)
  *     ib_load.c     libibverbs, loaded at run time
  *
- * Every function here is called with the instance's lock held.
+ * Every function here is called with the instance's lock (the skeleton's, ctx->sk.mu) held,
+ * but for ib_reg_mr, ib_dereg_mr and ib_flush, which are ops and take it themselves.
  */
 #ifndef KHOR_TRANSPORT_IB_INT_H
 #define KHOR_TRANSPORT_IB_INT_H
@@ -23,6 +24,7 @@
 #include "base/sleeper.h"
 #include "base/sock.h"
 #include "transport/handshake.h"
+#include "transport/skel.h"
 #include "ib_gdr.h"
 #include "ib_load.h"
 
@@ -199,6 +201,7 @@ struct tp_link {
 };
 
 struct tp_ctx {
+	tp_skel sk;             /* first: the lock, the sleeper, the request pool (skel.h) */
 	int rank, size;
 	hs_self self;
 	char *secret;
@@ -238,10 +241,6 @@ struct tp_ctx {
 	tp_link **incoming;
 	tp_link **outgoing;
 	tp_link *all;
-	tp_req *free_reqs;
-	kmutex mu;
-	ksleeper sl;
-	_Atomic uint64_t completions;
 	unsigned spins;        /* progress(0) calls, for the poll set's turn */
 };
 
@@ -261,8 +260,8 @@ khor_status ib_dev_flush_qp(tp_ctx *ctx, kerr *err);
 void ib_dev_events(tp_ctx *ctx);
 
 /* ib_connect.c */
-khor_status ib_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
-                       kerr *err);
+khor_status ib_connect_locked(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
+                              kerr *err);
 bool ib_conn_drive(tp_link *l);
 void ib_conn_accept(tp_ctx *ctx);
 void ib_conn_sweep(tp_ctx *ctx);
@@ -272,10 +271,10 @@ bool ib_post_recv_slot(tp_link *l, struct slot *s);
 bool ib_post_recv_imm(struct qp *q);
 bool ib_link_push(tp_link *l);
 bool ib_poll_link(tp_link *l);
-khor_status ib_isend(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
-                     tp_req **req_out, kerr *err);
-khor_status ib_irecv(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
-                     tp_req **req_out, kerr *err);
+khor_status ib_isend_locked(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                            tp_req **req_out, kerr *err);
+khor_status ib_irecv_locked(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                            tp_req **req_out, kerr *err);
 
 /* ib_reg.c */
 khor_status ib_reg_host(tp_ctx *ctx, void *buf, size_t len, int access, const char *what,

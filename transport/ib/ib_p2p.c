@@ -572,13 +572,12 @@ bool ib_poll_link(tp_link *l)
 
 /* ---- posting a request --------------------------------------------------------------- */
 
-khor_status ib_isend(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
-                     tp_req **req_out, kerr *err)
+khor_status ib_isend_locked(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                            tp_req **req_out, kerr *err)
 {
 	tp_ctx *ctx = l->ctx;
 	khor_status st = KHOR_SUCCESS;
 
-	kmutex_lock(&ctx->mu);
 	if (l->err.status != KHOR_SUCCESS) {
 		st = l->err.status;
 		*err = l->err;
@@ -617,20 +616,18 @@ khor_status ib_isend(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr 
 		}
 	}
 	*req_out = r;
-	if (ib_link_push(l) && (ctx->sl.asleep || ctx->sl.waiting > 0))
-		ksleeper_moved(&ctx->sl);
+	if (ib_link_push(l))
+		tp_skel_moved(&ctx->sk);
 out:
-	kmutex_unlock(&ctx->mu);
 	return st;
 }
 
-khor_status ib_irecv(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
-                     tp_req **req_out, kerr *err)
+khor_status ib_irecv_locked(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                            tp_req **req_out, kerr *err)
 {
 	tp_ctx *ctx = l->ctx;
 	khor_status st = KHOR_SUCCESS;
 
-	kmutex_lock(&ctx->mu);
 	tp_req *r = ib_req_new(l);
 	if (r == NULL) {
 		st = kerr_set(err, KHOR_ERR_NO_MEMORY, "ib receive: out of memory");
@@ -715,9 +712,8 @@ khor_status ib_irecv(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
 		*pp = r;
 	}
 pushed:
-	if (ib_link_push(l) && (ctx->sl.asleep || ctx->sl.waiting > 0))
-		ksleeper_moved(&ctx->sl);
+	if (ib_link_push(l))
+		tp_skel_moved(&ctx->sk);
 out:
-	kmutex_unlock(&ctx->mu);
 	return st;
 }

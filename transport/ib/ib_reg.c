@@ -56,7 +56,7 @@ khor_status ib_reg_mr(tp_ctx *ctx, const tp_reg_desc *d, tp_mr **mr_out, kerr *e
 		access |= IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
 	if (d->access & TP_ACCESS_REMOTE_READ)
 		access |= IBV_ACCESS_REMOTE_READ;
-	kmutex_lock(&ctx->mu);
+	kmutex_lock(&ctx->sk.mu);
 	if (d->kind == TP_MEM_CUDA) {
 		if (!ctx->gdr_probed) {
 			ctx->gdr = ib_gdr_probe(ctx->api, ctx->pd, ctx->gdr_why, sizeof(ctx->gdr_why));
@@ -79,7 +79,7 @@ khor_status ib_reg_mr(tp_ctx *ctx, const tp_reg_desc *d, tp_mr **mr_out, kerr *e
 	} else {
 		st = ib_reg_host(ctx, d->buf, d->len, access, "a buffer", &m->mr, err);
 	}
-	kmutex_unlock(&ctx->mu);
+	kmutex_unlock(&ctx->sk.mu);
 	if (st != KHOR_SUCCESS) {
 		free(m);
 		return st;
@@ -95,9 +95,9 @@ void ib_dereg_mr(tp_ctx *ctx, tp_mr *m)
 {
 	if (m == NULL)
 		return;
-	kmutex_lock(&ctx->mu);
+	kmutex_lock(&ctx->sk.mu);
 	ctx->api->dereg_mr(m->mr);
-	kmutex_unlock(&ctx->mu);
+	kmutex_unlock(&ctx->sk.mu);
 	free(m);
 }
 
@@ -144,7 +144,7 @@ khor_status ib_flush(tp_link *l, void *buf, size_t len, tp_mr *mr, tp_req **req_
 	*req_out = NULL;
 	if (len == 0 || mr == NULL || (mr->kind != TP_MEM_CUDA && !ctx->flush_always))
 		return KHOR_SUCCESS;
-	kmutex_lock(&ctx->mu);
+	kmutex_lock(&ctx->sk.mu);
 	if (ctx->fqp == NULL) {
 		st = kerr_set(err, KHOR_ERR_SYSTEM, "ib on %s: no flush queue pair", ctx->dev_name);
 		goto out;
@@ -186,6 +186,6 @@ khor_status ib_flush(tp_link *l, void *buf, size_t len, tp_mr *mr, tp_req **req_
 	ib_req_finish(r, KHOR_SUCCESS);
 	*req_out = r;
 out:
-	kmutex_unlock(&ctx->mu);
+	kmutex_unlock(&ctx->sk.mu);
 	return st;
 }

@@ -60,8 +60,8 @@
  * more and sleeps in poll() on the sockets. A side that published, released room or
  * finished a message checks the flag after a full fence and, if set, sends one byte.
  *
- * Threads: every op takes the instance's lock; the caller that sleeps in poll() lets go of
- * it there, one such caller at a time (base/sleeper.h), with an eventfd in its poll set so
+ * Threads: every op takes the instance's lock (the skeleton's, transport/skel.h); the
+ * caller that sleeps in poll() lets go of it there, one such caller at a time (base/sleeper.h), with an eventfd in its poll set so
  * that a thread which moved its bytes meanwhile can wake it. The ring is the link's bounded
  * queue of unexpected frames: records of one comm parked in it never hold up another
  * comm's records behind them, and a message whose receive is not posted yet sends at most
@@ -102,6 +102,7 @@
 #include "shm.h"
 
 #include "transport/handshake.h"
+#include "transport/skel.h"
 #include "base/auth.h"
 #include "base/log.h"
 #include "base/parse.h"
@@ -273,6 +274,7 @@ struct pollset {
 };
 
 struct tp_ctx {
+	tp_skel sk;         /* first: the lock, the sleeper, the request pool (skel.h) */
 	int rank, size;
 	hs_self hs;         /* who we are in handshakes; its secret is ours below */
 	char *secret;
@@ -284,16 +286,12 @@ struct tp_ctx {
 	tp_link **incoming; /* [size]: links opened to us, once ready */
 	tp_link **outgoing; /* [size]: links we opened */
 	tp_link *all;
-	tp_req *free_reqs;
 	uint64_t next_check_ns;
 	unsigned busy_calls;  /* progress(0) calls, to sweep and read the clock now and then */
 	bool handshaking;     /* a link is still connecting: sweep on every call */
 	uint32_t recv_comm, recv_seq; /* the call of the last receive posted */
 	struct pollset busy, sleep; /* poll() arrays of spinning callers, and of the sleeper */
 	const tp_meta_rules *meta;
-	kmutex mu;           /* taken by every op: everything above */
-	ksleeper sl;         /* who sleeps in poll() (base/sleeper.h) */
-	_Atomic uint64_t completions; /* requests finished, for kseen_changed */
 };
 
 static bool hs_send(tp_link *l, const void *msg, uint32_t len, int fd);
@@ -341,18 +339,16 @@ static void req_finish(tp_req *r)
 	rl_remove(r);
 	r->finished = true;
 	r->link->nbusy--;
-	atomic_fetch_add_explicit(&r->link->ctx->completions, 1, memory_order_relaxed);
+	tp_skel_completed(&r->link->ctx->sk);
 }
 
 /* ---- link failure -------------------------------------------------------------------- */
 
 static void link_fail_text(tp_link *l, khor_status st, const char *text)
 {
-	if (l->err.status != KHOR_SUCCESS)
+	if (!tp_skel_fail(&l->err, st, NULL, "%s", text))
 		return;
-	kerr_set(&l->err, st, "%s", text);
 	l->err.peer = l->peer;
-	KLOG_DEBUG("%s", l->err.text);
 	if (l->seg != NULL) {
 		/* Tell the peer first through memory (it may be reading our buffers with CMA and
 		 * must not trust what it read after this), then through the socket (wakes it).
@@ -1464,7 +1460,7 @@ static bool poll_sockets(tp_ctx *ctx, int timeout_ms, bool sleeping, kerr *err)
 	ps->pfds[n].fd = ctx->listen_fd;
 	ps->pfds[n].events = POLLIN;
 	ps->plinks[n++] = NULL;
-	ps->pfds[n].fd = ctx->sl.wake_fd;
+	ps->pfds[n].fd = ctx->sk.sl.wake_fd;
 	ps->pfds[n].events = POLLIN;
 	ps->plinks[n++] = NULL;
 	for (tp_link *l = ctx->all; l != NULL; l = l->next_all) {
@@ -1476,15 +1472,15 @@ static bool poll_sockets(tp_ctx *ctx, int timeout_ms, bool sleeping, kerr *err)
 		ps->plinks[n++] = l;
 	}
 	if (sleeping)
-		kmutex_unlock(&ctx->mu);
+		kmutex_unlock(&ctx->sk.mu);
 	rc = poll(ps->pfds, (nfds_t)n, timeout_ms);
 	if (sleeping)
-		kmutex_lock(&ctx->mu);
+		kmutex_lock(&ctx->sk.mu);
 	if (rc <= 0)
 		return false;
 	for (size_t i = 0; i < n; i++) {
 		short re = ps->pfds[i].revents;
-		if (re == 0 || i == 1) /* 1: a wake-up, drained by ksleeper_leave */
+		if (re == 0 || i == 1) /* 1: a wake-up, drained by tp_skel_sleep_end */
 			continue;
 		/* A link that failed while we slept keeps its fd until sweep, which waits for us. */
 		if (ps->plinks[i] == NULL)
@@ -1529,7 +1525,7 @@ static bool sweep(tp_ctx *ctx, bool *handshaking)
 				          (long long)ctx->hs_timeout_ms);
 		}
 		/* Not while a thread sleeps in poll(): its arrays may name l. */
-		if (l->side == 1 && l->state == LS_DEAD && !l->claimed && !ctx->sl.asleep &&
+		if (l->side == 1 && l->state == LS_DEAD && !l->claimed && !ctx->sk.sl.asleep &&
 		    (l->peer < 0 || ctx->incoming[l->peer] != l)) {
 			*pp = l->next_all;
 			link_free(l);
@@ -1616,9 +1612,7 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	kstrlcpy(ctx->hs.job_id, opt->job_id, sizeof(ctx->hs.job_id));
 	ctx->hs_timeout_ms = opt->handshake_timeout_ms > 0 ? opt->handshake_timeout_ms : 30000;
 	ctx->meta = opt->meta;
-	kmutex_init(&ctx->mu);
-	if ((st = ksleeper_init(&ctx->sl, err)) != KHOR_SUCCESS) {
-		pthread_mutex_destroy(&ctx->mu.m);
+	if ((st = tp_skel_init(&ctx->sk, err)) != KHOR_SUCCESS) {
 		free(ctx->secret);
 		free(ctx);
 		return st;
@@ -1678,8 +1672,7 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 fail_free:
 	if (ctx->listen_fd >= 0)
 		close(ctx->listen_fd);
-	ksleeper_destroy(&ctx->sl);
-	pthread_mutex_destroy(&ctx->mu.m);
+	tp_skel_destroy(&ctx->sk);
 	free(ctx->incoming);
 	free(ctx->outgoing);
 	free(ctx->secret);
@@ -1692,8 +1685,8 @@ static const char *shm_address(const tp_ctx *ctx)
 	return ctx->addr;
 }
 
-static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
-                               kerr *err)
+static khor_status shm_connect_locked(tp_ctx *ctx, int peer, const char *peer_addr,
+                                      tp_link **link_out, kerr *err)
 {
 	const char *key, *name;
 	size_t key_len, name_len;
@@ -1754,7 +1747,7 @@ static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr, 
 	return KHOR_SUCCESS;
 }
 
-static khor_status accept_locked(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
+static khor_status shm_accept_locked(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
 {
 	tp_link *l;
 
@@ -1770,36 +1763,15 @@ static khor_status accept_locked(tp_ctx *ctx, int peer, tp_link **link_out, kerr
 	return KHOR_SUCCESS;
 }
 
-static bool link_ready_locked(const tp_link *l)
+static bool shm_link_ready_locked(const tp_link *l)
 {
 	return l->state == LS_READY && l->err.status == KHOR_SUCCESS;
 }
 
-/* Nothing to pin or flush: CMA and memcpy take any mapped host memory. */
-static void shm_caps(const tp_ctx *ctx, tp_caps *out)
+static void shm_describe_locked(const tp_link *l, char *buf, size_t len)
 {
-	(void)ctx;
-	*out = (tp_caps){ .needs_reg = false, .reg_min = 0, .device_mem = false,
-	                  .one_sided = false, .needs_flush = false };
-}
-
-static tp_req *req_get(tp_ctx *ctx)
-{
-	tp_req *r = ctx->free_reqs;
-
-	if (r != NULL)
-		ctx->free_reqs = r->next;
-	else
-		r = malloc(sizeof(*r));
-	if (r != NULL)
-		memset(r, 0, sizeof(*r));
-	return r;
-}
-
-static void req_put(tp_ctx *ctx, tp_req *r)
-{
-	r->next = ctx->free_reqs;
-	ctx->free_reqs = r;
+	snprintf(buf, len, "pid %d, large messages by %s", (int)l->peer_pid,
+	         l->cma_send ? "process_vm_readv" : "the ring");
 }
 
 static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool is_send,
@@ -1811,9 +1783,10 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 		*err = l->err;
 		return l->err.status;
 	}
-	r = req_get(l->ctx);
+	r = tp_skel_req_get(&l->ctx->sk, sizeof(*r));
 	if (r == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "shm: out of memory for a request");
+	memset(r, 0, sizeof(*r));
 	r->link = l;
 	r->buf = buf;
 	r->len = len;
@@ -1839,32 +1812,34 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 	}
 	/* Try at once: a small message usually goes out (or is found) without progress(). What
 	 * moves may be another thread's, and that thread may be asleep. */
-	if (link_drive(l) && (l->ctx->sl.asleep || l->ctx->sl.waiting > 0))
-		ksleeper_moved(&l->ctx->sl);
+	if (link_drive(l))
+		tp_skel_moved(&l->ctx->sk);
 	*req_out = r;
 	return KHOR_SUCCESS;
 }
 
-static khor_status isend_locked(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
-                             tp_req **req_out, kerr *err)
+static khor_status shm_isend_locked(tp_link *l, const void *buf, size_t len, tp_tag tag,
+                                    tp_mr *mr, tp_req **req_out, kerr *err)
 {
+	(void)mr;
 	return post(l, (uint8_t *)buf, len, tag, true, req_out, err);
 }
 
-static khor_status irecv_locked(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
-                             tp_req **req_out, kerr *err)
+static khor_status shm_irecv_locked(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                                    tp_req **req_out, kerr *err)
 {
+	(void)mr;
 	return post(l, buf, len, tag, false, req_out, err);
 }
 
-static khor_status test_locked(tp_req *r, bool *done_out, kerr *err)
+static khor_status shm_test_locked(tp_req *r, bool *done_out, kerr *err)
 {
 	tp_link *l = r->link;
 
 	if (r->finished) {
 		*done_out = true;
 		l->pending--;
-		req_put(l->ctx, r);
+		tp_skel_req_put(&l->ctx->sk, r);
 		return KHOR_SUCCESS;
 	}
 	if (l->err.status != KHOR_SUCCESS) {
@@ -1872,14 +1847,14 @@ static khor_status test_locked(tp_req *r, bool *done_out, kerr *err)
 		*err = l->err;
 		req_finish(r);
 		l->pending--;
-		req_put(l->ctx, r);
+		tp_skel_req_put(&l->ctx->sk, r);
 		return l->err.status;
 	}
 	*done_out = false;
 	return KHOR_SUCCESS;
 }
 
-static void cancel_locked(tp_req *r)
+static void shm_cancel_locked(tp_req *r)
 {
 	tp_link *l = r->link;
 
@@ -1893,10 +1868,10 @@ static void cancel_locked(tp_req *r)
 		req_finish(r);
 	}
 	l->pending--;
-	req_put(l->ctx, r);
+	tp_skel_req_put(&l->ctx->sk, r);
 }
 
-static khor_status progress_locked(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err)
+static khor_status shm_progress_locked(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err)
 {
 	bool moved, handshaking;
 	uint64_t now;
@@ -1931,14 +1906,15 @@ static khor_status progress_locked(tp_ctx *ctx, int timeout_ms, bool *moved_out,
 		int wait_ms = timeout_ms;
 		if (handshaking && wait_ms > (int)(SHM_RETRY_NS / 1000000))
 			wait_ms = (int)(SHM_RETRY_NS / 1000000);
-		if (ksleeper_enter(&ctx->sl, &ctx->mu, wait_ms)) {
+		if (tp_skel_sleep_begin(&ctx->sk, wait_ms)) {
 			set_sleeping(ctx, 1);
 			moved = drive_links(ctx);
+			moved |= tp_skel_seen(&ctx->sk); /* a wake since our last look: don't sleep */
 			if (!moved)
 				moved = poll_sockets(ctx, wait_ms, true, err);
 			ctx->next_check_ns = kclock_ns() + SHM_CHECK_NS;
 			set_sleeping(ctx, 0);
-			ksleeper_leave(&ctx->sl);
+			tp_skel_sleep_end(&ctx->sk);
 		}
 		moved |= drive_links(ctx);
 		moved |= sweep(ctx, &handshaking);
@@ -1948,119 +1924,25 @@ static khor_status progress_locked(tp_ctx *ctx, int timeout_ms, bool *moved_out,
 	return KHOR_SUCCESS;
 }
 
-/* ---- the ops: each takes the lock around its _locked body ----------------------------- */
+/* ---- the ops: the skeleton's lock around the _locked bodies above ------------------- */
 
-static khor_status shm_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
-                               kerr *err)
-{
-	kmutex_lock(&ctx->mu);
-	khor_status st = connect_locked(ctx, peer, peer_addr, link_out, err);
-	kmutex_unlock(&ctx->mu);
-	return st;
-}
-
-static khor_status shm_accept(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
-{
-	kmutex_lock(&ctx->mu);
-	khor_status st = accept_locked(ctx, peer, link_out, err);
-	kmutex_unlock(&ctx->mu);
-	return st;
-}
-
-static bool shm_link_ready(const tp_link *l)
-{
-	kmutex_lock(&l->ctx->mu);
-	bool ready = link_ready_locked(l);
-	kmutex_unlock(&l->ctx->mu);
-	return ready;
-}
-
-static void shm_describe(const tp_link *l, char *buf, size_t len)
-{
-	kmutex_lock(&l->ctx->mu);
-	snprintf(buf, len, "pid %d, large messages by %s", (int)l->peer_pid,
-	         l->cma_send ? "process_vm_readv" : "the ring");
-	kmutex_unlock(&l->ctx->mu);
-}
-
-static khor_status shm_isend(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
-                             tp_req **req_out, kerr *err)
-{
-	kmutex_lock(&l->ctx->mu);
-	khor_status st = isend_locked(l, buf, len, tag, mr, req_out, err);
-	kmutex_unlock(&l->ctx->mu);
-	return st;
-}
-
-static khor_status shm_irecv(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
-                             tp_req **req_out, kerr *err)
-{
-	kmutex_lock(&l->ctx->mu);
-	khor_status st = irecv_locked(l, buf, len, tag, mr, req_out, err);
-	kmutex_unlock(&l->ctx->mu);
-	return st;
-}
-
-static khor_status shm_test(tp_req *r, bool *done_out, kerr *err)
-{
-	tp_ctx *ctx = r->link->ctx;
-
-	kmutex_lock(&ctx->mu);
-	khor_status st = test_locked(r, done_out, err);
-	kmutex_unlock(&ctx->mu);
-	return st;
-}
-
-static void shm_cancel(tp_req *r)
-{
-	tp_ctx *ctx = r->link->ctx;
-
-	kmutex_lock(&ctx->mu);
-	cancel_locked(r);
-	kmutex_unlock(&ctx->mu);
-}
+TP_SKEL_LOCKED_OPS(shm)
 
 static khor_status shm_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err)
 {
-	bool moved = false;
+	tp_skel *sk = &ctx->sk;
+	bool moved = false, mine = false;
 
-	if (timeout_ms == 0) {
-		/* A spinning caller: give way to a thread that waits for the lock (sleeper.h). */
-		if (!kmutex_trylock_polite(&ctx->mu)) {
-			if (moved_out != NULL)
-				*moved_out = kseen_changed(ctx, atomic_load(&ctx->completions));
-			return KHOR_SUCCESS;
-		}
-	} else {
-		kmutex_lock(&ctx->mu);
-	}
+	if (!tp_skel_progress_begin(sk, timeout_ms, moved_out))
+		return KHOR_SUCCESS;
 	/* Another thread may have finished our transfers since we last looked: no sleep. */
-	if (kseen_changed(ctx, atomic_load(&ctx->completions))) {
+	if (tp_skel_seen(sk)) {
 		timeout_ms = 0;
 		moved = true;
 	}
-	bool mine = false;
-	khor_status st = progress_locked(ctx, timeout_ms, &mine, err);
-	moved |= mine;
-	moved |= kseen_changed(ctx, atomic_load(&ctx->completions));
+	khor_status st = shm_progress_locked(ctx, timeout_ms, &mine, err);
 	/* What we moved may be what a thread asleep (in poll() or on the cv) waits for. */
-	if (moved && (ctx->sl.asleep || ctx->sl.waiting > 0))
-		ksleeper_moved(&ctx->sl);
-	kmutex_unlock(&ctx->mu);
-	if (moved_out != NULL)
-		*moved_out = moved;
-	return st;
-}
-
-static khor_status shm_link_error(tp_link *l, kerr *err_out)
-{
-	khor_status st;
-
-	kmutex_lock(&l->ctx->mu);
-	st = l->err.status;
-	if (st != KHOR_SUCCESS && err_out != NULL)
-		*err_out = l->err;
-	kmutex_unlock(&l->ctx->mu);
+	tp_skel_progress_end(sk, moved || mine, moved_out);
 	return st;
 }
 
@@ -2073,32 +1955,17 @@ static void shm_destroy(tp_ctx *ctx)
 		link_free(l);
 		l = next;
 	}
-	while (ctx->free_reqs != NULL) {
-		tp_req *r = ctx->free_reqs;
-		ctx->free_reqs = r->next;
-		free(r);
-	}
 	if (ctx->listen_fd >= 0)
 		close(ctx->listen_fd);
 	free(ctx->busy.pfds);
 	free(ctx->busy.plinks);
 	free(ctx->sleep.pfds);
 	free(ctx->sleep.plinks);
-	ksleeper_destroy(&ctx->sl);
-	pthread_mutex_destroy(&ctx->mu.m);
+	tp_skel_destroy(&ctx->sk);
 	free(ctx->incoming);
 	free(ctx->outgoing);
 	free(ctx->secret);
 	free(ctx);
-}
-
-/* A wake counts as a completion, so that kseen_changed reports it to every thread once. */
-static void shm_wake(tp_ctx *ctx)
-{
-	kmutex_lock(&ctx->mu);
-	atomic_fetch_add_explicit(&ctx->completions, 1, memory_order_relaxed);
-	ksleeper_moved(&ctx->sl);
-	kmutex_unlock(&ctx->mu);
 }
 
 const struct transport_ops shm_transport_ops = {
@@ -2106,7 +1973,7 @@ const struct transport_ops shm_transport_ops = {
 	.version = TP_VERSION,
 	.create = shm_create,
 	.address = shm_address,
-	.caps = shm_caps,
+	.caps = tp_skel_caps_plain, /* CMA and memcpy take any mapped host memory */
 	.connect = shm_connect,
 	.accept = shm_accept,
 	.link_ready = shm_link_ready,
@@ -2121,6 +1988,6 @@ const struct transport_ops shm_transport_ops = {
 	.progress = shm_progress,
 	.cancel = shm_cancel,
 	.link_error = shm_link_error,
-	.wake = shm_wake,
+	.wake = tp_skel_wake,
 	.destroy = shm_destroy,
 };

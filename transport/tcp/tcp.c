@@ -38,8 +38,10 @@
  * queue at the cost of its header. Meanwhile the socket carries other frames both ways.
  * The price is one round trip per chunk over 1 MiB (docs/PERFORMANCE.md, section 9).
  *
- * Threads: every op takes the instance's lock. progress() lets go of it while it sleeps in
- * epoll_wait, and only one thread sleeps there at a time (base/sleeper.h).
+ * Threads: every op takes the instance's lock (the skeleton's, transport/skel.h, which also
+ * makes the ops that do nothing but take it around this file's *_locked bodies).
+ * progress() lets go of it while it sleeps in epoll_wait, and only one thread sleeps there
+ * at a time (base/sleeper.h).
  *
  * Handshake: every socket runs the shared one of handshake.h (HELLO, CHALLENGE, PROOF,
  * RESULT), non-blocking and bounded by handshake_timeout_ms; this file only moves its bytes
@@ -66,6 +68,7 @@
 #include "transport/transport.h"
 
 #include "transport/handshake.h"
+#include "transport/skel.h"
 #include "base/log.h"
 #include "base/sleeper.h"
 #include "base/sock.h"
@@ -160,7 +163,6 @@ struct uframe {
 };
 
 struct tp_req {
-	tp_req *next_free;
 	tp_link *link;
 	int nchunks;
 	int chunks_done;
@@ -237,6 +239,7 @@ struct tp_link {
 };
 
 struct tp_ctx {
+	tp_skel sk;           /* first: the lock, the sleeper, the request pool (skel.h) */
 	int rank, size;
 	hs_self hs;           /* who we are in handshakes; its secret is ours below */
 	char *secret;
@@ -255,11 +258,7 @@ struct tp_ctx {
 	tp_link **outgoing;   /* [size]: links we opened */
 	struct tsock *all;    /* every socket, for progress and cleanup */
 	uint32_t recv_comm, recv_seq; /* the call of the last receive posted */
-	tp_req *free_reqs;
 	const tp_meta_rules *meta;
-	kmutex mu;            /* taken by every op: everything above and below */
-	ksleeper sl;          /* who sleeps in epoll_wait */
-	_Atomic uint64_t completions; /* chunks finished, for kseen_changed */
 };
 
 static void sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
@@ -294,39 +293,21 @@ static uint64_t chunk_len(uint64_t len, int nchunks, int i, uint64_t *off)
 	return i == nchunks - 1 ? len - per * (uint64_t)(nchunks - 1) : per;
 }
 
-static tp_req *req_get(tp_ctx *ctx)
-{
-	tp_req *r = ctx->free_reqs;
-
-	if (r != NULL)
-		ctx->free_reqs = r->next_free;
-	else
-		r = malloc(sizeof(*r));
-	return r;
-}
-
-static void req_put(tp_ctx *ctx, tp_req *r)
-{
-	r->next_free = ctx->free_reqs;
-	ctx->free_reqs = r;
-}
-
 static void link_fail(tp_link *l, khor_status st, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
 static void link_fail(tp_link *l, khor_status st, const char *fmt, ...)
 {
-	char what[KERR_TEXT_MAX];
+	char who[TP_ADDR_MAX + 64];
 	va_list ap;
 
 	if (l->err.status != KHOR_SUCCESS)
 		return;
+	snprintf(who, sizeof(who), "link to peer rank %d (%s)", l->peer,
+	         l->peer_addr[0] ? l->peer_addr : "address unknown");
 	va_start(ap, fmt);
-	vsnprintf(what, sizeof(what), fmt, ap);
+	tp_skel_vfail(&l->err, st, who, fmt, ap);
 	va_end(ap);
-	kerr_set(&l->err, st, "link to peer rank %d (%s): %s", l->peer,
-	         l->peer_addr[0] ? l->peer_addr : "address unknown", what);
-	KLOG_DEBUG("%s", l->err.text);
 }
 
 static void sock_close_fd(struct tsock *s)
@@ -826,7 +807,7 @@ static void chunk_finished(struct tsock *s, struct chunk *c)
 {
 	if (c->req != NULL) {
 		c->req->chunks_done++;
-		atomic_fetch_add_explicit(&s->ctx->completions, 1, memory_order_relaxed);
+		tp_skel_completed(&s->ctx->sk);
 		return;
 	}
 	struct uframe *u = (struct uframe *)c;
@@ -1366,8 +1347,6 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	ctx->hs_timeout_ms = opt->handshake_timeout_ms > 0 ? opt->handshake_timeout_ms : 30000;
 	ctx->meta = opt->meta;
 	ctx->spec_set = opt->ifname_spec != NULL && opt->ifname_spec[0] != '\0';
-	kmutex_init(&ctx->mu);
-	ctx->sl.wake_fd = -1;
 	ctx->incoming = calloc((size_t)opt->size, sizeof(tp_link *));
 	ctx->outgoing = calloc((size_t)opt->size, sizeof(tp_link *));
 	ctx->listen_fd = -1;
@@ -1395,10 +1374,10 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(listener): %s", errstr(errno));
 		goto fail_free;
 	}
-	if ((st = ksleeper_init(&ctx->sl, err)) != KHOR_SUCCESS)
+	if ((st = tp_skel_init(&ctx->sk, err)) != KHOR_SUCCESS)
 		goto fail_free;
-	ev = (struct epoll_event){ .events = EPOLLIN, .data.ptr = &ctx->sl };
-	if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->sl.wake_fd, &ev) < 0) {
+	ev = (struct epoll_event){ .events = EPOLLIN, .data.ptr = &ctx->sk.sl };
+	if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->sk.sl.wake_fd, &ev) < 0) {
 		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(eventfd): %s", errstr(errno));
 		goto fail_free;
 	}
@@ -1444,9 +1423,7 @@ fail_free:
 		close(ctx->listen_fd);
 	if (ctx->epfd >= 0)
 		close(ctx->epfd);
-	if (ctx->sl.wake_fd >= 0)
-		ksleeper_destroy(&ctx->sl);
-	pthread_mutex_destroy(&ctx->mu.m);
+	tp_skel_destroy(&ctx->sk);
 	free(ctx->incoming);
 	free(ctx->outgoing);
 	free(ctx->secret);
@@ -1519,7 +1496,7 @@ static khor_status dial_plan(tp_ctx *ctx, int peer, const char *peer_addr, struc
 	return KHOR_SUCCESS;
 }
 
-static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr,
+static khor_status tcp_connect_locked(tp_ctx *ctx, int peer, const char *peer_addr,
                                   tp_link **link_out, kerr *err)
 {
 	khor_status st;
@@ -1581,22 +1558,12 @@ static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr,
 	return KHOR_SUCCESS;
 }
 
-static khor_status tcp_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
-                               kerr *err)
-{
-	kmutex_lock(&ctx->mu);
-	khor_status st = connect_locked(ctx, peer, peer_addr, link_out, err);
-	kmutex_unlock(&ctx->mu);
-	return st;
-}
-
-static khor_status tcp_accept(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
+static khor_status tcp_accept_locked(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
 {
 	tp_link *l;
 
 	if (peer < 0 || peer >= ctx->size || peer == ctx->rank)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "tcp accept: bad peer rank %d", peer);
-	kmutex_lock(&ctx->mu);
 	l = ctx->incoming[peer];
 	if (l != NULL && l->nready == l->nsocks) {
 		l->claimed = true;
@@ -1604,16 +1571,12 @@ static khor_status tcp_accept(tp_ctx *ctx, int peer, tp_link **link_out, kerr *e
 	} else {
 		*link_out = NULL;
 	}
-	kmutex_unlock(&ctx->mu);
 	return KHOR_SUCCESS;
 }
 
-static bool tcp_link_ready(const tp_link *l)
+static bool tcp_link_ready_locked(const tp_link *l)
 {
-	kmutex_lock(&l->ctx->mu);
-	bool ready = l->nready == l->nsocks && l->err.status == KHOR_SUCCESS;
-	kmutex_unlock(&l->ctx->mu);
-	return ready;
+	return l->nready == l->nsocks && l->err.status == KHOR_SUCCESS;
 }
 
 /*
@@ -1621,12 +1584,11 @@ static bool tcp_link_ready(const tp_link *l)
  * why it was taken, "198.19.10.3:4100 (same subnet as 198.19.10.1/24 on eth0), 4 sockets",
  * with the addresses that failed before it; still looking: what was tried so far.
  */
-static void tcp_describe(const tp_link *l, char *buf, size_t len)
+static void tcp_describe_locked(const tp_link *l, char *buf, size_t len)
 {
 	const struct tcp_dial *d = l->dial;
 	size_t off;
 
-	kmutex_lock(&l->ctx->mu);
 	if (d == NULL) {
 		snprintf(buf, len, "%s (it connected to us), %d socket%s",
 		         l->peer_addr[0] ? l->peer_addr : "address unknown", l->nsocks,
@@ -1642,15 +1604,6 @@ static void tcp_describe(const tp_link *l, char *buf, size_t len)
 			snprintf(buf + off, len - off, "), %d socket%s", l->nsocks,
 			         l->nsocks == 1 ? "" : "s");
 	}
-	kmutex_unlock(&l->ctx->mu);
-}
-
-/* Sockets take any memory as it is: nothing to register, nothing to flush. */
-static void tcp_caps(const tp_ctx *ctx, tp_caps *out)
-{
-	(void)ctx;
-	*out = (tp_caps){ .needs_reg = false, .reg_min = 0, .device_mem = false,
-	                  .one_sided = false, .needs_flush = false };
 }
 
 /* The queued unexpected frame of this tag that no receive has claimed yet. */
@@ -1674,7 +1627,7 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 		*err = l->err;
 		return l->err.status;
 	}
-	r = req_get(l->ctx);
+	r = tp_skel_req_get(&l->ctx->sk, sizeof(*r));
 	if (r == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp: out of memory for a request");
 	stripe_plan(l, len, tag.step, &nchunks, &first);
@@ -1767,22 +1720,18 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 	return KHOR_SUCCESS;
 }
 
-static khor_status tcp_isend(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
-                             tp_req **req_out, kerr *err)
+static khor_status tcp_isend_locked(tp_link *l, const void *buf, size_t len, tp_tag tag,
+                                    tp_mr *mr, tp_req **req_out, kerr *err)
 {
-	kmutex_lock(&l->ctx->mu);
-	khor_status st = post(l, (uint8_t *)buf, len, tag, true, req_out, err);
-	kmutex_unlock(&l->ctx->mu);
-	return st;
+	(void)mr;
+	return post(l, (uint8_t *)buf, len, tag, true, req_out, err);
 }
 
-static khor_status tcp_irecv(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
-                             tp_req **req_out, kerr *err)
+static khor_status tcp_irecv_locked(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                                    tp_req **req_out, kerr *err)
 {
-	kmutex_lock(&l->ctx->mu);
-	khor_status st = post(l, buf, len, tag, false, req_out, err);
-	kmutex_unlock(&l->ctx->mu);
-	return st;
+	(void)mr;
+	return post(l, buf, len, tag, false, req_out, err);
 }
 
 /* Takes a finished or failed request's chunks off the socket queues. */
@@ -1822,14 +1771,14 @@ static void req_unlink(tp_req *r)
 	}
 }
 
-static khor_status test_locked(tp_req *r, bool *done_out, kerr *err)
+static khor_status tcp_test_locked(tp_req *r, bool *done_out, kerr *err)
 {
 	tp_link *l = r->link;
 
 	if (r->chunks_done == r->nchunks) {
 		*done_out = true;
 		l->pending--;
-		req_put(l->ctx, r);
+		tp_skel_req_put(&l->ctx->sk, r);
 		return KHOR_SUCCESS;
 	}
 	if (l->err.status != KHOR_SUCCESS) {
@@ -1837,24 +1786,14 @@ static khor_status test_locked(tp_req *r, bool *done_out, kerr *err)
 		*err = l->err;
 		req_unlink(r);
 		l->pending--;
-		req_put(l->ctx, r);
+		tp_skel_req_put(&l->ctx->sk, r);
 		return l->err.status;
 	}
 	*done_out = false;
 	return KHOR_SUCCESS;
 }
 
-static khor_status tcp_test(tp_req *r, bool *done_out, kerr *err)
-{
-	tp_ctx *ctx = r->link->ctx;
-
-	kmutex_lock(&ctx->mu);
-	khor_status st = test_locked(r, done_out, err);
-	kmutex_unlock(&ctx->mu);
-	return st;
-}
-
-static void cancel_locked(tp_req *r)
+static void tcp_cancel_locked(tp_req *r)
 {
 	tp_link *l = r->link;
 
@@ -1880,17 +1819,10 @@ static void cancel_locked(tp_req *r)
 			if (l->socks[k] != NULL)
 				sock_close_fd(l->socks[k]);
 	l->pending--;
-	req_put(l->ctx, r);
+	tp_skel_req_put(&l->ctx->sk, r);
 }
 
-static void tcp_cancel(tp_req *r)
-{
-	tp_ctx *ctx = r->link->ctx;
-
-	kmutex_lock(&ctx->mu);
-	cancel_locked(r);
-	kmutex_unlock(&ctx->mu);
-}
+TP_SKEL_LOCKED_OPS(tcp)
 
 static void accept_new(tp_ctx *ctx)
 {
@@ -1939,7 +1871,7 @@ static void sweep(tp_ctx *ctx)
 			}
 		}
 		/* Not while a thread sleeps in epoll_wait: it may hold an event naming s. */
-		if (s->state == SS_DEAD && s->link == NULL && !ctx->sl.asleep) {
+		if (s->state == SS_DEAD && s->link == NULL && !ctx->sk.sl.asleep) {
 			*pp = s->next_all;
 			sock_free_uq(s);
 			free(s);
@@ -1962,46 +1894,39 @@ static bool drive_all(tp_ctx *ctx)
 
 static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err)
 {
+	tp_skel *sk = &ctx->sk;
 	struct epoll_event evs[64];
 	int n, e;
 	bool moved, sleeper = false;
 
-	if (timeout_ms == 0) {
-		/* A spinning caller: give way to a thread that waits for the lock (sleeper.h). */
-		if (!kmutex_trylock_polite(&ctx->mu)) {
-			if (moved_out != NULL)
-				*moved_out = kseen_changed(ctx, atomic_load(&ctx->completions));
-			return KHOR_SUCCESS;
-		}
-	} else {
-		kmutex_lock(&ctx->mu);
-	}
+	if (!tp_skel_progress_begin(sk, timeout_ms, moved_out))
+		return KHOR_SUCCESS;
 	moved = drive_all(ctx);
 	/* Another thread may have finished our transfers since we last looked. */
-	moved |= kseen_changed(ctx, atomic_load(&ctx->completions));
+	moved |= tp_skel_seen(sk);
 	if (!moved && timeout_ms != 0) {
-		if (!ksleeper_enter(&ctx->sl, &ctx->mu, timeout_ms)) {
+		if (!tp_skel_sleep_begin(sk, timeout_ms)) {
 			/* Another thread slept in the kernel for both of us and has returned. */
 			moved = drive_all(ctx);
-			moved |= kseen_changed(ctx, atomic_load(&ctx->completions));
-			kmutex_unlock(&ctx->mu);
+			tp_skel_progress_end(sk, false, moved_out);
 			if (moved_out != NULL)
-				*moved_out = moved;
+				*moved_out |= moved;
 			return KHOR_SUCCESS;
 		}
 		sleeper = true;
-		kmutex_unlock(&ctx->mu);
+		moved = tp_skel_seen(sk); /* a wake since our last look: don't sleep */
+		kmutex_unlock(&sk->mu);
 	}
 	n = epoll_wait(ctx->epfd, evs, 64, moved ? 0 : timeout_ms);
 	e = errno;
 	if (sleeper) {
-		kmutex_lock(&ctx->mu);
-		ksleeper_leave(&ctx->sl);
+		kmutex_lock(&sk->mu);
+		tp_skel_sleep_end(sk);
 	}
-	if (moved_out != NULL)
-		*moved_out = moved || n > 0;
 	if (n < 0) {
-		kmutex_unlock(&ctx->mu);
+		kmutex_unlock(&sk->mu);
+		if (moved_out != NULL)
+			*moved_out = moved;
 		if (e == EINTR)
 			return KHOR_SUCCESS;
 		return kerr_set(err, KHOR_ERR_SYSTEM, "epoll_wait: %s", errstr(e));
@@ -2012,8 +1937,8 @@ static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ke
 			accept_new(ctx);
 			continue;
 		}
-		if ((void *)s == (void *)&ctx->sl)
-			continue; /* a wake-up: ksleeper_leave drained it */
+		if ((void *)s == (void *)&sk->sl)
+			continue; /* a wake-up: tp_skel_sleep_end drained it */
 		if (evs[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
 			s->rd_ready = true;
 		if (evs[i].events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
@@ -2022,24 +1947,8 @@ static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ke
 	}
 	sweep(ctx);
 	/* What we moved may be what a thread asleep (in the kernel or on the cv) waits for. */
-	if ((moved || n > 0) && (ctx->sl.asleep || ctx->sl.waiting > 0))
-		ksleeper_moved(&ctx->sl);
-	if (moved_out != NULL && kseen_changed(ctx, atomic_load(&ctx->completions)))
-		*moved_out = true;
-	kmutex_unlock(&ctx->mu);
+	tp_skel_progress_end(sk, moved || n > 0, moved_out);
 	return KHOR_SUCCESS;
-}
-
-static khor_status tcp_link_error(tp_link *l, kerr *err_out)
-{
-	khor_status st;
-
-	kmutex_lock(&l->ctx->mu);
-	st = l->err.status;
-	if (st != KHOR_SUCCESS && err_out != NULL)
-		*err_out = l->err;
-	kmutex_unlock(&l->ctx->mu);
-	return st;
 }
 
 static void tcp_destroy(tp_ctx *ctx)
@@ -2060,28 +1969,13 @@ static void tcp_destroy(tp_ctx *ctx)
 		free(ctx->outgoing[i]);
 	}
 	free(ctx->mine);
-	while (ctx->free_reqs != NULL) {
-		tp_req *r = ctx->free_reqs;
-		ctx->free_reqs = r->next_free;
-		free(r);
-	}
 	close(ctx->listen_fd);
 	close(ctx->epfd);
-	ksleeper_destroy(&ctx->sl);
-	pthread_mutex_destroy(&ctx->mu.m);
+	tp_skel_destroy(&ctx->sk);
 	free(ctx->incoming);
 	free(ctx->outgoing);
 	free(ctx->secret);
 	free(ctx);
-}
-
-/* A wake counts as a completion, so that kseen_changed reports it to every thread once. */
-static void tcp_wake(tp_ctx *ctx)
-{
-	kmutex_lock(&ctx->mu);
-	atomic_fetch_add_explicit(&ctx->completions, 1, memory_order_relaxed);
-	ksleeper_moved(&ctx->sl);
-	kmutex_unlock(&ctx->mu);
 }
 
 const struct transport_ops tcp_transport_ops = {
@@ -2089,7 +1983,7 @@ const struct transport_ops tcp_transport_ops = {
 	.version = TP_VERSION,
 	.create = tcp_create,
 	.address = tcp_address,
-	.caps = tcp_caps,
+	.caps = tp_skel_caps_plain,
 	.connect = tcp_connect,
 	.accept = tcp_accept,
 	.link_ready = tcp_link_ready,
@@ -2104,6 +1998,6 @@ const struct transport_ops tcp_transport_ops = {
 	.progress = tcp_progress,
 	.cancel = tcp_cancel,
 	.link_error = tcp_link_error,
-	.wake = tcp_wake,
+	.wake = tp_skel_wake,
 	.destroy = tcp_destroy,
 };
