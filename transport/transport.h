@@ -158,6 +158,9 @@ typedef struct tp_options {
 	int ib_retry_cnt;
 	uint32_t ib_max_wr;        /* 0 = the ports' max_msg_sz */
 	bool ib_flush_always;
+	/* shm (KHOR_SHM_CMA): messages over 16 MiB are read by the receiver with
+	 * process_vm_readv where the peer allows it; false (the default) = the ring only. */
+	bool shm_cma;
 } tp_options;
 
 /*

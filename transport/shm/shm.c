@@ -105,7 +105,6 @@
 #include "transport/skel.h"
 #include "base/auth.h"
 #include "base/log.h"
-#include "base/parse.h"
 #include "base/sleeper.h"
 
 #include <errno.h>
@@ -1589,7 +1588,6 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	char name[96];
 	uint8_t rnd[8];
 	uint64_t job_hash = 1469598103934665603ull;
-	const char *cma_env = getenv("KHOR_SHM_CMA");
 	khor_status st;
 	socklen_t sl;
 
@@ -1619,14 +1617,10 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	}
 	ctx->incoming = calloc((size_t)opt->size, sizeof(tp_link *));
 	ctx->outgoing = calloc((size_t)opt->size, sizeof(tp_link *));
-	/* KHOR_SHM_CMA=1 reads messages over SHM_EAGER_MAX with process_vm_readv; by default
-	 * everything takes the ring, which measured faster here (see the top comment). */
-	ctx->cma_enabled = false;
-	if (cma_env != NULL && *cma_env != '\0' && !kparse_bool(cma_env, &ctx->cma_enabled)) {
-		st = kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_SHM_CMA='%.32s': expected 0 or 1",
-		              cma_env);
-		goto fail_free;
-	}
+	/* KHOR_SHM_CMA=1 (opt->shm_cma) reads messages over SHM_EAGER_MAX with
+	 * process_vm_readv; by default everything takes the ring, which measured faster here
+	 * (see the top comment). */
+	ctx->cma_enabled = opt->shm_cma;
 	if (ctx->secret == NULL || ctx->incoming == NULL || ctx->outgoing == NULL) {
 		st = kerr_set(err, KHOR_ERR_NO_MEMORY, "shm transport: out of memory");
 		goto fail_free;
