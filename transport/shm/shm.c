@@ -104,6 +104,7 @@
 #include "transport/handshake.h"
 #include "transport/skel.h"
 #include "base/auth.h"
+#include "base/list.h"
 #include "base/log.h"
 #include "base/sleeper.h"
 
@@ -203,13 +204,9 @@ _Static_assert(sizeof(struct rec_hdr) == SHM_LINE, "a record header is one cache
 
 /* ---- process-local state ------------------------------------------------------------- */
 
-struct rlist {
-	tp_req *head, *tail;
-};
-
 struct tp_req {
-	tp_req *prev, *next;
-	struct rlist *on; /* the list the request is on, NULL once finished */
+	klist node;       /* on one of the link's request lists, while on is not NULL */
+	klist *on;        /* the list the request is on, NULL once finished */
 	tp_link *link;
 	uint8_t *buf;
 	uint64_t len, done;
@@ -226,8 +223,8 @@ struct tp_req {
 enum link_state { LS_CONNECTING, LS_HS, LS_READY, LS_DEAD };
 
 struct tp_link {
+	klist node_all; /* on ctx->all */
 	tp_ctx *ctx;
-	tp_link *next_all;
 	int peer;    /* -1 on the accepting side until the HELLO names it */
 	int side;    /* 0 = connector, 1 = acceptor: which direction we produce */
 	int fd;
@@ -259,7 +256,7 @@ struct tp_link {
 	bool cma_send;                  /* the peer reads our large messages itself */
 	uint64_t next_msg_id;
 	uint64_t slots_used;            /* bitmap of SHM_CMA_SLOTS */
-	struct rlist sendq, cma_wait, posted, active, cma_active;
+	klist sendq, cma_wait, posted, active, cma_active; /* of tp_req, in posting order */
 	int nbusy;   /* requests posted and not finished */
 	int pending; /* requests posted and not yet released by test or cancel */
 	kerr err;
@@ -284,7 +281,7 @@ struct tp_ctx {
 	char addr[TP_ADDR_MAX];
 	tp_link **incoming; /* [size]: links opened to us, once ready */
 	tp_link **outgoing; /* [size]: links we opened */
-	tp_link *all;
+	klist all;          /* every link, newest first */
 	uint64_t next_check_ns;
 	unsigned busy_calls;  /* progress(0) calls, to sweep and read the clock now and then */
 	bool handshaking;     /* a link is still connecting: sweep on every call */
@@ -303,34 +300,26 @@ static const char *errstr(int e)
 
 /* ---- lists and requests -------------------------------------------------------------- */
 
-static void rl_push(struct rlist *l, tp_req *r)
+#define REQ(n) KLIST_ENTRY(n, tp_req, node)
+#define LINK(n) KLIST_ENTRY(n, tp_link, node_all)
+
+/* Every link of ctx, newest first (the body must not unlink it: sweep does that). */
+#define FOR_EACH_LINK(l, ctx)                                                                 \
+	for (tp_link *l = LINK((ctx)->all.next); &l->node_all != &(ctx)->all;                  \
+	     l = LINK(l->node_all.next))
+
+static void rl_push(klist *list, tp_req *r)
 {
-	r->on = l;
-	r->next = NULL;
-	r->prev = l->tail;
-	if (l->tail != NULL)
-		l->tail->next = r;
-	else
-		l->head = r;
-	l->tail = r;
+	r->on = list;
+	klist_add_tail(list, &r->node);
 }
 
 static void rl_remove(tp_req *r)
 {
-	struct rlist *l = r->on;
-
-	if (l == NULL)
+	if (r->on == NULL)
 		return;
-	if (r->prev != NULL)
-		r->prev->next = r->next;
-	else
-		l->head = r->next;
-	if (r->next != NULL)
-		r->next->prev = r->prev;
-	else
-		l->tail = r->prev;
+	klist_del(&r->node);
 	r->on = NULL;
-	r->prev = r->next = NULL;
 }
 
 static void req_finish(tp_req *r)
@@ -673,19 +662,16 @@ static bool tx_drive(tp_link *l)
 {
 	bool moved = false, more = true;
 
-	while (more && l->sendq.head != NULL && l->err.status == KHOR_SUCCESS) {
-		tp_req *r = l->sendq.head;
+	while (more && !klist_empty(&l->sendq) && l->err.status == KHOR_SUCCESS) {
+		klist *n, *next;
 		more = false;
-		while (r != NULL) {
-			tp_req *next = r->next;
-			if (unmatched_full(l, r)) {
-				r = next;
+		KLIST_FOREACH_SAFE(n, next, &l->sendq) {
+			tp_req *r = REQ(n);
+			if (unmatched_full(l, r))
 				continue;
-			}
 			if (!tx_one(l, r))
 				break;
 			moved = more = true;
-			r = next;
 		}
 	}
 	return moved;
@@ -695,16 +681,15 @@ static bool tx_drive(tp_link *l)
 static bool cma_wait_drive(tp_link *l)
 {
 	bool moved = false;
-	tp_req *r = l->cma_wait.head;
+	klist *n, *next;
 
-	while (r != NULL) {
-		tp_req *next = r->next;
+	KLIST_FOREACH_SAFE(n, next, &l->cma_wait) {
+		tp_req *r = REQ(n);
 		if (atomic_load_explicit(&l->tx->done[r->slot], memory_order_acquire) == r->msg_id) {
 			l->slots_used &= ~((uint64_t)1 << r->slot);
 			req_finish(r);
 			moved = true;
 		}
-		r = next;
 	}
 	return moved;
 }
@@ -713,9 +698,11 @@ static bool cma_wait_drive(tp_link *l)
 
 static tp_req *posted_take(tp_link *l, const struct rec_hdr *h)
 {
-	for (tp_req *r = l->posted.head; r != NULL; r = r->next)
+	for (klist *n = l->posted.next; n != &l->posted; n = n->next) {
+		tp_req *r = REQ(n);
 		if (r->tag.comm == h->comm && r->tag.seq == h->seq && r->tag.step == h->step)
 			return r;
+	}
 	return NULL;
 }
 
@@ -729,8 +716,9 @@ static bool rx_conflict(tp_link *l, const struct rec_hdr *h)
 {
 	char b1[96], b2[96];
 
-	for (tp_link *o = l->ctx->all; o != NULL; o = o->next_all) {
-		for (tp_req *r = o->posted.head; r != NULL; r = r->next) {
+	FOR_EACH_LINK(o, l->ctx) {
+		for (klist *n = o->posted.next; n != &o->posted; n = n->next) {
+			tp_req *r = REQ(n);
 			if (r->tag.comm != h->comm || r->tag.seq != h->seq ||
 			    !tp_meta_conflict(l->ctx->meta, r->tag.meta, h->meta))
 				continue;
@@ -804,8 +792,10 @@ static int rx_record(tp_link *l, const struct rec_hdr *h, const uint8_t *payload
 			rl_remove(r);
 			rl_push(&l->active, r);
 		} else {
-			for (r = l->active.head; r != NULL && r->msg_id != h->msg_id; r = r->next)
-				;
+			r = NULL;
+			for (klist *n = l->active.next; n != &l->active && r == NULL; n = n->next)
+				if (REQ(n)->msg_id == h->msg_id)
+					r = REQ(n);
 			if (r == NULL)
 				return 0; /* a later piece of a message still parked */
 		}
@@ -901,10 +891,12 @@ static bool rx_drive(tp_link *l)
 static bool cma_drive(tp_link *l)
 {
 	bool moved = false;
-	tp_req *r = l->cma_active.head;
+	klist *node, *next;
 
-	while (r != NULL && l->err.status == KHOR_SUCCESS) {
-		tp_req *next = r->next;
+	KLIST_FOREACH_SAFE(node, next, &l->cma_active) {
+		tp_req *r = REQ(node);
+		if (l->err.status != KHOR_SUCCESS)
+			break;
 		uint64_t n = r->len - r->done < SHM_CMA_PIECE ? r->len - r->done : SHM_CMA_PIECE;
 		struct iovec lio = { r->buf + r->done, n };
 		struct iovec rio = { (void *)(uintptr_t)(r->peer_addr + r->done), n };
@@ -912,10 +904,8 @@ static bool cma_drive(tp_link *l)
 
 		if (k <= 0) {
 			int e = k < 0 ? errno : EFAULT;
-			if (e == EINTR || e == EAGAIN || e == ENOMEM) {
-				r = next;
+			if (e == EINTR || e == EAGAIN || e == ENOMEM)
 				continue;
-			}
 			if (e == ESRCH) {
 				link_fail_peer_gone(l, "its process is gone: process_vm_readv found no such "
 				                    "process");
@@ -948,7 +938,6 @@ static bool cma_drive(tp_link *l)
 			l->notify = true;
 			req_finish(r);
 		}
-		r = next;
 	}
 	return moved;
 }
@@ -1361,8 +1350,12 @@ static tp_link *link_new(tp_ctx *ctx, int peer, int side, int fd)
 	l->seg_fd = -1;
 	l->out_fd = -1;
 	l->hs_deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
-	l->next_all = ctx->all;
-	ctx->all = l;
+	klist_init(&l->sendq);
+	klist_init(&l->cma_wait);
+	klist_init(&l->posted);
+	klist_init(&l->active);
+	klist_init(&l->cma_active);
+	klist_add_head(&ctx->all, &l->node_all);
 	return l;
 }
 
@@ -1451,7 +1444,7 @@ static bool poll_sockets(tp_ctx *ctx, int timeout_ms, bool sleeping, kerr *err)
 	bool moved = false;
 	int rc;
 
-	for (tp_link *l = ctx->all; l != NULL; l = l->next_all)
+	FOR_EACH_LINK(l, ctx)
 		n++;
 	if (!poll_grow(ps, n))
 		return false;
@@ -1462,7 +1455,7 @@ static bool poll_sockets(tp_ctx *ctx, int timeout_ms, bool sleeping, kerr *err)
 	ps->pfds[n].fd = ctx->sk.sl.wake_fd;
 	ps->pfds[n].events = POLLIN;
 	ps->plinks[n++] = NULL;
-	for (tp_link *l = ctx->all; l != NULL; l = l->next_all) {
+	FOR_EACH_LINK(l, ctx) {
 		if (l->fd < 0 || l->state == LS_DEAD || l->state == LS_CONNECTING ||
 		    l->err.status != KHOR_SUCCESS || l->peer_gone)
 			continue;
@@ -1505,12 +1498,12 @@ static void link_free(tp_link *l)
 /* Retries connects, ends handshakes that ran out of time, frees refused connections. */
 static bool sweep(tp_ctx *ctx, bool *handshaking)
 {
-	tp_link **pp = &ctx->all;
 	bool moved = false;
+	klist *n, *next;
 
 	*handshaking = false;
-	while (*pp != NULL) {
-		tp_link *l = *pp;
+	KLIST_FOREACH_SAFE(n, next, &ctx->all) {
+		tp_link *l = LINK(n);
 		if (l->state == LS_CONNECTING && l->err.status == KHOR_SUCCESS)
 			moved |= hs_step(l);
 		if ((l->state == LS_CONNECTING || l->state == LS_HS) && l->err.status == KHOR_SUCCESS &&
@@ -1526,13 +1519,12 @@ static bool sweep(tp_ctx *ctx, bool *handshaking)
 		/* Not while a thread sleeps in poll(): its arrays may name l. */
 		if (l->side == 1 && l->state == LS_DEAD && !l->claimed && !ctx->sk.sl.asleep &&
 		    (l->peer < 0 || ctx->incoming[l->peer] != l)) {
-			*pp = l->next_all;
+			klist_del(&l->node_all);
 			link_free(l);
 			continue;
 		}
 		if ((l->state == LS_CONNECTING || l->state == LS_HS) && l->err.status == KHOR_SUCCESS)
 			*handshaking = true;
-		pp = &l->next_all;
 	}
 	return moved;
 }
@@ -1541,7 +1533,7 @@ static bool drive_links(tp_ctx *ctx)
 {
 	bool moved = false;
 
-	for (tp_link *l = ctx->all; l != NULL; l = l->next_all)
+	FOR_EACH_LINK(l, ctx)
 		moved |= link_drive(l);
 	return moved;
 }
@@ -1549,7 +1541,7 @@ static bool drive_links(tp_ctx *ctx)
 /* Raises (or lowers) our sleeping flag on every ready link. */
 static void set_sleeping(tp_ctx *ctx, uint32_t v)
 {
-	for (tp_link *l = ctx->all; l != NULL; l = l->next_all)
+	FOR_EACH_LINK(l, ctx)
 		if (l->state == LS_READY && l->err.status == KHOR_SUCCESS)
 			atomic_store_explicit(&l->seg->sleeping[l->side].v, v, memory_order_seq_cst);
 	atomic_thread_fence(memory_order_seq_cst);
@@ -1600,6 +1592,7 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	ctx = calloc(1, sizeof(*ctx));
 	if (ctx == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "shm transport: out of memory");
+	klist_init(&ctx->all);
 	ctx->rank = opt->rank;
 	ctx->size = opt->size;
 	ctx->listen_fd = -1;
@@ -1800,7 +1793,7 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 			 * against it (rx_conflict) once. */
 			l->ctx->recv_comm = tag.comm;
 			l->ctx->recv_seq = tag.seq;
-			for (tp_link *o = l->ctx->all; o != NULL; o = o->next_all)
+			FOR_EACH_LINK(o, l->ctx)
 				o->rescan = true;
 		}
 	}
@@ -1942,13 +1935,10 @@ static khor_status shm_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ke
 
 static void shm_destroy(tp_ctx *ctx)
 {
-	tp_link *l = ctx->all;
+	klist *n, *next;
 
-	while (l != NULL) {
-		tp_link *next = l->next_all;
-		link_free(l);
-		l = next;
-	}
+	KLIST_FOREACH_SAFE(n, next, &ctx->all)
+		link_free(LINK(n));
 	if (ctx->listen_fd >= 0)
 		close(ctx->listen_fd);
 	free(ctx->busy.pfds);
