@@ -69,6 +69,7 @@
 
 #include "transport/handshake.h"
 #include "transport/skel.h"
+#include "base/list.h"
 #include "base/log.h"
 #include "base/sleeper.h"
 #include "base/sock.h"
@@ -139,7 +140,7 @@ enum sock_state {
 
 /* One chunk of a request, queued on one socket. */
 struct chunk {
-	struct chunk *next;
+	klist node;        /* on one of its socket's queues: sq, rq, rts_wait or rdv_wait */
 	tp_req *req;
 	uint8_t *buf;
 	uint64_t len;
@@ -157,7 +158,7 @@ struct chunk {
  */
 struct uframe {
 	struct chunk ch;
-	struct uframe *next;
+	klist node; /* on its socket's uq */
 	struct chunk *want;
 	bool complete;
 };
@@ -187,21 +188,19 @@ struct tsock {
 	int hs_phase;
 	hs_hello hello;        /* the HELLO of this socket, kept for the MACs */
 	uint8_t nonce_s[KAUTH_NONCE_LEN];
-	/* send queue (FIFO) */
-	struct chunk *sq_head, *sq_tail;
-	/* posted receives (matched by tag) and the frame being read */
-	struct chunk *rq_head;
+	klist sq;             /* chunks to send, in order */
+	klist rq;             /* posted receives (matched by tag), newest first */
 	struct frame_hdr rhdr;
 	uint32_t rhdr_got;
 	uint32_t rskip;       /* padding of the last frame still to read and drop */
 	struct chunk *rcur;   /* chunk receiving the current payload */
 	bool parked;          /* rhdr complete but no matching receive yet */
-	struct uframe *uq_head, *uq_tail; /* frames read aside, in arrival order */
-	struct chunk *rts_wait;  /* our large sends whose RTS went out: waiting for a CTS */
-	struct chunk *rdv_wait;  /* our receives that sent a CTS: waiting for the DATA */
+	klist uq;             /* frames read aside (struct uframe), in arrival order */
+	klist rts_wait;       /* our large sends whose RTS went out: waiting for a CTS */
+	klist rdv_wait;       /* our receives that sent a CTS: waiting for the DATA */
 	uint32_t e_off, e_len; /* unread bytes of the stream in ebuf */
 	uint8_t ebuf[8192];
-	struct tsock *next_all;
+	klist node_all;       /* on ctx->all */
 };
 
 _Static_assert(sizeof(hs_hello) <= sizeof(((struct tsock *)0)->hs_in) &&
@@ -217,7 +216,8 @@ struct tcp_dial {
 	bool soft;            /* an address of this pass timed out (rather than failed) */
 	kdeadline attempt_dl; /* when addr[cur] has had its time */
 	kdeadline deadline;   /* when the whole link has (the handshake timeout) */
-	tp_link *next;        /* ctx->dialing: links still looking for their address */
+	klist node;           /* on ctx->dialing while the address is not settled */
+	tp_link *link;
 	ksockaddr addr[KSOCK_MAX_CANDS];
 	char str[KSOCK_MAX_CANDS][64];
 	char why[KSOCK_MAX_CANDS][96];  /* why it is tried where it is, for the log */
@@ -253,10 +253,10 @@ struct tp_ctx {
 	bool spec_set;        /* KHOR_SOCKET_IFNAME chose the address */
 	ksock_iface *mine;    /* this host's addresses, to order a peer's */
 	int nmine;
-	tp_link *dialing;     /* links whose address is not settled yet (struct tcp_dial) */
+	klist dialing;        /* struct tcp_dial of links whose address is not settled yet */
 	tp_link **incoming;   /* [size]: links opened to us, by peer rank */
 	tp_link **outgoing;   /* [size]: links we opened */
-	struct tsock *all;    /* every socket, for progress and cleanup */
+	klist all;            /* every socket (struct tsock), for progress and cleanup */
 	uint32_t recv_comm, recv_seq; /* the call of the last receive posted */
 	const tp_meta_rules *meta;
 };
@@ -333,6 +333,33 @@ static void sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
 	sock_close_fd(s);
 }
 
+#define CHUNK(n) KLIST_ENTRY(n, struct chunk, node)
+#define UFRAME(n) KLIST_ENTRY(n, struct uframe, node)
+#define TSOCK(n) KLIST_ENTRY(n, struct tsock, node_all)
+
+/* Every socket of ctx, newest first (the body must not unlink it: sweep does that). */
+#define FOR_EACH_SOCK(t, ctx)                                                                 \
+	for (struct tsock *t = TSOCK((ctx)->all.next); &t->node_all != &(ctx)->all;            \
+	     t = TSOCK(t->node_all.next))
+
+/* A new socket object (zeroed, its queues empty) on ctx's list of every socket. */
+static struct tsock *sock_alloc(tp_ctx *ctx)
+{
+	struct tsock *s = calloc(1, sizeof(*s));
+
+	if (s == NULL)
+		return NULL;
+	s->ctx = ctx;
+	s->hs_deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
+	klist_init(&s->sq);
+	klist_init(&s->rq);
+	klist_init(&s->uq);
+	klist_init(&s->rts_wait);
+	klist_init(&s->rdv_wait);
+	klist_add_head(&ctx->all, &s->node_all);
+	return s;
+}
+
 /* Gives s the socket fd (in state st) and registers it; false (errno set) if epoll refuses. */
 static bool sock_attach(struct tsock *s, int fd, enum sock_state st)
 {
@@ -355,18 +382,15 @@ static bool sock_attach(struct tsock *s, int fd, enum sock_state st)
 
 static struct tsock *sock_new(tp_ctx *ctx, int fd, enum sock_state st)
 {
-	struct tsock *s = calloc(1, sizeof(*s));
+	struct tsock *s = sock_alloc(ctx);
 
 	if (s == NULL)
 		return NULL;
-	s->ctx = ctx;
-	s->hs_deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
 	if (!sock_attach(s, fd, st)) {
+		klist_del(&s->node_all);
 		free(s);
 		return NULL;
 	}
-	s->next_all = ctx->all;
-	ctx->all = s;
 	return s;
 }
 
@@ -402,13 +426,7 @@ static int dial_fd(tp_ctx *ctx, const ksockaddr *a, int *fd_out)
 
 static void dial_unlist(tp_link *l)
 {
-	for (tp_link **pp = &l->ctx->dialing; *pp != NULL; pp = &(*pp)->dial->next) {
-		if (*pp == l) {
-			*pp = l->dial->next;
-			break;
-		}
-	}
-	l->dial->next = NULL;
+	klist_del(&l->dial->node);
 }
 
 /* Every address failed: the link's error names each one and why. */
@@ -526,12 +544,12 @@ static bool sock_connected(const struct tsock *s)
 /* Gives the address being tried its time: when it is up, the next one gets its turn. */
 static void dial_tick(tp_ctx *ctx)
 {
-	tp_link *next;
+	klist *n, *next;
 
-	for (tp_link *l = ctx->dialing; l != NULL; l = next) {
-		struct tcp_dial *d = l->dial;
+	KLIST_FOREACH_SAFE(n, next, &ctx->dialing) {
+		struct tcp_dial *d = KLIST_ENTRY(n, struct tcp_dial, node);
+		tp_link *l = d->link;
 		char why[96];
-		next = d->next;
 		if (!kdeadline_passed(d->attempt_dl))
 			continue;
 		bool up = false;
@@ -819,16 +837,7 @@ static void chunk_finished(struct tsock *s, struct chunk *c)
 /* Takes u off its socket's queue and frees it. */
 static void uframe_drop(struct tsock *s, struct uframe *u)
 {
-	struct uframe **pp = &s->uq_head, *prev = NULL;
-
-	for (; *pp != NULL; prev = *pp, pp = &(*pp)->next) {
-		if (*pp == u) {
-			*pp = u->next;
-			if (s->uq_tail == u)
-				s->uq_tail = prev;
-			break;
-		}
-	}
+	klist_del(&u->node);
 	if (s->link != NULL)
 		s->link->ubytes -= u->ch.len;
 	free(u->ch.buf);
@@ -847,28 +856,28 @@ static void uframe_deliver(struct tsock *s, struct uframe *u)
 	chunk_finished(s, c);
 }
 
-/* Frees what the socket owns: unexpected frames and CTS frames not sent yet. */
+/* Frees what the socket owns: unexpected frames and CTS frames not sent yet. The chunks of
+ * requests still queued on it are only taken off its queues, which go with it. */
 static void sock_free_uq(struct tsock *s)
 {
-	while (s->uq_head != NULL)
-		uframe_drop(s, s->uq_head);
-	for (struct chunk **pp = &s->sq_head; *pp != NULL;) {
-		struct chunk *c = *pp;
-		if (c->ctl) {
-			*pp = c->next;
-			free(c);
-		} else {
-			pp = &c->next;
+	klist *queues[] = { &s->sq, &s->rq, &s->rts_wait, &s->rdv_wait }, *n, *next;
+
+	while (!klist_empty(&s->uq))
+		uframe_drop(s, UFRAME(klist_first(&s->uq)));
+	for (size_t i = 0; i < sizeof(queues) / sizeof(queues[0]); i++) {
+		KLIST_FOREACH_SAFE(n, next, queues[i]) {
+			klist_del(n);
+			if (CHUNK(n)->ctl)
+				free(CHUNK(n));
 		}
 	}
-	s->sq_tail = NULL;
 }
 
 /* Someone waits for a frame on s: a posted receive, a CTS for our RTS, or the payload
  * after our CTS. Otherwise frames are left in the kernel. */
 static bool sock_expects(const struct tsock *s)
 {
-	return s->rq_head != NULL || s->rts_wait != NULL || s->rdv_wait != NULL;
+	return !klist_empty(&s->rq) || !klist_empty(&s->rts_wait) || !klist_empty(&s->rdv_wait);
 }
 
 /* Payload bytes the frame of c carries on the wire: none for an RTS or a CTS. */
@@ -879,21 +888,16 @@ static uint64_t frame_payload(const struct chunk *c)
 
 static void sq_push(struct tsock *s, struct chunk *c)
 {
-	c->next = NULL;
-	if (s->sq_tail != NULL)
-		s->sq_tail->next = c;
-	else
-		s->sq_head = c;
-	s->sq_tail = c;
+	klist_add_tail(&s->sq, &c->node);
 }
 
-/* Takes the chunk of this tag off a list; NULL if absent. */
-static struct chunk *list_take(struct chunk **head, const struct frame_hdr *h)
+/* Takes the chunk of this tag off a queue; NULL if absent. */
+static struct chunk *list_take(klist *queue, const struct frame_hdr *h)
 {
-	for (struct chunk **pp = head; *pp != NULL; pp = &(*pp)->next) {
-		struct chunk *c = *pp;
+	for (klist *n = queue->next; n != queue; n = n->next) {
+		struct chunk *c = CHUNK(n);
 		if (c->hdr.comm == h->comm && c->hdr.seq == h->seq && c->hdr.step == h->step) {
-			*pp = c->next;
+			klist_del(n);
 			return c;
 		}
 	}
@@ -913,8 +917,7 @@ static bool send_cts(struct tsock *s, struct chunk *c)
 	k->hdr = c->hdr;
 	k->hdr.kind = FRAME_CTS;
 	k->len = c->len;
-	c->next = s->rdv_wait;
-	s->rdv_wait = c;
+	klist_add_head(&s->rdv_wait, &c->node);
 	sq_push(s, k);
 	send_drive(s);
 	return true;
@@ -925,8 +928,8 @@ static bool send_drive(struct tsock *s)
 {
 	bool moved = false;
 
-	while (s->sq_head != NULL && s->wr_ready) {
-		struct chunk *c = s->sq_head;
+	while (!klist_empty(&s->sq) && s->wr_ready) {
+		struct chunk *c = CHUNK(s->sq.next);
 		struct iovec iov[3];
 		int n_iov = 0;
 		ssize_t n;
@@ -973,15 +976,12 @@ static bool send_drive(struct tsock *s)
 		c->done += p;
 		c->pad_left -= (uint32_t)(left - p);
 		if (c->hdr_done == sizeof(c->hdr) && c->done == wire && c->pad_left == 0) {
-			s->sq_head = c->next;
-			if (s->sq_head == NULL)
-				s->sq_tail = NULL;
+			klist_del(&c->node);
 			if (c->ctl) {
 				free(c);
 			} else if (c->hdr.kind == FRAME_RTS) {
 				/* The payload waits for the receiver's CTS. */
-				c->next = s->rts_wait;
-				s->rts_wait = c;
+				klist_add_head(&s->rts_wait, &c->node);
 			} else {
 				chunk_finished(s, c);
 			}
@@ -998,11 +998,14 @@ static bool send_drive(struct tsock *s)
  */
 static struct chunk *sched_conflict(tp_ctx *ctx, const struct frame_hdr *h)
 {
-	for (struct tsock *t = ctx->all; t != NULL; t = t->next_all)
-		for (struct chunk *c = t->rq_head; c != NULL; c = c->next)
+	FOR_EACH_SOCK(t, ctx) {
+		for (klist *n = t->rq.next; n != &t->rq; n = n->next) {
+			struct chunk *c = CHUNK(n);
 			if (c->hdr.comm == h->comm && c->hdr.seq == h->seq &&
 			    tp_meta_conflict(ctx->meta, c->hdr.meta, h->meta))
 				return c;
+		}
+	}
 	return NULL;
 }
 
@@ -1055,11 +1058,8 @@ static bool spill(struct tsock *s, bool rts)
 	}
 	u->ch.hdr = *h;
 	u->ch.len = len;
-	if (s->uq_tail != NULL)
-		s->uq_tail->next = u;
-	else
-		s->uq_head = u;
-	s->uq_tail = u;
+	klist_init(&u->ch.node); /* on no queue: it is u that is queued */
+	klist_add_tail(&s->uq, &u->node);
 	l->ubytes += u->ch.len;
 	s->parked = false;
 	s->rcur = &u->ch;
@@ -1113,7 +1113,7 @@ static bool recv_match(struct tsock *s)
 		sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (kind %u)", h->kind);
 		return false;
 	}
-	c = list_take(&s->rq_head, h);
+	c = list_take(&s->rq, h);
 	if (c == NULL && h->kind == FRAME_RTS) {
 		/* Only the header waits: read it aside whatever the queue holds. */
 		return spill(s, true);
@@ -1334,6 +1334,8 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	ctx = calloc(1, sizeof(*ctx));
 	if (ctx == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp transport: out of memory");
+	klist_init(&ctx->all);
+	klist_init(&ctx->dialing);
 	ctx->rank = opt->rank;
 	ctx->size = opt->size;
 	ctx->secret = strdup(opt->secret ? opt->secret : "");
@@ -1512,6 +1514,7 @@ static khor_status tcp_connect_locked(tp_ctx *ctx, int peer, const char *peer_ad
 	d = calloc(1, sizeof(*d));
 	if (d == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp connect: out of memory");
+	klist_init(&d->node);
 	if ((st = dial_plan(ctx, peer, peer_addr, d, err)) != KHOR_SUCCESS) {
 		free(d);
 		return st;
@@ -1528,19 +1531,15 @@ static khor_status tcp_connect_locked(tp_ctx *ctx, int peer, const char *peer_ad
 	kstrlcpy(l->peer_addr, peer_addr, sizeof(l->peer_addr));
 	ctx->outgoing[peer] = l;
 	for (int i = 0; i < l->nsocks; i++) {
-		struct tsock *s = calloc(1, sizeof(*s));
+		struct tsock *s = sock_alloc(ctx);
 		if (s == NULL) {
 			link_fail(l, KHOR_ERR_NO_MEMORY, "out of memory for socket %d", i + 1);
 			break;
 		}
 		s->fd = -1;
-		s->ctx = ctx;
 		s->state = SS_DEAD;
-		s->hs_deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
 		s->link = l;
 		s->idx = i;
-		s->next_all = ctx->all;
-		ctx->all = s;
 		l->socks[i] = s;
 		uint64_t aux[4] = { [TCP_AUX_SOCK_IDX] = (uint64_t)i,
 		                    [TCP_AUX_NSOCKS] = (uint64_t)l->nsocks };
@@ -1548,8 +1547,8 @@ static khor_status tcp_connect_locked(tp_ctx *ctx, int peer, const char *peer_ad
 	}
 	if (l->err.status == KHOR_SUCCESS) {
 		d->deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
-		d->next = ctx->dialing;
-		ctx->dialing = l;
+		d->link = l;
+		klist_add_head(&ctx->dialing, &d->node);
 		int e = dial_start(l);
 		if (e != 0)
 			dial_next(l, errstr(e), false);
@@ -1609,10 +1608,12 @@ static void tcp_describe_locked(const tp_link *l, char *buf, size_t len)
 /* The queued unexpected frame of this tag that no receive has claimed yet. */
 static struct uframe *uq_find(struct tsock *s, tp_tag tag)
 {
-	for (struct uframe *u = s->uq_head; u != NULL; u = u->next)
+	for (klist *n = s->uq.next; n != &s->uq; n = n->next) {
+		struct uframe *u = UFRAME(n);
 		if (u->want == NULL && u->ch.hdr.comm == tag.comm && u->ch.hdr.seq == tag.seq &&
 		    u->ch.hdr.step == tag.step)
 			return u;
+	}
 	return NULL;
 }
 
@@ -1640,7 +1641,7 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 		struct tsock *s = l->socks[(first + i) % l->nsocks];
 		uint64_t off;
 
-		c->next = NULL;
+		klist_init(&c->node);
 		c->req = r;
 		c->len = chunk_len(len, nchunks, i, &off);
 		c->buf = buf + off;
@@ -1654,11 +1655,7 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 		                             .total_len = len, .chunk_len = c->len };
 		c->pad_left = is_send ? frame_pad(frame_payload(c)) : 0;
 		if (is_send) {
-			if (s->sq_tail != NULL)
-				s->sq_tail->next = c;
-			else
-				s->sq_head = c;
-			s->sq_tail = c;
+			sq_push(s, c);
 		} else if ((u = uq_find(s, tag)) != NULL) {
 			/* It came before us: take it from the queue (now, or once it is all in). */
 			if (!frame_fits(s, &u->ch.hdr, c))
@@ -1673,12 +1670,10 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 				uframe_deliver(s, u);
 		} else if (s->parked && s->rhdr.comm == tag.comm && s->rhdr.seq == tag.seq &&
 		           s->rhdr.step == tag.step) {
-			c->next = s->rq_head;
-			s->rq_head = c;
+			klist_add_head(&s->rq, &c->node);
 			recv_match(s);
 		} else {
-			c->next = s->rq_head;
-			s->rq_head = c;
+			klist_add_head(&s->rq, &c->node);
 			/* A parked frame of another tag would hold this one up: read it aside. */
 			if (s->parked)
 				spill(s, false);
@@ -1691,12 +1686,13 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 	if (!is_send && (tag.comm != l->ctx->recv_comm || tag.seq != l->ctx->recv_seq)) {
 		l->ctx->recv_comm = tag.comm;
 		l->ctx->recv_seq = tag.seq;
-		for (struct tsock *t = l->ctx->all; t != NULL; t = t->next_all) {
+		FOR_EACH_SOCK(t, l->ctx) {
 			if (t->parked && t->rhdr.comm == tag.comm && t->rhdr.seq == tag.seq &&
 			    tp_meta_conflict(l->ctx->meta, t->rhdr.meta, tag.meta))
 				recv_match(t);
-			for (u = t->uq_head; u != NULL && t->state == SS_DATA; u = u->next) {
+			for (klist *n = t->uq.next; n != &t->uq && t->state == SS_DATA; n = n->next) {
 				char b1[96], b2[96];
+				u = UFRAME(n);
 				if (u->ch.hdr.comm != tag.comm || u->ch.hdr.seq != tag.seq ||
 				    !tp_meta_conflict(l->ctx->meta, u->ch.hdr.meta, tag.meta))
 					continue;
@@ -1741,32 +1737,16 @@ static void req_unlink(tp_req *r)
 
 	for (int i = 0; i < r->nchunks; i++) {
 		struct chunk *c = &r->chunks[i];
+		klist_del(&c->node); /* from sq or rq, rts_wait or rdv_wait, wherever it is */
 		for (int k = 0; k < l->nsocks; k++) {
 			struct tsock *s = l->socks[k];
-			struct chunk **pp, *prev = NULL;
 			if (s == NULL)
 				continue;
-			pp = r->is_send ? &s->sq_head : &s->rq_head;
-			for (; *pp != NULL; prev = *pp, pp = &(*pp)->next) {
-				if (*pp == c) {
-					*pp = c->next;
-					if (r->is_send && s->sq_tail == c)
-						s->sq_tail = prev;
-					break;
-				}
-			}
 			if (s->rcur == c)
 				s->rcur = NULL;
-			for (struct uframe *u = s->uq_head; u != NULL; u = u->next)
-				if (u->want == c)
-					u->want = NULL;
-			for (struct chunk **q = r->is_send ? &s->rts_wait : &s->rdv_wait; *q != NULL;
-			     q = &(*q)->next) {
-				if (*q == c) {
-					*q = c->next;
-					break;
-				}
-			}
+			for (klist *n = s->uq.next; n != &s->uq; n = n->next)
+				if (UFRAME(n)->want == c)
+					UFRAME(n)->want = NULL;
 		}
 	}
 }
@@ -1804,9 +1784,9 @@ static void tcp_cancel_locked(tp_req *r)
 			struct tsock *t = l->socks[k];
 			started = t != NULL && t->rcur == c;
 			/* A CTS went out: the peer will send the payload to this buffer. */
-			for (struct chunk *w = t != NULL ? t->rdv_wait : NULL; w != NULL && !started;
-			     w = w->next)
-				started = w == c;
+			for (klist *n = t != NULL ? t->rdv_wait.next : NULL;
+			     n != NULL && n != &t->rdv_wait && !started; n = n->next)
+				started = CHUNK(n) == c;
 		}
 		if (started && (c->done < c->len ||
 		                (r->is_send && (c->hdr_done < sizeof(c->hdr) || c->pad_left > 0))))
@@ -1852,10 +1832,10 @@ static void accept_new(tp_ctx *ctx)
 /* Drops handshakes that ran out of time; reaps closed acceptor sockets. */
 static void sweep(tp_ctx *ctx)
 {
-	struct tsock **pp = &ctx->all;
+	klist *n, *next;
 
-	while (*pp != NULL) {
-		struct tsock *s = *pp;
+	KLIST_FOREACH_SAFE(n, next, &ctx->all) {
+		struct tsock *s = TSOCK(n);
 		if ((s->state == SS_HS_ACC || s->state == SS_HS_CONN || s->state == SS_CONNECTING) &&
 		    kdeadline_passed(s->hs_deadline) &&
 		    !(s->link != NULL && s->link->dial != NULL && !s->link->dial->chosen)) {
@@ -1872,12 +1852,10 @@ static void sweep(tp_ctx *ctx)
 		}
 		/* Not while a thread sleeps in epoll_wait: it may hold an event naming s. */
 		if (s->state == SS_DEAD && s->link == NULL && !ctx->sk.sl.asleep) {
-			*pp = s->next_all;
+			klist_del(&s->node_all);
 			sock_free_uq(s);
 			free(s);
-			continue;
 		}
-		pp = &s->next_all;
 	}
 }
 
@@ -1885,9 +1863,9 @@ static bool drive_all(tp_ctx *ctx)
 {
 	bool moved = false;
 
-	if (ctx->dialing != NULL)
+	if (!klist_empty(&ctx->dialing))
 		dial_tick(ctx);
-	for (struct tsock *s = ctx->all; s != NULL; s = s->next_all)
+	FOR_EACH_SOCK(s, ctx)
 		moved |= sock_drive(s);
 	return moved;
 }
@@ -1953,14 +1931,13 @@ static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ke
 
 static void tcp_destroy(tp_ctx *ctx)
 {
-	struct tsock *s = ctx->all;
+	klist *n, *next;
 
-	while (s != NULL) {
-		struct tsock *next = s->next_all;
+	KLIST_FOREACH_SAFE(n, next, &ctx->all) {
+		struct tsock *s = TSOCK(n);
 		sock_close_fd(s);
 		sock_free_uq(s);
 		free(s);
-		s = next;
 	}
 	for (int i = 0; i < ctx->size; i++) {
 		free(ctx->incoming[i]);
