@@ -77,6 +77,7 @@ tp_req *ib_req_new(tp_link *l)
 	if (r == NULL)
 		return NULL;
 	memset(r, 0, sizeof(*r));
+	klist_init(&r->node);
 	r->link = l;
 	l->pending++;
 	return r;
@@ -89,6 +90,7 @@ void ib_req_release(tp_req *r)
 	if (r->own_mr != NULL)
 		ctx->api->dereg_mr(r->own_mr);
 	r->link->pending--;
+	klist_del(&r->node);
 	tp_skel_req_put(&ctx->sk, r);
 }
 
@@ -103,24 +105,13 @@ void ib_req_finish(tp_req *r, khor_status st)
 		ib_req_release(r);
 }
 
-/* Takes r off a singly linked list; true if it was there. */
-bool ib_list_remove(tp_req **head, tp_req **tail, tp_req *r)
+/* Takes r off the link's list that holds it; true if one did. */
+bool ib_req_unlink(tp_req *r)
 {
-	tp_req *prev = NULL;
+	bool was = klist_linked(&r->node);
 
-	for (tp_req *p = *head; p != NULL; prev = p, p = p->next) {
-		if (p != r)
-			continue;
-		if (prev == NULL)
-			*head = p->next;
-		else
-			prev->next = p->next;
-		if (tail != NULL && *tail == p)
-			*tail = prev;
-		p->next = NULL;
-		return true;
-	}
-	return false;
+	klist_del(&r->node);
+	return was;
 }
 
 /* ---- failure ------------------------------------------------------------------------- */
@@ -136,11 +127,15 @@ static void qps_to_error(tp_link *l)
 			l->ctx->api->modify_qp(l->qps[q].qp, &a, IBV_QP_STATE);
 }
 
-static void fail_list(tp_req *head, khor_status st)
+/* Empties a list of the link; fails its requests with st unless st is KHOR_SUCCESS. */
+static void fail_list(klist *list, khor_status st)
 {
-	for (tp_req *r = head, *next; r != NULL; r = next) {
-		next = r->next;
-		ib_req_finish(r, st);
+	klist *n, *next;
+
+	KLIST_FOREACH_SAFE(n, next, list) {
+		klist_del(n);
+		if (st != KHOR_SUCCESS)
+			ib_req_finish(IB_REQ(n), st);
 	}
 }
 
@@ -174,14 +169,13 @@ void ib_link_fail(tp_link *l, khor_status st, const char *fmt, ...)
 		qps_to_error(l);
 	/* Every request on the link fails now; those whose buffers the HCA may still touch
 	 * stay allocated (orphans) until their work requests are flushed. */
-	fail_list(l->recvs, st);
-	fail_list(l->sends_eager, st);
-	fail_list(l->sends_rdv, st);
+	fail_list(&l->recvs, st);
+	fail_list(&l->sends_eager, st);
+	fail_list(&l->sends_rdv, st);
+	fail_list(&l->ctl_q, KHOR_SUCCESS); /* failed below, through rdv[], where they all are */
 	for (int i = 0; i < IB_RDV_MAX; i++)
 		if (l->rdv[i] != NULL)
 			ib_req_finish(l->rdv[i], st);
-	l->recvs = l->sends_eager = l->sends_eager_tail = l->sends_rdv = NULL;
-	l->ctl_q = l->ctl_q_tail = NULL;
 	memset(l->rdv, 0, sizeof(l->rdv));
 	tp_skel_completed(&l->ctx->sk);
 }
@@ -192,7 +186,7 @@ static bool drive_all(tp_ctx *ctx)
 {
 	bool moved = false;
 
-	for (tp_link *l = ctx->all; l != NULL; l = l->next_all) {
+	IB_FOR_EACH_LINK(l, ctx) {
 		if (l->state == LS_READY || l->state == LS_READY_WAIT)
 			moved |= ib_poll_link(l);
 		else if (l->cq != NULL && l->state == LS_DEAD)
@@ -320,14 +314,11 @@ static void ib_cancel_locked(tp_req *r)
 
 	if (!r->done) {
 		bool quiet = false;
-		if (!r->is_send && !r->rdv)
-			quiet = ib_list_remove(&l->recvs, NULL, r);
-		else if (r->is_send && !r->rdv)
-			quiet = ib_list_remove(&l->sends_eager, &l->sends_eager_tail, r);
-		else if (r->is_send && !r->active)
-			quiet = ib_list_remove(&l->sends_rdv, NULL, r);
+		/* Not started yet: still on recvs, sends_eager, sends_rdv or ctl_q. */
+		if (!r->rdv || (r->is_send && !r->active))
+			quiet = ib_req_unlink(r);
 		else if (!r->is_send && !r->cts_sent) {
-			quiet = ib_list_remove(&l->ctl_q, &l->ctl_q_tail, r);
+			quiet = ib_req_unlink(r);
 			for (int i = 0; quiet && i < IB_RDV_MAX; i++)
 				if (l->rdv[i] == r)
 					l->rdv[i] = NULL;
@@ -423,8 +414,9 @@ static void link_free(tp_ctx *ctx, tp_link *l)
 	if (l->mem_mr != NULL)
 		api->dereg_mr(l->mem_mr);
 	free(l->mem);
-	for (struct unexp *u = l->uq, *n; u != NULL; u = n) {
-		n = u->next;
+	klist *n, *next;
+	KLIST_FOREACH_SAFE(n, next, &l->uq) {
+		struct unexp *u = KLIST_ENTRY(n, struct unexp, node);
 		free(u->data);
 		free(u);
 	}
@@ -436,10 +428,10 @@ static void ib_destroy(tp_ctx *ctx)
 {
 	const struct ib_api *api = ctx->api;
 
-	for (tp_link *l = ctx->all, *n; l != NULL; l = n) {
-		n = l->next_all;
-		link_free(ctx, l);
-	}
+	klist *n, *next;
+
+	KLIST_FOREACH_SAFE(n, next, &ctx->all)
+		link_free(ctx, IB_LINK(n));
 	if (ctx->fqp != NULL)
 		api->destroy_qp(ctx->fqp);
 	if (ctx->fcq != NULL)
@@ -475,6 +467,7 @@ static khor_status ib_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err)
 	tp_ctx *ctx = calloc(1, sizeof(*ctx));
 	if (ctx == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "ib transport: out of memory");
+	klist_init(&ctx->all);
 	ctx->api = api;
 	ctx->rank = opt->rank;
 	ctx->size = opt->size;

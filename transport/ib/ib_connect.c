@@ -204,6 +204,22 @@ static void hs_expect(tp_link *l, uint32_t n)
 	l->in_got = 0;
 }
 
+/* A zeroed link with its lists empty, on no list of the instance yet. */
+static tp_link *link_alloc(void)
+{
+	tp_link *l = calloc(1, sizeof(*l));
+
+	if (l == NULL)
+		return NULL;
+	klist_init(&l->recvs);
+	klist_init(&l->sends_eager);
+	klist_init(&l->sends_rdv);
+	klist_init(&l->ctl_q);
+	klist_init(&l->uq);
+	klist_init(&l->node_all);
+	return l;
+}
+
 /* Authenticated: our QP information goes out, the peer's is awaited. */
 static void send_qp_info(tp_link *l)
 {
@@ -466,7 +482,7 @@ void ib_conn_accept(tp_ctx *ctx)
 				KLOG_WARN("ib bootstrap accept on %s: %s", ctx->addr, ib_errstr(errno));
 			return;
 		}
-		tp_link *l = calloc(1, sizeof(*l));
+		tp_link *l = link_alloc();
 		struct epoll_event ev = { .events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET };
 		if (l == NULL) {
 			close(fd);
@@ -489,18 +505,17 @@ void ib_conn_accept(tp_ctx *ctx)
 			free(l);
 			continue;
 		}
-		l->next_all = ctx->all;
-		ctx->all = l;
+		klist_add_head(&ctx->all, &l->node_all);
 	}
 }
 
 /* Drops handshakes that ran out of time and reaps refused connections. */
 void ib_conn_sweep(tp_ctx *ctx)
 {
-	tp_link **pp = &ctx->all;
+	klist *n, *next;
 
-	while (*pp != NULL) {
-		tp_link *l = *pp;
+	KLIST_FOREACH_SAFE(n, next, &ctx->all) {
+		tp_link *l = IB_LINK(n);
 		if (l->state != LS_READY && l->state != LS_DEAD && kdeadline_passed(l->hs_deadline)) {
 			if (l->acceptor && l->peer < 0)
 				acc_drop(l, "no complete handshake within %lld ms", (long long)ctx->hs_timeout_ms);
@@ -509,13 +524,11 @@ void ib_conn_sweep(tp_ctx *ctx)
 				          "ms", (long long)ctx->hs_timeout_ms);
 		}
 		if (l->acceptor && l->peer < 0 && l->state == LS_DEAD) {
-			*pp = l->next_all;
+			klist_del(&l->node_all);
 			if (l->fd >= 0)
 				close(l->fd);
 			free(l);
-			continue;
 		}
-		pp = &l->next_all;
 	}
 }
 
@@ -542,7 +555,7 @@ khor_status ib_connect_locked(tp_ctx *ctx, int peer, const char *peer_addr, tp_l
 		*link_out = ctx->outgoing[peer];
 		return KHOR_SUCCESS;
 	}
-	tp_link *l = calloc(1, sizeof(*l));
+	tp_link *l = link_alloc();
 	if (l == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "ib connect: out of memory");
 	l->ctx = ctx;
@@ -551,8 +564,7 @@ khor_status ib_connect_locked(tp_ctx *ctx, int peer, const char *peer_addr, tp_l
 	l->state = LS_CONNECTING;
 	l->hs_deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
 	kstrlcpy(l->peer_addr, peer_addr, sizeof(l->peer_addr));
-	l->next_all = ctx->all;
-	ctx->all = l;
+	klist_add_head(&ctx->all, &l->node_all);
 	ctx->outgoing[peer] = l;
 	*link_out = l;
 	kerr e;

@@ -267,7 +267,7 @@ void ib_dev_events(tp_ctx *ctx)
 		case IBV_EVENT_DEVICE_FATAL:
 			KLOG_ERR("ib device %s port %d: %s: every ib link of this rank fails",
 			           ctx->dev_name, ctx->port, what);
-			for (tp_link *l = ctx->all; l != NULL; l = l->next_all)
+			IB_FOR_EACH_LINK(l, ctx)
 				ib_link_fail(l, KHOR_ERR_REMOTE, "device %s port %d reported %s", ctx->dev_name,
 				          ctx->port, what);
 			break;
@@ -276,7 +276,7 @@ void ib_dev_events(tp_ctx *ctx)
 		case IBV_EVENT_QP_ACCESS_ERR:
 		case IBV_EVENT_CQ_ERR: {
 			KLOG_WARN("ib device %s: %s", ctx->dev_name, what);
-			for (tp_link *l = ctx->all; l != NULL; l = l->next_all) {
+			IB_FOR_EACH_LINK(l, ctx) {
 				bool mine = t == IBV_EVENT_CQ_ERR ? ev.element.cq == l->cq : false;
 				for (int q = 0; q < l->nqp && !mine; q++)
 					mine = t != IBV_EVENT_CQ_ERR && ev.element.qp == l->qps[q].qp;

@@ -20,6 +20,7 @@
 #include "ib.h"
 
 #include "base/auth.h"
+#include "base/list.h"
 #include "base/clock.h"
 #include "base/sleeper.h"
 #include "base/sock.h"
@@ -122,14 +123,14 @@ struct slot {
 
 /* A message that arrived before its receive: a copy, or the slot itself when over bound. */
 struct unexp {
-	struct unexp *next;
+	klist node;           /* on the link's uq, in arrival order */
 	struct msg_hdr hdr;
 	uint8_t *data;        /* heap copy, or NULL when the slot is held */
 	struct slot *held;
 };
 
 struct tp_req {
-	tp_req *next;        /* on one of the link's lists, or the free list */
+	klist node;          /* on one of the link's lists: recvs, sends_eager, sends_rdv, ctl_q */
 	tp_link *link;
 	uint8_t *buf;
 	uint64_t len;
@@ -155,7 +156,7 @@ enum link_state { LS_CONNECTING, LS_HS, LS_QPINFO, LS_READY_WAIT, LS_READY, LS_D
 
 struct tp_link {
 	tp_ctx *ctx;
-	tp_link *next_all;
+	klist node_all;       /* on ctx->all */
 	int peer;             /* -1 on the accepting side until the HELLO names it */
 	bool acceptor, claimed, refused;
 	bool peer_failed;     /* the peer sent us its reason: nothing to tell it back */
@@ -187,11 +188,11 @@ struct tp_link {
 	uint32_t *credit_out;          /* the source of our credit writes */
 	bool credit_busy;
 	/* requests */
-	tp_req *recvs;        /* posted receives in order (eager and rendezvous) */
-	tp_req *sends_eager, *sends_eager_tail; /* eager sends waiting for a slot or credit */
-	tp_req *sends_rdv;    /* rendezvous sends: waiting for a CTS or writing */
-	tp_req *ctl_q, *ctl_q_tail; /* receives whose CTS is still to be sent */
-	struct unexp *uq, *uq_tail;
+	klist recvs;          /* posted eager receives, in order */
+	klist sends_eager;    /* eager sends waiting for a slot or credit, in order */
+	klist sends_rdv;      /* rendezvous sends: waiting for a CTS or writing, newest first */
+	klist ctl_q;          /* rendezvous receives whose CTS is still to be sent, in order */
+	klist uq;             /* struct unexp: messages that came before their receive */
 	uint64_t ubytes;
 	struct msg_hdr *cts_early; /* CTSs that came before their send */
 	int ncts_early, cts_early_cap;
@@ -240,7 +241,7 @@ struct tp_ctx {
 	char bind_ip[64];
 	tp_link **incoming;
 	tp_link **outgoing;
-	tp_link *all;
+	klist all;              /* every link (tp_link), newest first */
 	unsigned spins;        /* progress(0) calls, for the poll set's turn */
 };
 
@@ -251,7 +252,15 @@ void ib_link_fail(tp_link *l, khor_status st, const char *fmt, ...)
 tp_req *ib_req_new(tp_link *l);
 void ib_req_release(tp_req *r);
 void ib_req_finish(tp_req *r, khor_status st);
-bool ib_list_remove(tp_req **head, tp_req **tail, tp_req *r);
+bool ib_req_unlink(tp_req *r);
+
+#define IB_REQ(n) KLIST_ENTRY(n, tp_req, node)
+#define IB_LINK(n) KLIST_ENTRY(n, tp_link, node_all)
+
+/* Every link of ctx, newest first (the body must not unlink it: ib_conn_sweep does that). */
+#define IB_FOR_EACH_LINK(l, ctx)                                                              \
+	for (tp_link *l = IB_LINK((ctx)->all.next); &l->node_all != &(ctx)->all;              \
+	     l = IB_LINK(l->node_all.next))
 
 /* ib_dev.c */
 khor_status ib_dev_open(tp_ctx *ctx, kerr *err);

@@ -235,32 +235,28 @@ bool ib_link_push(tp_link *l)
 
 	if (l->state != LS_READY)
 		return false;
-	while (l->ctl_q != NULL) {
+	while (!klist_empty(&l->ctl_q)) {
 		bool sent;
-		send_cts(l, l->ctl_q, &sent);
+		tp_req *r = IB_REQ(l->ctl_q.next);
+		send_cts(l, r, &sent);
 		if (!sent)
 			break;
-		tp_req *r = l->ctl_q;
-		l->ctl_q = r->next;
-		if (l->ctl_q == NULL)
-			l->ctl_q_tail = NULL;
-		r->next = NULL;
+		klist_del(&r->node);
 		moved = true;
 	}
-	while (l->sends_eager != NULL && l->state == LS_READY) {
-		tp_req *r = l->sends_eager;
+	while (!klist_empty(&l->sends_eager) && l->state == LS_READY) {
+		tp_req *r = IB_REQ(l->sends_eager.next);
 		struct msg_hdr h = { .kind = MSG_EAGER, .comm = r->tag.comm, .seq = r->tag.seq,
 		                     .step = r->tag.step, .meta = r->tag.meta, .len = r->len };
 		if (!post_msg(l, &h, r->buf, r->len))
 			break;
-		l->sends_eager = r->next;
-		if (l->sends_eager == NULL)
-			l->sends_eager_tail = NULL;
-		r->next = NULL;
+		klist_del(&r->node);
 		ib_req_finish(r, KHOR_SUCCESS); /* copied into the slot: the buffer is free */
 		moved = true;
 	}
-	for (tp_req *r = l->sends_rdv; r != NULL && l->state == LS_READY; r = r->next) {
+	for (klist *n = l->sends_rdv.next; n != &l->sends_rdv && l->state == LS_READY;
+	     n = n->next) {
+		tp_req *r = IB_REQ(n);
 		if (!r->active || rdv_fully_posted(r))
 			continue;
 		int before = r->wr_out;
@@ -321,7 +317,8 @@ static void rdv_start(tp_link *l, tp_req *r, const struct msg_hdr *h)
 
 static void on_cts(tp_link *l, const struct msg_hdr *h)
 {
-	for (tp_req *r = l->sends_rdv; r != NULL; r = r->next) {
+	for (klist *n = l->sends_rdv.next; n != &l->sends_rdv; n = n->next) {
+		tp_req *r = IB_REQ(n);
 		if (!r->active && tag_is(h, r->tag)) {
 			rdv_start(l, r, h);
 			return;
@@ -343,7 +340,7 @@ static void on_cts(tp_link *l, const struct msg_hdr *h)
 /* An eager message for receive r (data: its payload). */
 static void eager_deliver(tp_link *l, tp_req *r, const struct msg_hdr *h, const uint8_t *data)
 {
-	ib_list_remove(&l->recvs, NULL, r);
+	ib_req_unlink(r);
 	if (!check_match(l, r, h, "message")) {
 		ib_req_finish(r, l->err.status);
 		return;
@@ -361,7 +358,8 @@ static void on_eager(tp_link *l, struct slot *s, const struct msg_hdr *h, bool *
 		          (unsigned long long)h->len, IB_EAGER_MAX);
 		return;
 	}
-	for (tp_req *r = l->recvs; r != NULL; r = r->next) {
+	for (klist *n = l->recvs.next; n != &l->recvs; n = n->next) {
+		tp_req *r = IB_REQ(n);
 		if (tag_is(h, r->tag)) {
 			eager_deliver(l, r, h, s->mem + IB_HDR_BYTES);
 			return;
@@ -389,11 +387,7 @@ static void on_eager(tp_link *l, struct slot *s, const struct msg_hdr *h, bool *
 		u->held = s; /* the slot stays ours until a receive takes it: back-pressure */
 		*keep_slot = true;
 	}
-	if (l->uq_tail != NULL)
-		l->uq_tail->next = u;
-	else
-		l->uq = u;
-	l->uq_tail = u;
+	klist_add_tail(&l->uq, &u->node);
 }
 
 static void on_recv_slot(tp_link *l, struct slot *s, uint32_t byte_len, bool with_imm,
@@ -534,7 +528,7 @@ static void on_wc(tp_link *l, const struct ibv_wc *wc)
 			return;
 		}
 		if (r->wr_out == 0 && !r->done && rdv_fully_posted(r)) {
-			ib_list_remove(&l->sends_rdv, NULL, r);
+			ib_req_unlink(r);
 			ib_req_finish(r, KHOR_SUCCESS);
 		}
 		return;
@@ -593,19 +587,14 @@ khor_status ib_isend_locked(tp_link *l, const void *buf, size_t len, tp_tag tag,
 	r->len = len;
 	r->tag = tag;
 	if (len <= IB_EAGER_MAX) {
-		if (l->sends_eager_tail != NULL)
-			l->sends_eager_tail->next = r;
-		else
-			l->sends_eager = r;
-		l->sends_eager_tail = r;
+		klist_add_tail(&l->sends_eager, &r->node);
 	} else {
 		r->rdv = true;
 		if ((st = ib_req_keys(r, mr, 0, err)) != KHOR_SUCCESS) {
 			ib_req_release(r);
 			goto out;
 		}
-		r->next = l->sends_rdv;
-		l->sends_rdv = r;
+		klist_add_head(&l->sends_rdv, &r->node);
 		for (int i = 0; i < l->ncts_early; i++) {
 			if (tag_is(&l->cts_early[i], tag)) {
 				struct msg_hdr h = l->cts_early[i];
@@ -638,16 +627,11 @@ khor_status ib_irecv_locked(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr
 	r->tag = tag;
 	*req_out = r;
 	/* A message that came early is delivered even when the link died since. */
-	struct unexp *prev = NULL;
-	for (struct unexp *u = l->uq; u != NULL; prev = u, u = u->next) {
+	for (klist *n = l->uq.next; n != &l->uq; n = n->next) {
+		struct unexp *u = KLIST_ENTRY(n, struct unexp, node);
 		if (!tag_is(&u->hdr, tag))
 			continue;
-		if (prev == NULL)
-			l->uq = u->next;
-		else
-			prev->next = u->next;
-		if (l->uq_tail == u)
-			l->uq_tail = prev;
+		klist_del(n);
 		if (len > IB_EAGER_MAX) {
 			r->rdv = true;
 			check_match(l, r, &u->hdr, "message");
@@ -697,20 +681,12 @@ khor_status ib_irecv_locked(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr
 		l->rdv_gen++;
 		r->rdv_id = (uint32_t)idx | (l->rdv_gen << 6);
 		l->rdv[idx] = r;
-		if (l->ctl_q_tail != NULL)
-			l->ctl_q_tail->next = r;
-		else
-			l->ctl_q = r;
-		l->ctl_q_tail = r;
+		klist_add_tail(&l->ctl_q, &r->node);
 	}
 	/* Eager receives wait in recvs, in posting order; rendezvous ones are found through
-	 * l->rdv (their ->next serves ctl_q until the CTS is out). */
-	if (!r->rdv) {
-		tp_req **pp = &l->recvs;
-		while (*pp != NULL)
-			pp = &(*pp)->next;
-		*pp = r;
-	}
+	 * l->rdv (their node serves ctl_q until the CTS is out). */
+	if (!r->rdv)
+		klist_add_tail(&l->recvs, &r->node);
 pushed:
 	if (ib_link_push(l))
 		tp_skel_moved(&ctx->sk);
