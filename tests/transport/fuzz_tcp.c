@@ -43,7 +43,7 @@ static void fuzz_handshake(const uint8_t *d, size_t n, int sv[2])
 
 	CHECK(s != NULL);
 	kstrlcpy(s->peer_str, "fuzzer", sizeof(s->peer_str));
-	hs_expect(s, sizeof(hs_hello));
+	tcp_hs_expect(s, sizeof(hs_hello));
 	if (n > 0 && write(sv[1], d, n) < 0)
 		return;
 	shutdown(sv[1], SHUT_WR);
@@ -56,7 +56,7 @@ static void fuzz_handshake(const uint8_t *d, size_t n, int sv[2])
 		if (ctx->incoming[r] != NULL)
 			CHECK(ctx->incoming[r]->nready == 0 || ctx->incoming[r]->err.status == 0);
 	if (s->state != SS_DEAD)
-		sock_close_fd(s);
+		tcp_sock_close_fd(s);
 	if (s->link != NULL)
 		s->link->socks[s->idx] = NULL;
 	s->link = NULL;
@@ -100,7 +100,7 @@ static void fuzz_frames(const uint8_t *d, size_t n, int sv[2])
 		tcp_cancel(ra);
 	if (tcp_test(rb, &done, &e) == KHOR_SUCCESS && !done)
 		tcp_cancel(rb);
-	sock_close_fd(s);
+	tcp_sock_close_fd(s);
 	s->link = NULL;
 	sweep(ctx);
 	free(l);

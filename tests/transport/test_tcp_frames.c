@@ -47,7 +47,7 @@ static void rig_down(struct rig *g)
 {
 	for (int i = 0; i < g->nreqs; i++)
 		tcp_cancel(g->reqs[i]);
-	sock_close_fd(g->s);
+	tcp_sock_close_fd(g->s);
 	close(g->peer_fd);
 	tcp_destroy(g->ctx); /* frees the socket and the requests, not our link */
 	free(g->l);

@@ -50,6 +50,8 @@
  * wrong job, wrong secret, wrong target rank, impossible socket count) is refused and logged,
  * and the listener goes on serving the real ranks.
  *
+ * The handshake is tcp_hs.c's, the choice among the peer's addresses tcp_dial.c's (tcp_int.h).
+ *
  * Sockets are registered edge-triggered; rd_ready/wr_ready remember readiness until a call
  * returns EAGAIN, so no syscall is made on a socket that cannot move bytes.
  *
@@ -65,14 +67,10 @@
  * timeout passed; the error then names each address and why it failed. With one address
  * or a first address on a shared subnet this is exactly one connect per socket, as before.
  */
-#include "transport/transport.h"
+#include "tcp_int.h"
 
-#include "transport/handshake.h"
-#include "transport/skel.h"
-#include "base/list.h"
 #include "base/log.h"
 #include "base/sleeper.h"
-#include "base/sock.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -85,188 +83,14 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
-
-#define TCP_FRAME_MAGIC 0x4d52464bu
-/* 2: 64-byte frame headers, frames padded to 64 bytes; 3: rendezvous; 4: the shared
- * handshake of handshake.h */
-#define TCP_VERSION 4
-#define TCP_FRAME_ALIGN 64
-#define TCP_MAX_SOCKS 16
-/* Bytes of unexpected frames a link holds before it leaves the rest in the kernel. */
-#define TCP_UNEXPECTED_MAX (8u << 20)
-/* Chunks above this go by rendezvous; below, they go at once (eager). */
-#define TCP_EAGER_MAX (1u << 20)
-/*
- * How long one of several addresses of a peer may stay silent before the next is tried
- * (doubled on every pass over the list). Long enough for one lost SYN (retransmitted after
- * 1 s) on a loaded but working network; an address on a dead subnet otherwise costs an ARP
- * timeout (3 s) or a full SYN back-off (over 2 minutes).
- */
-#define TCP_ATTEMPT_MS 1500
-
-enum frame_kind { FRAME_EAGER = 0, FRAME_RTS = 1, FRAME_CTS = 2, FRAME_DATA = 3 };
-
-/* The HELLO's aux words (handshake.h): which socket of how many this connection is. */
-enum { TCP_AUX_SOCK_IDX = 0, TCP_AUX_NSOCKS = 1 };
-
-struct frame_hdr {
-	uint32_t magic;
-	uint32_t comm;
-	uint32_t seq;
-	uint32_t step;
-	uint32_t meta; /* what the sender is doing (collective, dtype, op); must match */
-	uint32_t kind; /* enum frame_kind */
-	uint64_t total_len;
-	uint64_t chunk_len;
-	uint8_t reserved[24]; /* zero; rounds the header up to TCP_FRAME_ALIGN */
-};
-_Static_assert(sizeof(struct frame_hdr) == TCP_FRAME_ALIGN, "the frame header is one unit");
-
-/* Zeros after a payload of len bytes, so that the next header starts on the alignment. */
-static inline uint32_t frame_pad(uint64_t len)
-{
-	return (uint32_t)(-len & (TCP_FRAME_ALIGN - 1));
-}
-
 static const uint8_t frame_zeros[TCP_FRAME_ALIGN];
 
-enum sock_state {
-	SS_CONNECTING,  /* connector: waiting for connect() to finish */
-	SS_HS_CONN,     /* connector: handshake in progress */
-	SS_HS_ACC,      /* acceptor: handshake in progress */
-	SS_DATA,        /* carrying frames */
-	SS_DEAD
-};
-
-/* One chunk of a request, queued on one socket. */
-struct chunk {
-	klist node;        /* on one of its socket's queues: sq, rq, rts_wait or rdv_wait */
-	tp_req *req;
-	uint8_t *buf;
-	uint64_t len;
-	uint64_t done;   /* payload bytes moved */
-	uint32_t hdr_done; /* header bytes sent (send side) */
-	uint32_t pad_left; /* padding bytes still to send (send side) */
-	bool ctl;          /* a CTS of ours, freed once sent (req NULL) */
-	struct frame_hdr hdr;
-};
-
-/*
- * A frame read before its receive was posted (see the top of the file): ch holds its header
- * and a heap copy of its payload, with ch.req NULL; want is the receive that claimed it
- * while the payload was still arriving.
- */
-struct uframe {
-	struct chunk ch;
-	klist node; /* on its socket's uq */
-	struct chunk *want;
-	bool complete;
-};
-
-struct tp_req {
-	tp_link *link;
-	int nchunks;
-	int chunks_done;
-	bool is_send;
-	struct chunk chunks[TCP_MAX_SOCKS];
-};
-
-struct tsock {
-	int fd;
-	int idx;
-	enum sock_state state;
-	tp_link *link;        /* NULL for an acceptor socket before its HELLO arrived */
-	tp_ctx *ctx;
-	bool rd_ready, wr_ready;
-	kdeadline hs_deadline;
-	char peer_str[64];    /* address of the other end, for messages */
-	/* handshake buffers */
-	uint8_t hs_out[128];
-	uint32_t hs_out_len, hs_out_off;
-	uint8_t hs_in[128];
-	uint32_t hs_in_need, hs_in_got;
-	int hs_phase;
-	hs_hello hello;        /* the HELLO of this socket, kept for the MACs */
-	uint8_t nonce_s[KAUTH_NONCE_LEN];
-	klist sq;             /* chunks to send, in order */
-	klist rq;             /* posted receives (matched by tag), newest first */
-	struct frame_hdr rhdr;
-	uint32_t rhdr_got;
-	uint32_t rskip;       /* padding of the last frame still to read and drop */
-	struct chunk *rcur;   /* chunk receiving the current payload */
-	bool parked;          /* rhdr complete but no matching receive yet */
-	klist uq;             /* frames read aside (struct uframe), in arrival order */
-	klist rts_wait;       /* our large sends whose RTS went out: waiting for a CTS */
-	klist rdv_wait;       /* our receives that sent a CTS: waiting for the DATA */
-	uint32_t e_off, e_len; /* unread bytes of the stream in ebuf */
-	uint8_t ebuf[8192];
-	klist node_all;       /* on ctx->all */
-};
-
-_Static_assert(sizeof(hs_hello) <= sizeof(((struct tsock *)0)->hs_in) &&
-               sizeof(hs_challenge) <= sizeof(((struct tsock *)0)->hs_out),
-               "a handshake message must fit the socket's buffers");
-
-/* A link we opened: the peer's addresses, in the order we try them, and how it went. */
-struct tcp_dial {
-	int n;
-	int cur;              /* the address the sockets are connecting to */
-	bool chosen;          /* a socket connected to addr[cur]: the link's address for good */
-	int round;            /* passes over the list so far */
-	bool soft;            /* an address of this pass timed out (rather than failed) */
-	kdeadline attempt_dl; /* when addr[cur] has had its time */
-	kdeadline deadline;   /* when the whole link has (the handshake timeout) */
-	klist node;           /* on ctx->dialing while the address is not settled */
-	tp_link *link;
-	ksockaddr addr[KSOCK_MAX_CANDS];
-	char str[KSOCK_MAX_CANDS][64];
-	char why[KSOCK_MAX_CANDS][96];  /* why it is tried where it is, for the log */
-	char fail[KSOCK_MAX_CANDS][96]; /* its last failure, "" if none */
-};
-
-struct tp_link {
-	tp_ctx *ctx;
-	int peer;
-	int nsocks;
-	int nready;
-	bool claimed;         /* acceptor side: handed out by accept() */
-	char peer_addr[TP_ADDR_MAX];
-	struct tsock *socks[TCP_MAX_SOCKS];
-	kerr err;             /* first error; sticky */
-	int pending;          /* requests posted and not finished */
-	uint64_t ubytes;      /* payload bytes of the sockets' unexpected frames */
-	struct tcp_dial *dial; /* links we opened; NULL for accepted ones */
-};
-
-struct tp_ctx {
-	tp_skel sk;           /* first: the lock, the sleeper, the request pool (skel.h) */
-	int rank, size;
-	hs_self hs;           /* who we are in handshakes; its secret is ours below */
-	char *secret;
-	int nsocks;
-	uint64_t min_stripe;
-	int bufsize;
-	int64_t hs_timeout_ms;
-	int epfd;
-	int listen_fd;
-	char addr[TP_ADDR_MAX]; /* the published list, best first */
-	bool spec_set;        /* KHOR_SOCKET_IFNAME chose the address */
-	ksock_iface *mine;    /* this host's addresses, to order a peer's */
-	int nmine;
-	klist dialing;        /* struct tcp_dial of links whose address is not settled yet */
-	tp_link **incoming;   /* [size]: links opened to us, by peer rank */
-	tp_link **outgoing;   /* [size]: links we opened */
-	klist all;            /* every socket (struct tsock), for progress and cleanup */
-	uint32_t recv_comm, recv_seq; /* the call of the last receive posted */
-	const tp_meta_rules *meta;
-};
-
-static void sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
+void tcp_sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
 /* ---- small helpers ------------------------------------------------------------------- */
 
-static const char *errstr(int e)
+const char *tcp_errstr(int e)
 {
 	static __thread char buf[128];
 	return kerr_errno_str(e, buf, sizeof(buf));
@@ -293,10 +117,10 @@ static uint64_t chunk_len(uint64_t len, int nchunks, int i, uint64_t *off)
 	return i == nchunks - 1 ? len - per * (uint64_t)(nchunks - 1) : per;
 }
 
-static void link_fail(tp_link *l, khor_status st, const char *fmt, ...)
+void tcp_link_fail(tp_link *l, khor_status st, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
-static void link_fail(tp_link *l, khor_status st, const char *fmt, ...)
+void tcp_link_fail(tp_link *l, khor_status st, const char *fmt, ...)
 {
 	char who[TP_ADDR_MAX + 64];
 	va_list ap;
@@ -310,7 +134,7 @@ static void link_fail(tp_link *l, khor_status st, const char *fmt, ...)
 	va_end(ap);
 }
 
-static void sock_close_fd(struct tsock *s)
+void tcp_sock_close_fd(struct tsock *s)
 {
 	if (s->fd >= 0) {
 		epoll_ctl(s->ctx->epfd, EPOLL_CTL_DEL, s->fd, NULL);
@@ -320,7 +144,7 @@ static void sock_close_fd(struct tsock *s)
 	s->state = SS_DEAD;
 }
 
-static void sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
+void tcp_sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
 {
 	char what[KERR_TEXT_MAX];
 	va_list ap;
@@ -329,8 +153,8 @@ static void sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
 	vsnprintf(what, sizeof(what), fmt, ap);
 	va_end(ap);
 	if (s->link != NULL)
-		link_fail(s->link, st, "socket %d of %d: %s", s->idx + 1, s->link->nsocks, what);
-	sock_close_fd(s);
+		tcp_link_fail(s->link, st, "socket %d of %d: %s", s->idx + 1, s->link->nsocks, what);
+	tcp_sock_close_fd(s);
 }
 
 #define CHUNK(n) KLIST_ENTRY(n, struct chunk, node)
@@ -361,7 +185,7 @@ static struct tsock *sock_alloc(tp_ctx *ctx)
 }
 
 /* Gives s the socket fd (in state st) and registers it; false (errno set) if epoll refuses. */
-static bool sock_attach(struct tsock *s, int fd, enum sock_state st)
+bool tcp_sock_attach(struct tsock *s, int fd, enum sock_state st)
 {
 	struct epoll_event ev;
 
@@ -386,7 +210,7 @@ static struct tsock *sock_new(tp_ctx *ctx, int fd, enum sock_state st)
 
 	if (s == NULL)
 		return NULL;
-	if (!sock_attach(s, fd, st)) {
+	if (!tcp_sock_attach(s, fd, st)) {
 		klist_del(&s->node_all);
 		free(s);
 		return NULL;
@@ -403,417 +227,6 @@ static void sock_peer_str(struct tsock *s)
 		ksock_addr_str(&a, s->peer_str, sizeof(s->peer_str));
 	else
 		kstrlcpy(s->peer_str, "?", sizeof(s->peer_str));
-}
-
-/* ---- finding the peer's address (see the top of the file) ------------------------------ */
-
-/* Starts a non-blocking connect to a; 0, or the errno of a failure seen at once. */
-static int dial_fd(tp_ctx *ctx, const ksockaddr *a, int *fd_out)
-{
-	int fd = socket(a->ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-
-	if (fd < 0)
-		return errno;
-	ksock_tune_stream(fd, ctx->bufsize);
-	if (connect(fd, (const struct sockaddr *)&a->ss, a->len) < 0 && errno != EINPROGRESS) {
-		int e = errno;
-		close(fd);
-		return e;
-	}
-	*fd_out = fd;
-	return 0;
-}
-
-static void dial_unlist(tp_link *l)
-{
-	klist_del(&l->dial->node);
-}
-
-/* Every address failed: the link's error names each one and why. */
-static void dial_give_up(tp_link *l)
-{
-	struct tcp_dial *d = l->dial;
-	char list[KERR_TEXT_MAX];
-	size_t off = 0;
-
-	for (int i = 0; i < d->n && off < sizeof(list); i++)
-		off += (size_t)snprintf(list + off, sizeof(list) - off, "%s%s (%s): %s",
-		                        i ? "; " : "", d->str[i], d->why[i],
-		                        d->fail[i][0] ? d->fail[i] : "not tried before the deadline");
-	dial_unlist(l);
-	link_fail(l, KHOR_ERR_REMOTE, "no address of rank %d answered after %d attempt(s) each: "
-	          "%s. %s", l->peer, d->round + 1, list,
-	          l->ctx->spec_set ? "KHOR_SOCKET_IFNAME chose these addresses on every host: do "
-	                             "the hosts share that network? Unset it to let khor choose, "
-	                             "or name another interface or CIDR"
-	                           : "Do the hosts share a network? KHOR_SOCKET_IFNAME, an "
-	                             "interface name or a CIDR such as 198.19.10.0/24, names the "
-	                             "one to use");
-	for (int k = 0; k < l->nsocks; k++)
-		if (l->socks[k] != NULL)
-			sock_close_fd(l->socks[k]);
-}
-
-/*
- * Points every socket of the link at addr[cur]; 0, or the errno of a failure seen at once
- * (then the caller moves on). The sockets keep their objects, and so the requests already
- * queued on them; only the fd is new.
- */
-static int dial_start(tp_link *l)
-{
-	struct tcp_dial *d = l->dial;
-	tp_ctx *ctx = l->ctx;
-	int64_t ms = (int64_t)TCP_ATTEMPT_MS << (d->round < 8 ? d->round : 8);
-
-	for (int k = 0; k < l->nsocks; k++) {
-		struct tsock *s = l->socks[k];
-		int fd = -1, e;
-		if (s->fd >= 0) {
-			epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, s->fd, NULL);
-			close(s->fd);
-			s->fd = -1;
-		}
-		s->state = SS_DEAD;
-		if ((e = dial_fd(ctx, &d->addr[d->cur], &fd)) != 0)
-			return e;
-		if (!sock_attach(s, fd, SS_CONNECTING)) {
-			e = errno;
-			close(fd);
-			return e;
-		}
-		kstrlcpy(s->peer_str, d->str[d->cur], sizeof(s->peer_str));
-	}
-	/* One address: all the handshake's time is its own, as before. */
-	if (d->n == 1 || kdeadline_left_ms(d->deadline, INT32_MAX) < ms)
-		d->attempt_dl = d->deadline;
-	else
-		d->attempt_dl = kdeadline_in_ms(ms);
-	return 0;
-}
-
-/* The attempt on addr[cur] failed (why; timed_out: it did not answer): on to the next. */
-static void dial_next(tp_link *l, const char *why, bool timed_out)
-{
-	struct tcp_dial *d = l->dial;
-	char buf[96];
-
-	for (;;) {
-		kstrlcpy(d->fail[d->cur], why, sizeof(d->fail[d->cur]));
-		KLOG_DEBUG("tcp: rank %d at %s: %s", l->peer, d->str[d->cur], why);
-		d->soft |= timed_out;
-		if (++d->cur == d->n) {
-			/* Only a pass with a silent address is worth repeating: a refusal or a missing
-			 * route does not change within a job's start. */
-			if (!d->soft || kdeadline_passed(d->deadline)) {
-				d->cur = d->n - 1;
-				dial_give_up(l);
-				return;
-			}
-			d->round++;
-			d->cur = 0;
-			d->soft = false;
-		}
-		int e = dial_start(l);
-		if (e == 0)
-			return;
-		why = kerr_errno_str(e, buf, sizeof(buf));
-		timed_out = false;
-	}
-}
-
-/* A socket connected to addr[cur]: that is the link's address from now on. */
-static void dial_chosen(tp_link *l)
-{
-	struct tcp_dial *d = l->dial;
-
-	d->chosen = true;
-	kstrlcpy(l->peer_addr, d->str[d->cur], sizeof(l->peer_addr));
-	dial_unlist(l);
-}
-
-/* Whether a connecting socket has really connected (a stale epoll event of the socket's
- * earlier fd may say it is writable). */
-static bool sock_connected(const struct tsock *s)
-{
-	struct sockaddr_storage ss;
-	socklen_t sl = sizeof(ss);
-
-	return getpeername(s->fd, (struct sockaddr *)&ss, &sl) == 0;
-}
-
-/* Gives the address being tried its time: when it is up, the next one gets its turn. */
-static void dial_tick(tp_ctx *ctx)
-{
-	klist *n, *next;
-
-	KLIST_FOREACH_SAFE(n, next, &ctx->dialing) {
-		struct tcp_dial *d = KLIST_ENTRY(n, struct tcp_dial, node);
-		tp_link *l = d->link;
-		char why[96];
-		if (!kdeadline_passed(d->attempt_dl))
-			continue;
-		bool up = false;
-		for (int k = 0; k < l->nsocks && !up; k++)
-			if (l->socks[k]->state == SS_CONNECTING && sock_connected(l->socks[k])) {
-				l->socks[k]->wr_ready = true; /* hs_drive takes it from here */
-				up = true;
-			}
-		if (up)
-			continue;
-		snprintf(why, sizeof(why), "no answer within %lld ms",
-		         (long long)((int64_t)TCP_ATTEMPT_MS << (d->round < 8 ? d->round : 8)));
-		if (d->n == 1 || kdeadline_passed(d->deadline))
-			snprintf(why, sizeof(why), "no answer within %lld ms (the handshake timeout)",
-			         (long long)ctx->hs_timeout_ms);
-		dial_next(l, why, true);
-	}
-}
-
-/* ---- handshake --------------------------------------------------------------------- */
-
-static void hs_expect(struct tsock *s, uint32_t n)
-{
-	s->hs_in_need = n;
-	s->hs_in_got = 0;
-}
-
-static void hs_queue(struct tsock *s, const void *p, uint32_t n)
-{
-	memcpy(s->hs_out, p, n);
-	s->hs_out_len = n;
-	s->hs_out_off = 0;
-}
-
-static void link_sock_ready(tp_link *l, struct tsock *s)
-{
-	s->state = SS_DATA;
-	s->rd_ready = true;
-	s->wr_ready = true;
-	l->nready++;
-	if (l->nready == l->nsocks)
-		KLOG_DEBUG("link to rank %d (%s) ready with %d socket(s)", l->peer, l->peer_addr,
-		           l->nsocks);
-}
-
-/* Best effort: a refused peer hears why (or a connector's failed proof is seen), then goes. */
-static void hs_send_last(struct tsock *s, const void *msg, size_t len)
-{
-	if (send(s->fd, msg, len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
-		/* nothing more to do for a refused peer */
-	}
-}
-
-/* Acceptor got a complete HELLO: check it (handshake.h, then our aux words). */
-static void hs_acc_hello(struct tsock *s)
-{
-	tp_ctx *ctx = s->ctx;
-	hs_hello *h = &s->hello;
-	hs_challenge c;
-	uint32_t status;
-
-	memcpy(h, s->hs_in, sizeof(*h));
-	status = hs_hello_check(&ctx->hs, h);
-	if (status == HS_NOT_KHOR) {
-		KLOG_WARN("refused connection from %s: bad magic 0x%08x (not a khor peer)",
-		          s->peer_str, h->magic);
-		sock_close_fd(s);
-		return;
-	}
-	if (status == HS_OK &&
-	    (h->aux[TCP_AUX_NSOCKS] < 1 || h->aux[TCP_AUX_NSOCKS] > TCP_MAX_SOCKS ||
-	     h->aux[TCP_AUX_SOCK_IDX] >= h->aux[TCP_AUX_NSOCKS]))
-		status = HS_BAD_PARAMS;
-	if (status != HS_OK) {
-		KLOG_WARN("refused connection from %s (claims rank %d of job '%s', protocol %u): %s",
-		          s->peer_str, h->from_rank, h->job_id, h->version,
-		          status == HS_BAD_PARAMS ? "impossible socket index or count"
-		                                  : hs_status_str(status));
-		hs_refusal(status, &c);
-		hs_send_last(s, &c, sizeof(c));
-		sock_close_fd(s);
-		return;
-	}
-	hs_challenge_make(&ctx->hs, h, 0, s->nonce_s, &c);
-	hs_queue(s, &c, sizeof(c));
-	hs_expect(s, sizeof(hs_proof));
-	s->hs_phase = 1;
-}
-
-/* Acceptor got the PROOF: check it and attach the socket to the peer's link. */
-static void hs_acc_proof(struct tsock *s)
-{
-	tp_ctx *ctx = s->ctx;
-	hs_hello *h = &s->hello;
-	int nsocks = (int)h->aux[TCP_AUX_NSOCKS], idx = (int)h->aux[TCP_AUX_SOCK_IDX];
-	hs_proof p;
-	hs_result r;
-	tp_link *l;
-
-	memcpy(&p, s->hs_in, sizeof(p));
-	if (!hs_proof_check(&ctx->hs, h, s->nonce_s, &p)) {
-		KLOG_WARN("refused connection from %s (claims rank %d of job '%s'): it failed the "
-		          "job secret check (a stranger, or its KHOR_SECRET differs)",
-		          s->peer_str, h->from_rank, h->job_id);
-		hs_result_make(HS_BAD_AUTH, 0, &r);
-		hs_send_last(s, &r, sizeof(r));
-		sock_close_fd(s);
-		return;
-	}
-	l = ctx->incoming[h->from_rank];
-	if (l == NULL) {
-		l = calloc(1, sizeof(*l));
-		if (l == NULL) {
-			sock_close_fd(s);
-			return;
-		}
-		l->ctx = ctx;
-		l->peer = h->from_rank;
-		l->nsocks = nsocks;
-		kstrlcpy(l->peer_addr, s->peer_str, sizeof(l->peer_addr));
-		ctx->incoming[h->from_rank] = l;
-	}
-	if (nsocks != l->nsocks || l->socks[idx] != NULL) {
-		KLOG_WARN("refused connection from %s (rank %d, socket %d): duplicate or "
-		          "inconsistent socket count", s->peer_str, h->from_rank, idx);
-		hs_result_make(HS_DUPLICATE, 0, &r);
-		hs_send_last(s, &r, sizeof(r));
-		sock_close_fd(s);
-		return;
-	}
-	s->link = l;
-	s->idx = idx;
-	l->socks[s->idx] = s;
-	hs_result_make(HS_OK, 0, &r);
-	hs_queue(s, &r, sizeof(r));
-	s->hs_phase = 2; /* finish sending RESULT, then data */
-	hs_expect(s, 0);
-}
-
-static void hs_conn_challenge(struct tsock *s)
-{
-	hs_challenge c;
-	hs_proof p;
-	kerr e;
-	khor_status st;
-
-	memcpy(&c, s->hs_in, sizeof(c));
-	st = hs_challenge_check(&s->ctx->hs, &s->hello, &c, 0, &p, &e);
-	if (st != KHOR_SUCCESS) {
-		/* An acceptor that failed to prove the secret gets a proof that cannot pass, so
-		 * that it logs a secret mismatch rather than a connection that went away. */
-		if (c.magic == HS_MAGIC && c.status == HS_OK)
-			hs_send_last(s, &p, sizeof(p));
-		sock_fail(s, st, "%s", e.text);
-		return;
-	}
-	hs_queue(s, &p, sizeof(p));
-	hs_expect(s, sizeof(hs_result));
-	s->hs_phase = 1;
-}
-
-static void hs_conn_result(struct tsock *s)
-{
-	hs_result r;
-	kerr e;
-	khor_status st;
-
-	memcpy(&r, s->hs_in, sizeof(r));
-	st = hs_result_check(&r, &e);
-	if (st != KHOR_SUCCESS) {
-		sock_fail(s, st, "%s", e.text);
-		return;
-	}
-	link_sock_ready(s->link, s);
-}
-
-/* Moves handshake bytes; returns true if the socket changed state or moved bytes. */
-static bool hs_drive(struct tsock *s)
-{
-	bool moved = false;
-
-	if (s->state == SS_CONNECTING) {
-		int e = 0;
-		socklen_t sl = sizeof(e);
-		if (!s->wr_ready)
-			return false;
-		getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &e, &sl);
-		if (e == EINPROGRESS || e == EALREADY)
-			return false;
-		if (e == 0 && !sock_connected(s)) {
-			s->wr_ready = false; /* still connecting */
-			return false;
-		}
-		if (e != 0) {
-			if (s->link->dial != NULL && !s->link->dial->chosen)
-				dial_next(s->link, errstr(e), false);
-			else
-				sock_fail(s, KHOR_ERR_REMOTE, "connect: %s", errstr(e));
-			return true;
-		}
-		if (s->link->dial != NULL && !s->link->dial->chosen)
-			dial_chosen(s->link);
-		s->state = SS_HS_CONN;
-		hs_queue(s, &s->hello, sizeof(s->hello));
-		hs_expect(s, sizeof(hs_challenge));
-		s->hs_phase = 0;
-		moved = true;
-	}
-	for (;;) {
-		if (s->state != SS_HS_CONN && s->state != SS_HS_ACC)
-			return moved;
-		if (s->hs_out_off < s->hs_out_len) {
-			ssize_t n = send(s->fd, s->hs_out + s->hs_out_off, s->hs_out_len - s->hs_out_off,
-			                 MSG_NOSIGNAL);
-			if (n < 0) {
-				if (errno == EAGAIN || errno == EINTR) {
-					s->wr_ready = errno == EINTR;
-					return moved;
-				}
-				if (s->state == SS_HS_ACC && s->link == NULL) {
-					KLOG_WARN("dropped connection from %s during handshake: %s",
-					          s->peer_str, errstr(errno));
-					sock_close_fd(s);
-				} else {
-					sock_fail(s, KHOR_ERR_REMOTE, "handshake send: %s", errstr(errno));
-				}
-				return true;
-			}
-			s->hs_out_off += (uint32_t)n;
-			moved = true;
-			continue;
-		}
-		if (s->state == SS_HS_ACC && s->hs_phase == 2) {
-			link_sock_ready(s->link, s);
-			return true;
-		}
-		if (s->hs_in_got < s->hs_in_need) {
-			ssize_t n = recv(s->fd, s->hs_in + s->hs_in_got, s->hs_in_need - s->hs_in_got, 0);
-			if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-				const char *why = n == 0 ? "connection closed" : errstr(errno);
-				if (s->state == SS_HS_ACC && s->link == NULL) {
-					KLOG_WARN("dropped connection from %s during handshake: %s",
-					          s->peer_str, why);
-					sock_close_fd(s);
-				} else {
-					sock_fail(s, KHOR_ERR_REMOTE, "handshake: %s", why);
-				}
-				return true;
-			}
-			if (n < 0) {
-				s->rd_ready = errno == EINTR;
-				return moved;
-			}
-			s->hs_in_got += (uint32_t)n;
-			moved = true;
-			if (s->hs_in_got < s->hs_in_need)
-				continue;
-		}
-		if (s->state == SS_HS_ACC)
-			s->hs_phase == 0 ? hs_acc_hello(s) : hs_acc_proof(s);
-		else
-			s->hs_phase == 0 ? hs_conn_challenge(s) : hs_conn_result(s);
-		moved = true;
-	}
 }
 
 /* ---- data path ----------------------------------------------------------------------- */
@@ -910,7 +323,7 @@ static bool send_cts(struct tsock *s, struct chunk *c)
 	struct chunk *k = calloc(1, sizeof(*k));
 
 	if (k == NULL) {
-		sock_fail(s, KHOR_ERR_NO_MEMORY, "out of memory for a clear-to-send frame");
+		tcp_sock_fail(s, KHOR_ERR_NO_MEMORY, "out of memory for a clear-to-send frame");
 		return false;
 	}
 	k->ctl = true;
@@ -959,7 +372,7 @@ static bool send_drive(struct tsock *s)
 				s->wr_ready = false;
 				break;
 			}
-			sock_fail(s, KHOR_ERR_REMOTE, "send: %s%s", errstr(errno),
+			tcp_sock_fail(s, KHOR_ERR_REMOTE, "send: %s%s", tcp_errstr(errno),
 			          errno == EPIPE || errno == ECONNRESET
 			                  ? " (the peer process exited or closed the link)" : "");
 			return true;
@@ -1015,7 +428,7 @@ static bool frame_fits(struct tsock *s, const struct frame_hdr *h, const struct 
 	char b1[96], b2[96];
 
 	if (h->meta != c->hdr.meta) {
-		sock_fail(s, KHOR_ERR_PROTOCOL,
+		tcp_sock_fail(s, KHOR_ERR_PROTOCOL,
 		          "message (comm %u, seq %u, step %u) was sent by %s but this rank posted %s: "
 		          "the ranks called different collectives, dtypes/ops, algorithms or memory kinds",
 		          h->comm, h->seq, h->step, tp_meta_describe(s->ctx->meta, h->meta, b1, sizeof(b1)),
@@ -1023,7 +436,7 @@ static bool frame_fits(struct tsock *s, const struct frame_hdr *h, const struct 
 		return false;
 	}
 	if (h->total_len != c->hdr.total_len || h->chunk_len != c->len) {
-		sock_fail(s, KHOR_ERR_PROTOCOL,
+		tcp_sock_fail(s, KHOR_ERR_PROTOCOL,
 		          "message (comm %u, seq %u, step %u) is %llu bytes but the receive posted "
 		          "here is %llu bytes: the ranks disagree on count or dtype",
 		          h->comm, h->seq, h->step, (unsigned long long)h->total_len,
@@ -1053,7 +466,7 @@ static bool spill(struct tsock *s, bool rts)
 	}
 	if (u == NULL) {
 		if (rts)
-			sock_fail(s, KHOR_ERR_NO_MEMORY, "out of memory for an early request-to-send");
+			tcp_sock_fail(s, KHOR_ERR_NO_MEMORY, "out of memory for an early request-to-send");
 		return false;
 	}
 	u->ch.hdr = *h;
@@ -1084,7 +497,7 @@ static bool recv_match(struct tsock *s)
 		c = list_take(&s->rts_wait, h);
 		s->rhdr_got = 0;
 		if (c == NULL) {
-			sock_fail(s, KHOR_ERR_PROTOCOL, "clear-to-send for (comm %u, seq %u, step %u), "
+			tcp_sock_fail(s, KHOR_ERR_PROTOCOL, "clear-to-send for (comm %u, seq %u, step %u), "
 			          "which this rank never announced", h->comm, h->seq, h->step);
 			return false;
 		}
@@ -1099,7 +512,7 @@ static bool recv_match(struct tsock *s)
 	if (h->kind == FRAME_DATA) {
 		c = list_take(&s->rdv_wait, h);
 		if (c == NULL) {
-			sock_fail(s, KHOR_ERR_PROTOCOL, "data for (comm %u, seq %u, step %u), for which "
+			tcp_sock_fail(s, KHOR_ERR_PROTOCOL, "data for (comm %u, seq %u, step %u), for which "
 			          "this rank sent no clear-to-send", h->comm, h->seq, h->step);
 			return false;
 		}
@@ -1110,7 +523,7 @@ static bool recv_match(struct tsock *s)
 		return true;
 	}
 	if (h->kind != FRAME_EAGER && h->kind != FRAME_RTS) {
-		sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (kind %u)", h->kind);
+		tcp_sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (kind %u)", h->kind);
 		return false;
 	}
 	c = list_take(&s->rq, h);
@@ -1121,7 +534,7 @@ static bool recv_match(struct tsock *s)
 	if (c == NULL) {
 		c = sched_conflict(s->ctx, h);
 		if (c != NULL) {
-			sock_fail(s, KHOR_ERR_PROTOCOL,
+			tcp_sock_fail(s, KHOR_ERR_PROTOCOL,
 			          "message (comm %u, seq %u, step %u) was sent by %s but this rank posted "
 			          "%s for the same call: the ranks chose different algorithms", h->comm,
 			          h->seq, h->step, tp_meta_describe(s->ctx->meta, h->meta, b1, sizeof(b1)),
@@ -1183,11 +596,11 @@ static ssize_t eager_fill(struct tsock *s)
 		return 0;
 	}
 	if (n == 0)
-		sock_fail(s, KHOR_ERR_REMOTE, "connection closed by the peer while %s (the peer "
+		tcp_sock_fail(s, KHOR_ERR_REMOTE, "connection closed by the peer while %s (the peer "
 		          "process exited, crashed or closed the link)",
 		          s->rcur ? "receiving a message" : "waiting for a message");
 	else
-		sock_fail(s, KHOR_ERR_REMOTE, "receive: %s", errstr(errno));
+		tcp_sock_fail(s, KHOR_ERR_REMOTE, "receive: %s", tcp_errstr(errno));
 	return -1;
 }
 
@@ -1230,12 +643,12 @@ static bool recv_drive(struct tsock *s)
 			}
 			moved = true;
 			if (s->rhdr.magic != TCP_FRAME_MAGIC) {
-				sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (magic 0x%08x); "
+				tcp_sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (magic 0x%08x); "
 				          "closing the link", s->rhdr.magic);
 				return true;
 			}
 			if (s->rhdr.chunk_len > s->rhdr.total_len) {
-				sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (chunk of %llu "
+				tcp_sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (chunk of %llu "
 				          "bytes in a message of %llu)",
 				          (unsigned long long)s->rhdr.chunk_len,
 				          (unsigned long long)s->rhdr.total_len);
@@ -1261,9 +674,9 @@ static bool recv_drive(struct tsock *s)
 					s->rd_ready = false;
 					break;
 				}
-				sock_fail(s, KHOR_ERR_REMOTE, n == 0 ? "connection closed by the peer "
+				tcp_sock_fail(s, KHOR_ERR_REMOTE, n == 0 ? "connection closed by the peer "
 				          "while receiving a message (the peer process exited, crashed or "
-				          "closed the link)" : "receive: %s", errstr(errno));
+				          "closed the link)" : "receive: %s", tcp_errstr(errno));
 				return true;
 			}
 			c->done += (uint64_t)n;
@@ -1292,7 +705,7 @@ static bool sock_drive(struct tsock *s)
 	if (s->state == SS_DEAD)
 		return false;
 	if (s->state != SS_DATA) {
-		moved = hs_drive(s);
+		moved = tcp_hs_drive(s);
 		if (s->state != SS_DATA)
 			return moved;
 	} else {
@@ -1358,7 +771,7 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 		goto fail_free;
 	}
 	if (ctx->epfd < 0) {
-		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_create1: %s", errstr(errno));
+		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_create1: %s", tcp_errstr(errno));
 		goto fail_free;
 	}
 	st = ksock_listen(&local, 1024, &ctx->listen_fd, err);
@@ -1373,14 +786,14 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 		ctx->nmine = 0;
 	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
 	if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->listen_fd, &ev) < 0) {
-		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(listener): %s", errstr(errno));
+		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(listener): %s", tcp_errstr(errno));
 		goto fail_free;
 	}
 	if ((st = tp_skel_init(&ctx->sk, err)) != KHOR_SUCCESS)
 		goto fail_free;
 	ev = (struct epoll_event){ .events = EPOLLIN, .data.ptr = &ctx->sk.sl };
 	if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->sk.sl.wake_fd, &ev) < 0) {
-		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(eventfd): %s", errstr(errno));
+		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(eventfd): %s", tcp_errstr(errno));
 		goto fail_free;
 	}
 	/* The blob: every address with the listener's port, as many as fit; and, for the log,
@@ -1438,66 +851,6 @@ static const char *tcp_address(const tp_ctx *ctx)
 	return ctx->addr;
 }
 
-/* "198.19.10.1" of an address, without its port. */
-static const char *ip_str(const ksockaddr *a, char *buf, size_t len)
-{
-	char sub[64];
-
-	ksock_subnet_str(a, -1, sub, sizeof(sub)); /* the whole address: "ip/32" */
-	sub[strcspn(sub, "/")] = '\0';
-	kstrlcpy(buf, sub, len);
-	return buf;
-}
-
-/* The peer's addresses, in the order to dial them, each with why it is there. */
-static khor_status dial_plan(tp_ctx *ctx, int peer, const char *peer_addr, struct tcp_dial *d,
-                             kerr *err)
-{
-	ksockaddr got[KSOCK_MAX_CANDS];
-	int order[KSOCK_MAX_CANDS], via[KSOCK_MAX_CANDS];
-	enum ksock_reach kind[KSOCK_MAX_CANDS];
-	int n = ksock_parse_addr_list(peer_addr, got, KSOCK_MAX_CANDS);
-
-	if (n < 0) {
-		/* Not a list of numeric addresses: one "host:port" (a caller's own blob). */
-		char host[256];
-		uint16_t port;
-		if (!ksock_split_hostport(peer_addr, host, sizeof(host), &port))
-			return kerr_set(err, KHOR_ERR_PROTOCOL,
-			                "peer rank %d published a malformed address '%.64s'", peer,
-			                peer_addr);
-		khor_status st = ksock_resolve(host, port, &got[0], err);
-		if (st != KHOR_SUCCESS)
-			return st;
-		n = 1;
-	}
-	ksock_order_peer(got, n, ctx->mine, ctx->nmine, order, kind, via);
-	d->n = n;
-	for (int i = 0; i < n; i++) {
-		char ip[64];
-		const ksock_iface *m = via[i] >= 0 ? &ctx->mine[via[i]] : NULL;
-		d->addr[i] = got[order[i]];
-		ksock_addr_str(&d->addr[i], d->str[i], sizeof(d->str[i]));
-		switch (kind[i]) {
-		case KSOCK_REACH_LOCAL:
-			snprintf(d->why[i], sizeof(d->why[i]), "an address of this host");
-			break;
-		case KSOCK_REACH_SUBNET:
-			snprintf(d->why[i], sizeof(d->why[i]), "same subnet as %s/%d on %s",
-			         ip_str(&m->addr, ip, sizeof(ip)), m->prefix, m->name);
-			break;
-		case KSOCK_REACH_ROUTED:
-			snprintf(d->why[i], sizeof(d->why[i]), "on none of this host's subnets");
-			break;
-		case KSOCK_REACH_OWN:
-			snprintf(d->why[i], sizeof(d->why[i]), "also this host's own address on %s, "
-			         "tried last", m != NULL ? m->name : "?");
-			break;
-		}
-	}
-	return KHOR_SUCCESS;
-}
-
 static khor_status tcp_connect_locked(tp_ctx *ctx, int peer, const char *peer_addr,
                                   tp_link **link_out, kerr *err)
 {
@@ -1515,7 +868,7 @@ static khor_status tcp_connect_locked(tp_ctx *ctx, int peer, const char *peer_ad
 	if (d == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp connect: out of memory");
 	klist_init(&d->node);
-	if ((st = dial_plan(ctx, peer, peer_addr, d, err)) != KHOR_SUCCESS) {
+	if ((st = tcp_dial_plan(ctx, peer, peer_addr, d, err)) != KHOR_SUCCESS) {
 		free(d);
 		return st;
 	}
@@ -1533,7 +886,7 @@ static khor_status tcp_connect_locked(tp_ctx *ctx, int peer, const char *peer_ad
 	for (int i = 0; i < l->nsocks; i++) {
 		struct tsock *s = sock_alloc(ctx);
 		if (s == NULL) {
-			link_fail(l, KHOR_ERR_NO_MEMORY, "out of memory for socket %d", i + 1);
+			tcp_link_fail(l, KHOR_ERR_NO_MEMORY, "out of memory for socket %d", i + 1);
 			break;
 		}
 		s->fd = -1;
@@ -1549,9 +902,9 @@ static khor_status tcp_connect_locked(tp_ctx *ctx, int peer, const char *peer_ad
 		d->deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
 		d->link = l;
 		klist_add_head(&ctx->dialing, &d->node);
-		int e = dial_start(l);
+		int e = tcp_dial_start(l);
 		if (e != 0)
-			dial_next(l, errstr(e), false);
+			tcp_dial_next(l, tcp_errstr(e), false);
 	}
 	*link_out = l;
 	return KHOR_SUCCESS;
@@ -1696,7 +1049,7 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 				if (u->ch.hdr.comm != tag.comm || u->ch.hdr.seq != tag.seq ||
 				    !tp_meta_conflict(l->ctx->meta, u->ch.hdr.meta, tag.meta))
 					continue;
-				sock_fail(t, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was "
+				tcp_sock_fail(t, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was "
 				          "sent by %s but this rank posted %s for the same call: the ranks "
 				          "chose different algorithms", tag.comm, tag.seq, u->ch.hdr.step,
 				          tp_meta_describe(l->ctx->meta, u->ch.hdr.meta, b1, sizeof(b1)),
@@ -1790,14 +1143,14 @@ static void tcp_cancel_locked(tp_req *r)
 		}
 		if (started && (c->done < c->len ||
 		                (r->is_send && (c->hdr_done < sizeof(c->hdr) || c->pad_left > 0))))
-			link_fail(l, KHOR_ERR_INTERNAL, "a transfer was abandoned mid-message after an "
+			tcp_link_fail(l, KHOR_ERR_INTERNAL, "a transfer was abandoned mid-message after an "
 			          "earlier error; the link is closed");
 	}
 	req_unlink(r);
 	if (l->err.status != KHOR_SUCCESS)
 		for (int k = 0; k < l->nsocks; k++)
 			if (l->socks[k] != NULL)
-				sock_close_fd(l->socks[k]);
+				tcp_sock_close_fd(l->socks[k]);
 	l->pending--;
 	tp_skel_req_put(&l->ctx->sk, r);
 }
@@ -1812,7 +1165,7 @@ static void accept_new(tp_ctx *ctx)
 
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-				KLOG_WARN("accept on %s: %s", ctx->addr, errstr(errno));
+				KLOG_WARN("accept on %s: %s", ctx->addr, tcp_errstr(errno));
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
 			return;
@@ -1824,7 +1177,7 @@ static void accept_new(tp_ctx *ctx)
 			continue;
 		}
 		sock_peer_str(s);
-		hs_expect(s, sizeof(hs_hello));
+		tcp_hs_expect(s, sizeof(hs_hello));
 		s->hs_phase = 0;
 	}
 }
@@ -1844,9 +1197,9 @@ static void sweep(tp_ctx *ctx)
 				          s->peer_str, (long long)ctx->hs_timeout_ms);
 				if (s->link != NULL)
 					s->link->socks[s->idx] = NULL;
-				sock_close_fd(s);
+				tcp_sock_close_fd(s);
 			} else {
-				sock_fail(s, KHOR_ERR_TIMEOUT, "handshake did not finish within %lld ms",
+				tcp_sock_fail(s, KHOR_ERR_TIMEOUT, "handshake did not finish within %lld ms",
 				          (long long)ctx->hs_timeout_ms);
 			}
 		}
@@ -1864,7 +1217,7 @@ static bool drive_all(tp_ctx *ctx)
 	bool moved = false;
 
 	if (!klist_empty(&ctx->dialing))
-		dial_tick(ctx);
+		tcp_dial_tick(ctx);
 	FOR_EACH_SOCK(s, ctx)
 		moved |= sock_drive(s);
 	return moved;
@@ -1907,7 +1260,7 @@ static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ke
 			*moved_out = moved;
 		if (e == EINTR)
 			return KHOR_SUCCESS;
-		return kerr_set(err, KHOR_ERR_SYSTEM, "epoll_wait: %s", errstr(e));
+		return kerr_set(err, KHOR_ERR_SYSTEM, "epoll_wait: %s", tcp_errstr(e));
 	}
 	for (int i = 0; i < n; i++) {
 		struct tsock *s = evs[i].data.ptr;
@@ -1935,7 +1288,7 @@ static void tcp_destroy(tp_ctx *ctx)
 
 	KLIST_FOREACH_SAFE(n, next, &ctx->all) {
 		struct tsock *s = TSOCK(n);
-		sock_close_fd(s);
+		tcp_sock_close_fd(s);
 		sock_free_uq(s);
 		free(s);
 	}
