@@ -3,6 +3,8 @@
  * segment that both processes map, with a Unix-domain socket beside it for the handshake,
  * the wake-ups and the news of a peer's death.
  *
+ * How a link comes up (its segment, the handshake) is shm_link.c's; this file is the rings.
+ *
  * Setup. create() listens on an abstract-namespace Unix socket (SOCK_SEQPACKET) named
  * "khor-shm.<job hash>.<rank>.<pid>.<random>" and publishes "shm:<boot id>/<netns>:<name>",
  * so a peer on another host, or in another network namespace (where our abstract socket
@@ -61,7 +63,8 @@
  * finished a message checks the flag after a full fence and, if set, sends one byte.
  *
  * Threads: every op takes the instance's lock (the skeleton's, transport/skel.h); the
- * caller that sleeps in poll() lets go of it there, one such caller at a time (base/sleeper.h), with an eventfd in its poll set so
+ * caller that sleeps in poll() lets go of it there, one such caller at a time
+ * (base/sleeper.h), with an eventfd in its poll set so
  * that a thread which moved its bytes meanwhile can wake it. The ring is the link's bounded
  * queue of unexpected frames: records of one comm parked in it never hold up another
  * comm's records behind them, and a message whose receive is not posted yet sends at most
@@ -98,13 +101,8 @@
  * two merits, hence the option: only the receiver needs to run (a sender that computes or
  * lost its core does not hold the transfer up; in runs under heavier load CMA kept 3.5-4.3
  * GB/s at 16-64 MiB where the ring fell to 2.4-2.9), and it burns half the CPU.
- */
-#include "shm.h"
+ */#include "shm_int.h"
 
-#include "transport/handshake.h"
-#include "transport/skel.h"
-#include "base/auth.h"
-#include "base/list.h"
 #include "base/log.h"
 #include "base/sleeper.h"
 
@@ -124,189 +122,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define SHM_MAGIC 0x4d48534bu     /* "KSHM": the segment header */
-#define SHM_REC_MAGIC 0x43455253u /* "SREC": every ring record */
-#define SHM_VERSION 2             /* 2: the shared handshake of handshake.h */
-#define SHM_LINE 64
-/* Tunables; the -D overrides exist to measure other choices (see the numbers above). */
-#ifndef SHM_RING_BYTES
-#define SHM_RING_BYTES (1u << 20)   /* per direction; a power of two */
-#endif
-#ifndef SHM_PIECE_MAX
-#define SHM_PIECE_MAX (64u << 10)   /* payload of one eager record */
-#endif
-#define SHM_PIECE_MIN (4u << 10)    /* below this, wait for room instead of cutting finer */
-#define SHM_UNMATCHED_MAX (2 * SHM_PIECE_MAX) /* ring bytes of a message not matched yet */
-#ifndef SHM_EAGER_MAX
-#define SHM_EAGER_MAX (16u << 20)   /* larger messages go by CMA when the peer can read us */
-#endif
-#ifndef SHM_CMA_PIECE
-#define SHM_CMA_PIECE (2u << 20)    /* bytes read per process_vm_readv call */
-#endif
-#define SHM_CMA_SLOTS 64            /* CMA messages in flight per direction */
-#define SHM_CHECK_NS 1000000ull     /* a busy link's socket is looked at once per ms */
-#define SHM_RETRY_NS 5000000ull     /* connect retry interval while the peer starts */
-#define SHM_HS_MSG_MAX 256
 
-/* The HELLO's aux words (handshake.h): the ring size, and the address of the connector's
- * nonce_c for the CMA probe. */
-enum { SHM_AUX_RING_BYTES = 0, SHM_AUX_NONCE_ADDR = 1 };
-
-/* ---- what lives in the segment ------------------------------------------------------- */
-
-struct shm_line32 {
-	_Alignas(SHM_LINE) _Atomic uint32_t v;
-};
-
-/* One direction. Each counter has its own cache line: the producer writes tail, the
- * consumer writes head and done[], and neither should pull the other's line on a store. */
-struct shm_dir {
-	_Alignas(SHM_LINE) _Atomic uint64_t tail; /* producer: bytes ever written */
-	_Alignas(SHM_LINE) _Atomic uint64_t head; /* consumer: bytes ever released */
-	_Alignas(SHM_LINE) _Atomic uint64_t done[SHM_CMA_SLOTS]; /* consumer: msg id finished */
-};
-
-struct shm_seg {
-	uint32_t magic;
-	uint32_t version;
-	uint32_t ring_bytes;
-	uint32_t pad;
-	struct shm_line32 sleeping[2]; /* side s waits in poll(): ring its doorbell */
-	struct shm_line32 broken[2];   /* side s failed the link: stop trusting its buffers */
-	struct shm_dir dir[2];         /* dir[s] carries side s's messages */
-	char why[2][512];              /* side s's first error, written before broken[s] */
-};
-
-#define SHM_SEG_HDR ((sizeof(struct shm_seg) + 4095) & ~(size_t)4095)
-
-_Static_assert(offsetof(struct shm_seg, dir) == 320 && offsetof(struct shm_seg, why) == 1600 &&
-               SHM_SEG_HDR == 4096,
-               "the segment drawing at the top of this file is out of date");
-
-enum rec_kind { REC_DATA = 1, REC_RTS = 2, REC_WRAP = 3 };
-
-/* A ring record: this header on one cache line, then the payload, padded to a line. */
-struct rec_hdr {
-	uint32_t magic;
-	uint32_t rec_len; /* header + payload + padding */
-	uint32_t kind;
-	uint32_t meta;
-	uint32_t comm, seq, step;
-	uint32_t slot;      /* RTS: the done[] slot the receiver writes when finished */
-	uint64_t msg_id;    /* per direction, from 1; ties the pieces of one message */
-	uint64_t total_len; /* length of the whole message */
-	uint64_t arg;       /* DATA: offset of this piece; RTS: the sender's buffer address */
-	uint32_t piece_len; /* DATA: payload bytes in this record */
-	uint32_t consumed;  /* written by the consumer only: taken out of order */
-};
-
-_Static_assert(sizeof(struct rec_hdr) == SHM_LINE, "a record header is one cache line");
-
-/* ---- process-local state ------------------------------------------------------------- */
-
-struct tp_req {
-	klist node;       /* on one of the link's request lists, while on is not NULL */
-	klist *on;        /* the list the request is on, NULL once finished */
-	tp_link *link;
-	uint8_t *buf;
-	uint64_t len, done;
-	tp_tag tag;
-	uint64_t msg_id;
-	uint64_t peer_addr; /* CMA receive: the sender's buffer */
-	uint32_t slot;
-	bool is_send, cma, finished;
-	bool matched;               /* send: the receiver took its first piece */
-	uint64_t first_pos;         /* send: ring position of its first piece */
-	struct rec_hdr *first_slot; /* ... and where it is, until head passes it */
-};
-
-enum link_state { LS_CONNECTING, LS_HS, LS_READY, LS_DEAD };
-
-struct tp_link {
-	klist node_all; /* on ctx->all */
-	tp_ctx *ctx;
-	int peer;    /* -1 on the accepting side until the HELLO names it */
-	int side;    /* 0 = connector, 1 = acceptor: which direction we produce */
-	int fd;
-	int seg_fd;  /* connector: the memfd until it has been passed */
-	pid_t peer_pid;
-	enum link_state state;
-	bool claimed, peer_gone, notify;
-	bool refused; /* acceptor: we turned it away (vs. it broke off) */
-	int hs_phase;
-	kdeadline hs_deadline;
-	uint64_t retry_at;
-	struct sockaddr_un peer_sa;
-	socklen_t peer_sa_len;
-	hs_hello hello; /* ours (connector) or the peer's (acceptor), kept for the MACs */
-	uint8_t nonce_s[KAUTH_NONCE_LEN];
-	uint8_t out[SHM_HS_MSG_MAX]; /* a handshake message the socket did not take yet */
-	uint32_t out_len;
-	int out_fd;
-	char peer_addr[TP_ADDR_MAX];
-	/* the segment */
-	struct shm_seg *seg;
-	size_t seg_len;
-	uint32_t ring_bytes;
-	uint8_t *tx_ring, *rx_ring;
-	struct shm_dir *tx, *rx;
-	uint64_t tx_tail, tx_head_seen; /* our copy of tail, and the last head we read */
-	uint64_t rx_head, rx_scan;      /* released up to rx_head; examined up to rx_scan */
-	bool rescan;                    /* a receive was posted: look at parked records again */
-	bool cma_send;                  /* the peer reads our large messages itself */
-	uint64_t next_msg_id;
-	uint64_t slots_used;            /* bitmap of SHM_CMA_SLOTS */
-	klist sendq, cma_wait, posted, active, cma_active; /* of tp_req, in posting order */
-	int nbusy;   /* requests posted and not finished */
-	int pending; /* requests posted and not yet released by test or cancel */
-	kerr err;
-};
-
-/* The arrays of one poll() over the listener, the links' sockets and the wake-up fd. */
-struct pollset {
-	struct pollfd *pfds;
-	tp_link **plinks;
-	size_t pcap;
-};
-
-struct tp_ctx {
-	tp_skel sk;         /* first: the lock, the sleeper, the request pool (skel.h) */
-	int rank, size;
-	hs_self hs;         /* who we are in handshakes; its secret is ours below */
-	char *secret;
-	int64_t hs_timeout_ms;
-	bool cma_enabled;
-	int listen_fd;
-	char host_key[80]; /* boot id / network namespace inode: "can we reach each other" */
-	char addr[TP_ADDR_MAX];
-	tp_link **incoming; /* [size]: links opened to us, once ready */
-	tp_link **outgoing; /* [size]: links we opened */
-	klist all;          /* every link, newest first */
-	uint64_t next_check_ns;
-	unsigned busy_calls;  /* progress(0) calls, to sweep and read the clock now and then */
-	bool handshaking;     /* a link is still connecting: sweep on every call */
-	uint32_t recv_comm, recv_seq; /* the call of the last receive posted */
-	struct pollset busy, sleep; /* poll() arrays of spinning callers, and of the sleeper */
-	const tp_meta_rules *meta;
-};
-
-static bool hs_send(tp_link *l, const void *msg, uint32_t len, int fd);
-
-static const char *errstr(int e)
+const char *shm_errstr(int e)
 {
 	static __thread char buf[128];
 	return kerr_errno_str(e, buf, sizeof(buf));
 }
 
 /* ---- lists and requests -------------------------------------------------------------- */
-
-#define REQ(n) KLIST_ENTRY(n, tp_req, node)
-#define LINK(n) KLIST_ENTRY(n, tp_link, node_all)
-
-/* Every link of ctx, newest first (the body must not unlink it: sweep does that). */
-#define FOR_EACH_LINK(l, ctx)                                                                 \
-	for (tp_link *l = LINK((ctx)->all.next); &l->node_all != &(ctx)->all;                  \
-	     l = LINK(l->node_all.next))
 
 static void rl_push(klist *list, tp_req *r)
 {
@@ -348,10 +171,10 @@ static void link_fail_text(tp_link *l, khor_status st, const char *text)
 		shutdown(l->fd, SHUT_RDWR);
 }
 
-static void link_fail(tp_link *l, khor_status st, const char *fmt, ...)
+void shm_link_fail(tp_link *l, khor_status st, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
-static void link_fail(tp_link *l, khor_status st, const char *fmt, ...)
+void shm_link_fail(tp_link *l, khor_status st, const char *fmt, ...)
 {
 	char what[KERR_TEXT_MAX], text[KERR_TEXT_MAX];
 	va_list ap;
@@ -379,102 +202,6 @@ static void link_fail_peer_gone(tp_link *l, const char *how)
 	         "while %d transfer(s) with it were pending (%s); check that rank's log and exit "
 	         "status for the cause", l->peer, (int)l->peer_pid, l->nbusy, how);
 	link_fail_text(l, KHOR_ERR_REMOTE, text);
-}
-
-/* ---- the segment --------------------------------------------------------------------- */
-
-static void seg_attach(tp_link *l, void *base, size_t len)
-{
-	l->seg = base;
-	l->seg_len = len;
-	l->ring_bytes = l->seg->ring_bytes;
-	l->tx = &l->seg->dir[l->side];
-	l->rx = &l->seg->dir[1 - l->side];
-	l->tx_ring = (uint8_t *)base + SHM_SEG_HDR + (size_t)l->side * l->ring_bytes;
-	l->rx_ring = (uint8_t *)base + SHM_SEG_HDR + (size_t)(1 - l->side) * l->ring_bytes;
-	l->next_msg_id = 1;
-}
-
-/*
- * The connector makes the segment. memfd_create gives memory with no name in any file
- * system, so nothing can outlive the processes that map it, whatever kills them. The
- * seals stop the peer from shrinking it under us (which would turn our next access into
- * SIGBUS) or growing it.
- */
-static khor_status seg_create(tp_link *l, kerr *err)
-{
-	size_t len = SHM_SEG_HDR + 2 * (size_t)SHM_RING_BYTES;
-	void *base;
-	int fd;
-
-	fd = memfd_create("khor-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
-		return kerr_set(err, KHOR_ERR_SYSTEM, "shm link to peer rank %d: memfd_create: %s "
-		                "(the kernel must be 3.17 or newer; use KHOR_TRANSPORT=tcp otherwise)",
-		                l->peer, errstr(errno));
-	if (ftruncate(fd, (off_t)len) < 0) {
-		kerr_set(err, KHOR_ERR_SYSTEM, "shm link to peer rank %d: sizing the %zu-byte "
-		         "segment: %s", l->peer, len, errstr(errno));
-		goto fail_close;
-	}
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-		kerr_set(err, KHOR_ERR_SYSTEM, "shm link to peer rank %d: sealing the segment: %s",
-		         l->peer, errstr(errno));
-		goto fail_close;
-	}
-	base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (base == MAP_FAILED) {
-		kerr_set(err, KHOR_ERR_SYSTEM, "shm link to peer rank %d: mapping the %zu-byte "
-		         "segment: %s (check ulimit -v and /proc/sys/vm/max_map_count)", l->peer, len,
-		         errstr(errno));
-		goto fail_close;
-	}
-	struct shm_seg *s = base;
-	s->magic = SHM_MAGIC;
-	s->version = SHM_VERSION;
-	s->ring_bytes = SHM_RING_BYTES;
-	l->seg_fd = fd;
-	seg_attach(l, base, len);
-	return KHOR_SUCCESS;
-
-fail_close:
-	close(fd);
-	return err->status;
-}
-
-/* The acceptor checks the fd it was given before it maps it: a peer holding the secret may
- * still be buggy, and a short or unsealed file could SIGBUS this process later. */
-static bool seg_map_peer(tp_link *l, int fd, const char **why)
-{
-	uint64_t ring_bytes = l->hello.aux[SHM_AUX_RING_BYTES]; /* checked by acc_hello */
-	size_t len = SHM_SEG_HDR + 2 * (size_t)ring_bytes;
-	struct stat st;
-	int seals;
-	void *base;
-
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != len) {
-		*why = "the segment is not a file of the announced size";
-		return false;
-	}
-	seals = fcntl(fd, F_GET_SEALS);
-	if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-		*why = "the segment is not sealed against shrinking";
-		return false;
-	}
-	base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (base == MAP_FAILED) {
-		*why = "mmap of the segment failed";
-		return false;
-	}
-	struct shm_seg *s = base;
-	if (s->magic != SHM_MAGIC || s->version != SHM_VERSION ||
-	    s->ring_bytes != ring_bytes) {
-		munmap(base, len);
-		*why = "the segment header is wrong";
-		return false;
-	}
-	seg_attach(l, base, len);
-	return true;
 }
 
 /* ---- wake-ups ------------------------------------------------------------------------ */
@@ -536,7 +263,7 @@ static uint64_t tx_room(tp_link *l, uint64_t want)
 		return room;
 	h = atomic_load_explicit(&l->tx->head, memory_order_acquire);
 	if (h > l->tx_tail || l->tx_tail - h > l->ring_bytes || h < l->tx_head_seen) {
-		link_fail(l, KHOR_ERR_PROTOCOL, "the peer wrote an impossible ring position (head "
+		shm_link_fail(l, KHOR_ERR_PROTOCOL, "the peer wrote an impossible ring position (head "
 		          "%llu, tail %llu); the segment is corrupt, closing the link",
 		          (unsigned long long)h, (unsigned long long)l->tx_tail);
 		return 0;
@@ -722,7 +449,7 @@ static bool rx_conflict(tp_link *l, const struct rec_hdr *h)
 			if (r->tag.comm != h->comm || r->tag.seq != h->seq ||
 			    !tp_meta_conflict(l->ctx->meta, r->tag.meta, h->meta))
 				continue;
-			link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was sent by "
+			shm_link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was sent by "
 			          "%s but this rank posted %s for the same call: the ranks chose "
 			          "different algorithms", h->comm, h->seq, h->step,
 			          tp_meta_describe(l->ctx->meta, h->meta, b1, sizeof(b1)),
@@ -739,14 +466,14 @@ static bool rx_check(tp_link *l, tp_req *r, const struct rec_hdr *h)
 	char b1[96], b2[96];
 
 	if (h->meta != r->tag.meta) {
-		link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was sent by %s but "
+		shm_link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was sent by %s but "
 		          "this rank posted %s: the ranks called different collectives, dtypes/ops, algorithms or memory kinds",
 		          h->comm, h->seq, h->step, tp_meta_describe(l->ctx->meta, h->meta, b1, sizeof(b1)),
 		          tp_meta_describe(l->ctx->meta, r->tag.meta, b2, sizeof(b2)));
 		return false;
 	}
 	if (h->total_len != r->len) {
-		link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) from peer rank %d "
+		shm_link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) from peer rank %d "
 		          "is %llu bytes but the receive posted here is %llu bytes: the ranks disagree "
 		          "on count or dtype", h->comm, h->seq, h->step, l->peer,
 		          (unsigned long long)h->total_len, (unsigned long long)r->len);
@@ -765,7 +492,7 @@ static int rx_record(tp_link *l, const struct rec_hdr *h, const uint8_t *payload
 		return 1;
 	case REC_RTS:
 		if (h->slot >= SHM_CMA_SLOTS || h->total_len == 0) {
-			link_fail(l, KHOR_ERR_PROTOCOL, "malformed large-message record (slot %u, %llu "
+			shm_link_fail(l, KHOR_ERR_PROTOCOL, "malformed large-message record (slot %u, %llu "
 			          "bytes); closing the link", h->slot, (unsigned long long)h->total_len);
 			return -1;
 		}
@@ -801,7 +528,7 @@ static int rx_record(tp_link *l, const struct rec_hdr *h, const uint8_t *payload
 		}
 		if (h->arg != r->done || h->piece_len > r->len - r->done ||
 		    sizeof(*h) + h->piece_len > h->rec_len) {
-			link_fail(l, KHOR_ERR_PROTOCOL, "malformed piece (offset %llu, %u bytes) of a "
+			shm_link_fail(l, KHOR_ERR_PROTOCOL, "malformed piece (offset %llu, %u bytes) of a "
 			          "%llu-byte message (comm %u, seq %u, step %u); closing the link",
 			          (unsigned long long)h->arg, h->piece_len, (unsigned long long)r->len,
 			          h->comm, h->seq, h->step);
@@ -814,7 +541,7 @@ static int rx_record(tp_link *l, const struct rec_hdr *h, const uint8_t *payload
 			req_finish(r);
 		return 1;
 	default:
-		link_fail(l, KHOR_ERR_PROTOCOL, "malformed ring record (kind %u); closing the link",
+		shm_link_fail(l, KHOR_ERR_PROTOCOL, "malformed ring record (kind %u); closing the link",
 		          h->kind);
 		return -1;
 	}
@@ -834,7 +561,7 @@ static bool rx_drive(tp_link *l)
 
 	tail = atomic_load_explicit(&l->rx->tail, memory_order_acquire);
 	if (tail < l->rx_head || tail - l->rx_head > size) {
-		link_fail(l, KHOR_ERR_PROTOCOL, "the peer wrote an impossible ring position (tail "
+		shm_link_fail(l, KHOR_ERR_PROTOCOL, "the peer wrote an impossible ring position (tail "
 		          "%llu, head %llu); the segment is corrupt, closing the link",
 		          (unsigned long long)tail, (unsigned long long)l->rx_head);
 		return false;
@@ -847,7 +574,7 @@ static bool rx_drive(tp_link *l)
 		memcpy(&h, l->rx_ring + off, sizeof(h));
 		if (h.magic != SHM_REC_MAGIC || h.rec_len < sizeof(h) || h.rec_len % SHM_LINE != 0 ||
 		    h.rec_len > size - off || h.rec_len > tail - pos) {
-			link_fail(l, KHOR_ERR_PROTOCOL, "malformed ring record at position %llu (magic "
+			shm_link_fail(l, KHOR_ERR_PROTOCOL, "malformed ring record at position %llu (magic "
 			          "0x%08x, %u bytes); closing the link", (unsigned long long)pos, h.magic,
 			          h.rec_len);
 			return true;
@@ -910,15 +637,15 @@ static bool cma_drive(tp_link *l)
 				link_fail_peer_gone(l, "its process is gone: process_vm_readv found no such "
 				                    "process");
 			} else if (e == EPERM) {
-				link_fail(l, KHOR_ERR_SYSTEM, "process_vm_readv of a %llu-byte message: %s "
+				shm_link_fail(l, KHOR_ERR_SYSTEM, "process_vm_readv of a %llu-byte message: %s "
 				          "(this process may not read the peer's memory any more; allow "
 				          "ptrace between the ranks or set KHOR_SHM_CMA=0)",
-				          (unsigned long long)r->len, errstr(e));
+				          (unsigned long long)r->len, shm_errstr(e));
 			} else {
-				link_fail(l, KHOR_ERR_PROTOCOL, "process_vm_readv of a %llu-byte message "
+				shm_link_fail(l, KHOR_ERR_PROTOCOL, "process_vm_readv of a %llu-byte message "
 				          "at offset %llu: %s (the peer's send buffer is not mapped: it was "
 				          "freed before the send completed)", (unsigned long long)r->len,
-				          (unsigned long long)r->done, errstr(e));
+				          (unsigned long long)r->done, shm_errstr(e));
 			}
 			return true;
 		}
@@ -930,7 +657,7 @@ static bool cma_drive(tp_link *l)
 			 * still its data. */
 			atomic_thread_fence(memory_order_seq_cst);
 			if (atomic_load_explicit(&l->seg->broken[1 - l->side].v, memory_order_relaxed)) {
-				link_fail(l, KHOR_ERR_REMOTE, "the peer abandoned the link (after an error "
+				shm_link_fail(l, KHOR_ERR_REMOTE, "the peer abandoned the link (after an error "
 				          "on its side; see that rank's log) while this rank read a message");
 				return true;
 			}
@@ -949,8 +676,8 @@ static bool link_drive(tp_link *l)
 
 	if (l->state != LS_READY || l->err.status != KHOR_SUCCESS)
 		return false;
-	if (l->out_len > 0 && !hs_send(l, NULL, 0, -1)) {
-		link_fail(l, KHOR_ERR_REMOTE, "handshake: sending the result: %s", errstr(errno));
+	if (l->out_len > 0 && !shm_hs_send(l, NULL, 0, -1)) {
+		shm_link_fail(l, KHOR_ERR_REMOTE, "handshake: sending the result: %s", shm_errstr(errno));
 		return true;
 	}
 	if (atomic_load_explicit(&l->seg->broken[1 - l->side].v, memory_order_acquire)) {
@@ -961,7 +688,7 @@ static bool link_drive(tp_link *l)
 		for (char *q = why; *q != '\0'; q++)
 			if (*q < 0x20 || *q > 0x7e)
 				*q = '?';
-		link_fail(l, KHOR_ERR_REMOTE, "the peer closed the link after an error on its side: "
+		shm_link_fail(l, KHOR_ERR_REMOTE, "the peer closed the link after an error on its side: "
 		          "[%s]", why[0] ? why : "no reason given");
 		return true;
 	}
@@ -975,364 +702,6 @@ static bool link_drive(tp_link *l)
 	if (l->err.status == KHOR_SUCCESS)
 		notify_peer(l);
 	return moved;
-}
-
-/* ---- handshake ----------------------------------------------------------------------- */
-
-/* Sends one handshake message (and maybe an fd); keeps it if the socket is full. */
-static bool hs_send(tp_link *l, const void *msg, uint32_t len, int fd)
-{
-	if (msg != NULL) {
-		memcpy(l->out, msg, len);
-		l->out_len = len;
-		l->out_fd = fd;
-	}
-	if (l->out_len == 0)
-		return true;
-	struct iovec iov = { l->out, l->out_len };
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} cb;
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-	if (l->out_fd >= 0) {
-		memset(&cb, 0, sizeof(cb));
-		mh.msg_control = cb.buf;
-		mh.msg_controllen = sizeof(cb.buf);
-		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(c), &l->out_fd, sizeof(int));
-	}
-	if (sendmsg(l->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-		if (errno == EAGAIN || errno == EINTR)
-			return true;
-		return false;
-	}
-	l->out_len = 0;
-	return true;
-}
-
-/*
- * Receives one handshake message of exactly want bytes. Returns 1, 0 when nothing is there
- * yet, -1 on EOF, error or a wrong size. Descriptors that come along are kept in *fd_out
- * when asked for and closed otherwise, so a stranger cannot fill our descriptor table.
- */
-static int hs_recv(tp_link *l, void *buf, size_t want, int *fd_out, const char **why)
-{
-	uint8_t tmp[SHM_HS_MSG_MAX];
-	union {
-		char buf[CMSG_SPACE(4 * sizeof(int))];
-		struct cmsghdr align;
-	} cb;
-	struct iovec iov = { tmp, sizeof(tmp) };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.buf,
-	                     .msg_controllen = sizeof(cb.buf) };
-	ssize_t n = recvmsg(l->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-
-	if (n < 0 && (errno == EAGAIN || errno == EINTR))
-		return 0;
-	for (struct cmsghdr *c = n >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c != NULL;
-	     c = CMSG_NXTHDR(&mh, c)) {
-		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-			continue;
-		size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-		for (size_t i = 0; i < nfd; i++) {
-			int fd;
-			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-			if (fd_out != NULL && *fd_out < 0)
-				*fd_out = fd;
-			else
-				close(fd);
-		}
-	}
-	if (n < 0) {
-		*why = errstr(errno);
-		return -1;
-	}
-	if (n == 0) {
-		*why = "connection closed";
-		return -1;
-	}
-	if ((size_t)n != want || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
-		*why = "a message of the wrong size";
-		return -1;
-	}
-	memcpy(buf, tmp, want);
-	return 1;
-}
-
-/*
- * Can we read the peer's memory? The peer told us where its nonce lives; reading it back
- * through process_vm_readv proves both that CMA is allowed here (ptrace permission, no
- * seccomp filter) and that the pid we hold is really the peer.
- */
-static bool cma_probe(tp_link *l, uint64_t addr, const uint8_t *expect)
-{
-	uint8_t got[KAUTH_NONCE_LEN];
-	struct iovec lio = { got, sizeof(got) }, rio = { (void *)(uintptr_t)addr, sizeof(got) };
-
-	if (!l->ctx->cma_enabled || l->peer_pid <= 0)
-		return false;
-	if (process_vm_readv(l->peer_pid, &lio, 1, &rio, 1, 0) != (ssize_t)sizeof(got)) {
-		KLOG_INFO("shm link to peer rank %d (pid %d): process_vm_readv is not allowed (%s); "
-		          "large messages take the two-copy path through the ring", l->peer,
-		          (int)l->peer_pid, errstr(errno));
-		return false;
-	}
-	return memcmp(got, expect, sizeof(got)) == 0;
-}
-
-static void peer_cred(tp_link *l)
-{
-	struct ucred uc;
-	socklen_t sl = sizeof(uc);
-
-	if (getsockopt(l->fd, SOL_SOCKET, SO_PEERCRED, &uc, &sl) == 0)
-		l->peer_pid = uc.pid;
-}
-
-static void link_ready(tp_link *l, bool cma_send)
-{
-	l->state = LS_READY;
-	l->cma_send = cma_send && l->ctx->cma_enabled;
-	KLOG_DEBUG("shm link to rank %d (pid %d) ready; large messages by %s", l->peer,
-	           (int)l->peer_pid, l->cma_send ? "process_vm_readv" : "the ring");
-}
-
-/* An acceptor-side connection that never became a link: log why and forget it. */
-static void acc_drop(tp_link *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* "refused" when we turned a stranger away, "dropped" when the connection broke. */
-static void acc_drop(tp_link *l, const char *fmt, ...)
-{
-	char what[512];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(what, sizeof(what), fmt, ap);
-	va_end(ap);
-	KLOG_WARN("shm transport (rank %d): %s connection from pid %d: %s", l->ctx->rank,
-	          l->refused ? "refused a" : "dropped a", (int)l->peer_pid, what);
-	l->state = LS_DEAD;
-}
-
-/* Best effort: tell a refused peer why before dropping it. */
-static void acc_send_last(tp_link *l, const void *msg, size_t len)
-{
-	if (send(l->fd, msg, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-		/* nothing more to do for a refused peer */
-	}
-}
-
-static bool acc_hello(tp_link *l)
-{
-	tp_ctx *ctx = l->ctx;
-	hs_hello *h = &l->hello;
-	hs_challenge c;
-	uint64_t ring = h->aux[SHM_AUX_RING_BYTES];
-	uint32_t status;
-
-	l->refused = true; /* until the checks pass */
-	status = hs_hello_check(&ctx->hs, h);
-	if (status == HS_NOT_KHOR) {
-		acc_drop(l, "bad magic 0x%08x (not a khor peer)", h->magic);
-		return true;
-	}
-	if (status == HS_OK && (ring < 65536 || ring > (64u << 20) || (ring & (ring - 1)) != 0))
-		status = HS_BAD_PARAMS;
-	if (status != HS_OK) {
-		hs_refusal(status, &c);
-		acc_send_last(l, &c, sizeof(c));
-		if (status == HS_BAD_PARAMS)
-			acc_drop(l, "it claims rank %d of job '%s', protocol %u: a ring of %llu bytes "
-			         "(must be a power of two from 64 KiB to 64 MiB)", h->from_rank,
-			         h->job_id, h->version, (unsigned long long)ring);
-		else
-			acc_drop(l, "it claims rank %d of job '%s', protocol %u: %s", h->from_rank,
-			         h->job_id, h->version, hs_status_str(status));
-		return true;
-	}
-	l->refused = false;
-	hs_challenge_make(&ctx->hs, h, (uint64_t)(uintptr_t)l->nonce_s, l->nonce_s, &c);
-	if (!hs_send(l, &c, sizeof(c), -1)) {
-		acc_drop(l, "sending the challenge: %s", errstr(errno));
-		return true;
-	}
-	l->hs_phase = 1;
-	return true;
-}
-
-static bool acc_proof(tp_link *l, const hs_proof *p, int seg_fd)
-{
-	tp_ctx *ctx = l->ctx;
-	hs_hello *h = &l->hello;
-	hs_result r;
-	const char *why = NULL;
-
-	if (!hs_proof_check(&ctx->hs, h, l->nonce_s, p)) {
-		l->refused = true;
-		hs_result_make(HS_BAD_AUTH, 0, &r);
-		acc_send_last(l, &r, sizeof(r));
-		acc_drop(l, "it claims rank %d of job '%s' but failed the job secret check (a "
-		         "stranger, or its KHOR_SECRET differs)", h->from_rank, h->job_id);
-		return true;
-	}
-	l->peer = h->from_rank;
-	if (ctx->incoming[l->peer] != NULL) {
-		l->refused = true;
-		hs_result_make(HS_DUPLICATE, 0, &r);
-		acc_send_last(l, &r, sizeof(r));
-		acc_drop(l, "rank %d already has a shared-memory link to this rank", l->peer);
-		return true;
-	}
-	if (seg_fd < 0 || !seg_map_peer(l, seg_fd, &why)) {
-		l->refused = true;
-		hs_result_make(HS_BAD_PARAMS, 0, &r);
-		acc_send_last(l, &r, sizeof(r));
-		acc_drop(l, "rank %d: %s", l->peer, seg_fd < 0 ? "no segment came with its proof" : why);
-		return true;
-	}
-	hs_result_make(HS_OK, cma_probe(l, h->aux[SHM_AUX_NONCE_ADDR], h->nonce_c), &r);
-	if (!hs_send(l, &r, sizeof(r), -1)) {
-		acc_drop(l, "rank %d: sending the handshake result: %s", l->peer, errstr(errno));
-		return true;
-	}
-	ctx->incoming[l->peer] = l;
-	link_ready(l, p->aux != 0);
-	return true;
-}
-
-static bool conn_challenge(tp_link *l, const hs_challenge *c)
-{
-	hs_proof p;
-	kerr e;
-	khor_status st;
-
-	st = hs_challenge_check(&l->ctx->hs, &l->hello, c, 0, &p, &e);
-	if (st != KHOR_SUCCESS) {
-		/* An acceptor that failed to prove the secret gets a proof that cannot pass (and no
-		 * segment), so it logs a secret mismatch instead of a connection that went away. */
-		if (c->magic == HS_MAGIC && c->status == HS_OK &&
-		    send(l->fd, &p, sizeof(p), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-			/* it is refused either way */
-		}
-		link_fail(l, st, "%s", e.text);
-		return true;
-	}
-	p.aux = cma_probe(l, c->aux, c->nonce_s);
-	if (!hs_send(l, &p, sizeof(p), l->seg_fd)) {
-		link_fail(l, KHOR_ERR_REMOTE, "handshake: sending the segment: %s", errstr(errno));
-		return true;
-	}
-	l->hs_phase = 1;
-	return true;
-}
-
-static bool conn_result(tp_link *l, const hs_result *r)
-{
-	kerr e;
-	khor_status st = hs_result_check(r, &e);
-
-	if (st != KHOR_SUCCESS) {
-		link_fail(l, st, "%s", e.text);
-		return true;
-	}
-	/* The peer mapped the segment: our descriptor has done its job. From now on only the
-	 * two mappings keep the memory alive, and both die with their processes. */
-	close(l->seg_fd);
-	l->seg_fd = -1;
-	link_ready(l, r->aux != 0);
-	return true;
-}
-
-/* Moves one handshake step if the socket allows. Returns true if anything happened. */
-static bool hs_step(tp_link *l)
-{
-	const char *why = "?";
-	int rc;
-
-	if (l->state == LS_CONNECTING) {
-		uint64_t now = kclock_ns();
-		if (now < l->retry_at)
-			return false;
-		if (connect(l->fd, (struct sockaddr *)&l->peer_sa, l->peer_sa_len) < 0) {
-			int e = errno;
-			/* Refused: the peer has not bound yet (or died); full backlog: EAGAIN. */
-			if ((e == ECONNREFUSED || e == EAGAIN || e == EINTR || e == ENOENT) &&
-			    !kdeadline_passed(l->hs_deadline)) {
-				l->retry_at = now + SHM_RETRY_NS;
-				return false;
-			}
-			link_fail(l, KHOR_ERR_REMOTE, "connect to its socket: %s (is the peer on this "
-			          "host, in this network namespace, and still running?)", errstr(e));
-			return true;
-		}
-		peer_cred(l);
-		l->state = LS_HS;
-		l->hs_phase = 0;
-		if (!hs_send(l, &l->hello, sizeof(l->hello), -1)) {
-			link_fail(l, KHOR_ERR_REMOTE, "handshake: sending HELLO: %s", errstr(errno));
-			return true;
-		}
-		return true;
-	}
-	if (l->state != LS_HS)
-		return false;
-	if (l->out_len > 0) {
-		if (!hs_send(l, NULL, 0, -1)) {
-			if (l->side == 1)
-				acc_drop(l, "handshake send: %s", errstr(errno));
-			else
-				link_fail(l, KHOR_ERR_REMOTE, "handshake send: %s", errstr(errno));
-			return true;
-		}
-		if (l->out_len > 0)
-			return false;
-	}
-	if (l->side == 1) {
-		if (l->hs_phase == 0) {
-			rc = hs_recv(l, &l->hello, sizeof(l->hello), NULL, &why);
-			if (rc > 0)
-				return acc_hello(l);
-		} else {
-			hs_proof p;
-			int fd = -1;
-			bool moved;
-			rc = hs_recv(l, &p, sizeof(p), &fd, &why);
-			if (rc > 0) {
-				moved = acc_proof(l, &p, fd);
-				if (fd >= 0)
-					close(fd); /* mapped or refused: the mapping is all we keep */
-				return moved;
-			}
-			if (fd >= 0)
-				close(fd);
-		}
-		if (rc < 0) {
-			acc_drop(l, "during the handshake: %s", why);
-			return true;
-		}
-		return false;
-	}
-	if (l->hs_phase == 0) {
-		hs_challenge c;
-		rc = hs_recv(l, &c, sizeof(c), NULL, &why);
-		if (rc > 0)
-			return conn_challenge(l, &c);
-	} else {
-		hs_result r;
-		rc = hs_recv(l, &r, sizeof(r), NULL, &why);
-		if (rc > 0)
-			return conn_result(l, &r);
-	}
-	if (rc < 0) {
-		link_fail(l, KHOR_ERR_REMOTE, "handshake: %s (the peer closed the connection: it "
-		          "refused us, see its log, or it exited)", why);
-		return true;
-	}
-	return false;
 }
 
 /* ---- the socket side: accepting, doorbells, deaths ----------------------------------- */
@@ -1371,7 +740,7 @@ static bool accept_new(tp_ctx *ctx)
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
 			if (errno != EAGAIN)
-				KLOG_WARN("shm transport (rank %d): accept: %s", ctx->rank, errstr(errno));
+				KLOG_WARN("shm transport (rank %d): accept: %s", ctx->rank, shm_errstr(errno));
 			return moved;
 		}
 		l = link_new(ctx, -1, 1, fd);
@@ -1379,7 +748,7 @@ static bool accept_new(tp_ctx *ctx)
 			close(fd);
 			continue;
 		}
-		peer_cred(l);
+		shm_peer_cred(l);
 		l->state = LS_HS;
 		l->hs_phase = 0;
 		moved = true;
@@ -1393,7 +762,7 @@ static bool link_socket_event(tp_link *l, short revents)
 	bool moved = false;
 
 	if (l->state != LS_READY)
-		return hs_step(l);
+		return shm_hs_step(l);
 	for (;;) {
 		ssize_t n = recv(l->fd, buf, sizeof(buf), MSG_DONTWAIT);
 		if (n > 0) {
@@ -1505,14 +874,14 @@ static bool sweep(tp_ctx *ctx, bool *handshaking)
 	KLIST_FOREACH_SAFE(n, next, &ctx->all) {
 		tp_link *l = LINK(n);
 		if (l->state == LS_CONNECTING && l->err.status == KHOR_SUCCESS)
-			moved |= hs_step(l);
+			moved |= shm_hs_step(l);
 		if ((l->state == LS_CONNECTING || l->state == LS_HS) && l->err.status == KHOR_SUCCESS &&
 		    kdeadline_passed(l->hs_deadline)) {
 			if (l->side == 1)
-				acc_drop(l, "no complete handshake within %lld ms",
+				shm_acc_drop(l, "no complete handshake within %lld ms",
 				         (long long)ctx->hs_timeout_ms);
 			else
-				link_fail(l, KHOR_ERR_TIMEOUT, "handshake did not finish within %lld ms "
+				shm_link_fail(l, KHOR_ERR_TIMEOUT, "handshake did not finish within %lld ms "
 				          "(the peer is stuck or not polling its transport)",
 				          (long long)ctx->hs_timeout_ms);
 		}
@@ -1621,7 +990,7 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	if (!read_host_key(ctx->host_key, sizeof(ctx->host_key))) {
 		st = kerr_set(err, KHOR_ERR_SYSTEM, "shm transport: cannot read "
 		              "/proc/sys/kernel/random/boot_id or /proc/self/ns/net (%s), which tell "
-		              "whether two ranks can share memory; is /proc mounted?", errstr(errno));
+		              "whether two ranks can share memory; is /proc mounted?", shm_errstr(errno));
 		goto fail_free;
 	}
 	/*
@@ -1642,13 +1011,13 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	ctx->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (ctx->listen_fd < 0) {
 		st = kerr_set(err, KHOR_ERR_SYSTEM, "shm transport: socket(AF_UNIX): %s",
-		              errstr(errno));
+		              shm_errstr(errno));
 		goto fail_free;
 	}
 	if (bind(ctx->listen_fd, (struct sockaddr *)&sa, sl) < 0 ||
 	    listen(ctx->listen_fd, 128) < 0) {
 		st = kerr_set(err, KHOR_ERR_SYSTEM, "shm transport: listening on @%s: %s", name,
-		              errstr(errno));
+		              shm_errstr(errno));
 		goto fail_free;
 	}
 	snprintf(ctx->addr, sizeof(ctx->addr), "shm:%s:%s", ctx->host_key, name);
@@ -1706,7 +1075,7 @@ static khor_status shm_connect_locked(tp_ctx *ctx, int peer, const char *peer_ad
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return kerr_set(err, KHOR_ERR_SYSTEM, "shm connect to peer rank %d: socket: %s", peer,
-		                errstr(errno));
+		                shm_errstr(errno));
 	l = link_new(ctx, peer, 0, fd);
 	if (l == NULL) {
 		close(fd);
@@ -1716,7 +1085,7 @@ static khor_status shm_connect_locked(tp_ctx *ctx, int peer, const char *peer_ad
 	l->peer_sa.sun_family = AF_UNIX;
 	memcpy(l->peer_sa.sun_path + 1, name, name_len);
 	l->peer_sa_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + name_len);
-	st = seg_create(l, err);
+	st = shm_seg_create(l, err);
 	if (st != KHOR_SUCCESS) {
 		/* Leave a failed link behind so later calls see the same error. */
 		link_fail_text(l, st, err->text);
@@ -1727,7 +1096,7 @@ static khor_status shm_connect_locked(tp_ctx *ctx, int peer, const char *peer_ad
 		                    [SHM_AUX_NONCE_ADDR] = (uint64_t)(uintptr_t)l->hello.nonce_c };
 		hs_hello_make(&ctx->hs, peer, aux, &l->hello);
 		l->state = LS_CONNECTING;
-		hs_step(l);
+		shm_hs_step(l);
 	}
 	ctx->outgoing[peer] = l;
 	*link_out = l;
@@ -1850,7 +1219,7 @@ static void shm_cancel_locked(tp_req *r)
 		 * very buffer: the stream of this link cannot be trusted any more. */
 		bool cut = r->is_send ? r->done > 0 || r->on == &l->cma_wait : r->on != &l->posted;
 		if (cut)
-			link_fail(l, KHOR_ERR_INTERNAL, "a transfer was abandoned mid-message after an "
+			shm_link_fail(l, KHOR_ERR_INTERNAL, "a transfer was abandoned mid-message after an "
 			          "earlier error; the link is closed");
 		req_finish(r);
 	}
