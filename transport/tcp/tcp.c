@@ -43,29 +43,27 @@
  * progress() lets go of it while it sleeps in epoll_wait, and only one thread sleeps there
  * at a time (base/sleeper.h).
  *
- * Handshake: every socket runs the shared one of handshake.h (HELLO, CHALLENGE, PROOF,
- * RESULT), non-blocking and bounded by handshake_timeout_ms; this file only moves its bytes
- * over the stream. The HELLO's aux words are the socket's index and the link's socket count
+ * Handshake (tcp_hs.c): every socket runs the shared one of handshake.h (HELLO, CHALLENGE,
+ * PROOF, RESULT), non-blocking and bounded by handshake_timeout_ms; tcp_hs.c only moves its
+ * bytes over the stream. The HELLO's aux words are the socket's index and the link's socket count
  * (TCP_AUX_*), which the acceptor checks itself. A stranger (bad magic, another transport,
  * wrong job, wrong secret, wrong target rank, impossible socket count) is refused and logged,
  * and the listener goes on serving the real ranks.
  *
- * The handshake is tcp_hs.c's, the choice among the peer's addresses tcp_dial.c's (tcp_int.h).
- *
  * Sockets are registered edge-triggered; rd_ready/wr_ready remember readiness until a call
  * returns EAGAIN, so no syscall is made on a socket that cannot move bytes.
  *
- * Addresses: hosts may have several networks, named differently on every host, and not all
- * reach every peer. Without KHOR_SOCKET_IFNAME an instance listens on every address and
- * publishes a list, best first ("198.19.10.2:4100,10.0.0.2:4100": the store's subnet,
- * then the other interfaces; ksock_order_candidates). The connector dials the peer's
- * addresses in its own order (ksock_order_peer: those on one of its subnets first), all
- * the link's sockets at once, one address at a time: the first address on which any
+ * Addresses (tcp_dial.c): hosts may have several networks, named differently on every host,
+ * and not all reach every peer. Without KHOR_SOCKET_IFNAME an instance listens on every
+ * address and publishes a list, best first ("198.19.10.2:4100,10.0.0.2:4100": the store's
+ * subnet, then the other interfaces; ksock_order_candidates). The connector dials the
+ * peer's addresses in its own order (ksock_order_peer: those on one of its subnets first),
+ * all the link's sockets at once, one address at a time: the first address on which any
  * socket connects is the link's, and the others are never tried. An address that refuses,
  * is unreachable or does not answer within TCP_ATTEMPT_MS (doubled on each pass over the
  * list) gives way to the next one, until every address failed outright or the handshake
- * timeout passed; the error then names each address and why it failed. With one address
- * or a first address on a shared subnet this is exactly one connect per socket, as before.
+ * timeout passed; the error then names each address and why it failed. With one address or
+ * a first address on a shared subnet this is exactly one connect per socket, as before.
  */
 #include "tcp_int.h"
 
