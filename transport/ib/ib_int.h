@@ -3,13 +3,17 @@
  * instance structs, and the functions one phase calls in another. Not for outside
  * transport/ib/; the transport's face is ib.h.
  *
- *     ib.c          the ops table, requests, link failure, progress, create and destroy
+ *     ib.c          the ops table, progress, create and destroy
+ *     ib_common.c   requests and link failure, which every other file calls
  *     ib_dev.c      device and port choice (KHOR_IB_HCA), GIDs, the flush QP, async events
  *     ib_connect.c  the bootstrap socket, the handshake, QP set-up
  *     ib_p2p.c      eager slots, credits, rendezvous writes, matching, completions
  *     ib_reg.c      memory registration and the GPUDirect flush
  *     ib_gdr.c      registration of device memory (dmabuf, peer-memory)
  *     ib_load.c     libibverbs, loaded at run time
+ *
+ * Calls go one way, ib.c -> ib_connect.c -> ib_p2p.c -> ib_reg.c -> ib_common.c (ib.c ->
+ * ib_dev.c -> ib_reg.c; ib_reg.c -> ib_gdr.c): no file calls back into one that calls it.
  *
  * Every function here is called with the instance's lock (the skeleton's, ctx->sk.mu) held,
  * but for ib_reg_mr, ib_dereg_mr and ib_flush, which are ops and take it themselves.
@@ -245,7 +249,7 @@ struct tp_ctx {
 	unsigned spins;        /* progress(0) calls, for the poll set's turn */
 };
 
-/* ib.c */
+/* ib_common.c */
 const char *ib_errstr(int e);
 void ib_link_fail(tp_link *l, khor_status st, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
