@@ -83,16 +83,7 @@
 #include <unistd.h>
 static const uint8_t frame_zeros[TCP_FRAME_ALIGN];
 
-void tcp_sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
 /* ---- small helpers ------------------------------------------------------------------- */
-
-const char *tcp_errstr(int e)
-{
-	static __thread char buf[128];
-	return kerr_errno_str(e, buf, sizeof(buf));
-}
 
 /* Which sockets carry a message: count and first index. Identical on both sides. */
 static void stripe_plan(const tp_link *l, uint64_t len, uint32_t step, int *nchunks, int *first)
@@ -113,46 +104,6 @@ static uint64_t chunk_len(uint64_t len, int nchunks, int i, uint64_t *off)
 	uint64_t per = (len / (uint64_t)nchunks) & ~(uint64_t)63;
 	*off = per * (uint64_t)i;
 	return i == nchunks - 1 ? len - per * (uint64_t)(nchunks - 1) : per;
-}
-
-void tcp_link_fail(tp_link *l, khor_status st, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-void tcp_link_fail(tp_link *l, khor_status st, const char *fmt, ...)
-{
-	char who[TP_ADDR_MAX + 64];
-	va_list ap;
-
-	if (l->err.status != KHOR_SUCCESS)
-		return;
-	snprintf(who, sizeof(who), "link to peer rank %d (%s)", l->peer,
-	         l->peer_addr[0] ? l->peer_addr : "address unknown");
-	va_start(ap, fmt);
-	tp_skel_vfail(&l->err, st, who, fmt, ap);
-	va_end(ap);
-}
-
-void tcp_sock_close_fd(struct tsock *s)
-{
-	if (s->fd >= 0) {
-		epoll_ctl(s->ctx->epfd, EPOLL_CTL_DEL, s->fd, NULL);
-		close(s->fd);
-		s->fd = -1;
-	}
-	s->state = SS_DEAD;
-}
-
-void tcp_sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
-{
-	char what[KERR_TEXT_MAX];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(what, sizeof(what), fmt, ap);
-	va_end(ap);
-	if (s->link != NULL)
-		tcp_link_fail(s->link, st, "socket %d of %d: %s", s->idx + 1, s->link->nsocks, what);
-	tcp_sock_close_fd(s);
 }
 
 #define CHUNK(n) KLIST_ENTRY(n, struct chunk, node)
@@ -180,26 +131,6 @@ static struct tsock *sock_alloc(tp_ctx *ctx)
 	klist_init(&s->rdv_wait);
 	klist_add_head(&ctx->all, &s->node_all);
 	return s;
-}
-
-/* Gives s the socket fd (in state st) and registers it; false (errno set) if epoll refuses. */
-bool tcp_sock_attach(struct tsock *s, int fd, enum sock_state st)
-{
-	struct epoll_event ev;
-
-	s->fd = fd;
-	s->state = st;
-	s->rd_ready = true;
-	/* A connecting socket is writable only once connect() finished; epoll tells us. */
-	s->wr_ready = st != SS_CONNECTING;
-	ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
-	ev.data.ptr = s;
-	if (epoll_ctl(s->ctx->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
-		s->fd = -1;
-		s->state = SS_DEAD;
-		return false;
-	}
-	return true;
 }
 
 static struct tsock *sock_new(tp_ctx *ctx, int fd, enum sock_state st)

@@ -4,8 +4,12 @@
  * transport/tcp/ (but for the tests that include tcp.c whole).
  *
  *     tcp.c       framing, the data path (sending, matching, reading aside), the ops
- *     tcp_dial.c  finding the peer's address: dialing its candidates in order
  *     tcp_hs.c    the handshake of every socket, over the stream
+ *     tcp_dial.c  finding the peer's address: dialing its candidates in order
+ *     tcp_sock.c  one socket: attached, closed, failed
+ *
+ * Calls go one way, tcp.c -> tcp_hs.c -> tcp_dial.c -> tcp_sock.c: no file calls back into
+ * one that calls it.
  *
  * Every function here is called with the instance's lock (ctx->sk.mu) held.
  */
@@ -196,7 +200,7 @@ struct tp_ctx {
 	const tp_meta_rules *meta;
 };
 
-/* tcp.c */
+/* tcp_sock.c */
 const char *tcp_errstr(int e);
 void tcp_link_fail(tp_link *l, khor_status st, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
