@@ -11,8 +11,8 @@
  *         -I. tests/transport/fuzz_tcp.c base/err.c base/clock.c base/log.c base/auth.c \
  *         base/sock.c base/sleeper.c base/parse.c transport/transport.c transport/skel.c \
  *         transport/tcp/tcp_dial.c transport/tcp/tcp_hs.c transport/tcp/tcp_sock.c \
- *         transport/shm/shm.c transport/shm/shm_link.c transport/handshake.c -lcrypto \
- *         -o fuzz_tcp
+ *         transport/shm/shm.c transport/shm/shm_link.c transport/shm/shm_fail.c \
+ *         transport/handshake.c -lcrypto -o fuzz_tcp
  *   ./fuzz_tcp -max_total_time=60
  */
 #include "transport/tcp/tcp.c"

@@ -123,12 +123,6 @@
 #include <unistd.h>
 
 
-const char *shm_errstr(int e)
-{
-	static __thread char buf[128];
-	return kerr_errno_str(e, buf, sizeof(buf));
-}
-
 /* ---- lists and requests -------------------------------------------------------------- */
 
 static void rl_push(klist *list, tp_req *r)
@@ -151,57 +145,6 @@ static void req_finish(tp_req *r)
 	r->finished = true;
 	r->link->nbusy--;
 	tp_skel_completed(&r->link->ctx->sk);
-}
-
-/* ---- link failure -------------------------------------------------------------------- */
-
-static void link_fail_text(tp_link *l, khor_status st, const char *text)
-{
-	if (!tp_skel_fail(&l->err, st, NULL, "%s", text))
-		return;
-	l->err.peer = l->peer;
-	if (l->seg != NULL) {
-		/* Tell the peer first through memory (it may be reading our buffers with CMA and
-		 * must not trust what it read after this), then through the socket (wakes it).
-		 * The text lets it report the root cause rather than "the link broke". */
-		kstrlcpy(l->seg->why[l->side], text, sizeof(l->seg->why[0]));
-		atomic_store_explicit(&l->seg->broken[l->side].v, 1, memory_order_seq_cst);
-	}
-	if (l->fd >= 0)
-		shutdown(l->fd, SHUT_RDWR);
-}
-
-void shm_link_fail(tp_link *l, khor_status st, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-void shm_link_fail(tp_link *l, khor_status st, const char *fmt, ...)
-{
-	char what[KERR_TEXT_MAX], text[KERR_TEXT_MAX];
-	va_list ap;
-
-	if (l->err.status != KHOR_SUCCESS)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(what, sizeof(what), fmt, ap);
-	va_end(ap);
-	if (l->peer_pid > 0)
-		snprintf(text, sizeof(text), "shm link to peer rank %d (pid %d): %s", l->peer,
-		         (int)l->peer_pid, what);
-	else
-		snprintf(text, sizeof(text), "shm link to peer rank %d (%s): %s", l->peer,
-		         l->peer_addr[0] ? l->peer_addr : "address unknown", what);
-	link_fail_text(l, st, text);
-}
-
-/* The peer's process is gone (or closed its end): say so in the words the issue asks for. */
-static void link_fail_peer_gone(tp_link *l, const char *how)
-{
-	char text[KERR_TEXT_MAX];
-
-	snprintf(text, sizeof(text), "peer rank %d (pid %d) died or closed its shared-memory link "
-	         "while %d transfer(s) with it were pending (%s); check that rank's log and exit "
-	         "status for the cause", l->peer, (int)l->peer_pid, l->nbusy, how);
-	link_fail_text(l, KHOR_ERR_REMOTE, text);
 }
 
 /* ---- wake-ups ------------------------------------------------------------------------ */
@@ -634,7 +577,7 @@ static bool cma_drive(tp_link *l)
 			if (e == EINTR || e == EAGAIN || e == ENOMEM)
 				continue;
 			if (e == ESRCH) {
-				link_fail_peer_gone(l, "its process is gone: process_vm_readv found no such "
+				shm_link_fail_peer_gone(l, "its process is gone: process_vm_readv found no such "
 				                    "process");
 			} else if (e == EPERM) {
 				shm_link_fail(l, KHOR_ERR_SYSTEM, "process_vm_readv of a %llu-byte message: %s "
@@ -698,7 +641,7 @@ static bool link_drive(tp_link *l)
 	moved |= cma_drive(l);
 	/* A gone peer leaves its last records in our mapping; fail only what cannot finish. */
 	if (l->peer_gone && l->nbusy > 0 && l->err.status == KHOR_SUCCESS)
-		link_fail_peer_gone(l, "its end of the socket closed");
+		shm_link_fail_peer_gone(l, "its end of the socket closed");
 	if (l->err.status == KHOR_SUCCESS)
 		notify_peer(l);
 	return moved;
@@ -1088,7 +1031,7 @@ static khor_status shm_connect_locked(tp_ctx *ctx, int peer, const char *peer_ad
 	st = shm_seg_create(l, err);
 	if (st != KHOR_SUCCESS) {
 		/* Leave a failed link behind so later calls see the same error. */
-		link_fail_text(l, st, err->text);
+		shm_link_fail_text(l, st, err->text);
 		l->state = LS_DEAD;
 	} else {
 		/* The CMA probe reads nonce_c where hs_hello_make puts it: in l->hello. */

@@ -5,6 +5,10 @@
  *
  *     shm.c       the rings: sending, receiving, CMA, waking, progress and the ops
  *     shm_link.c  how a link comes up: its segment and the handshake over the socket
+ *     shm_fail.c  a link's failure, and how the peer hears of it
+ *
+ * Calls go one way, shm.c -> shm_link.c -> shm_fail.c: no file calls back into one that
+ * calls it.
  *
  * Every function here is called with the instance's lock (ctx->sk.mu) held.
  */
@@ -201,11 +205,12 @@ struct tp_ctx {
 	for (tp_link *l = LINK((ctx)->all.next); &l->node_all != &(ctx)->all;                  \
 	     l = LINK(l->node_all.next))
 
-/* shm.c */
+/* shm_fail.c */
 const char *shm_errstr(int e);
 void shm_link_fail_text(tp_link *l, khor_status st, const char *text);
 void shm_link_fail(tp_link *l, khor_status st, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+void shm_link_fail_peer_gone(tp_link *l, const char *how);
 
 /* shm_link.c */
 khor_status shm_seg_create(tp_link *l, kerr *err);
