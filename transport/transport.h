@@ -29,9 +29,10 @@
  *   - every op may be called from any thread at any time; each takes the instance's own
  *     lock (one per tp_ctx, covering its links, requests and registrations) and releases
  *     it before returning. The lock, the one-sleeper rule and the ops that only take the
- *     lock around a transport's own body are written once, in transport/skel.h. The caller must hold no lock of this transport; it may hold its
- *     own locks (the runtime's link_mu is held around connect/accept/link_ready), since a
- *     transport never calls back into its caller.
+ *     lock around a transport's own body are written once, in transport/skel.h. The
+ *     caller must hold no lock of this transport; it may hold its own locks (the
+ *     runtime's link_mu is held around connect/accept/link_ready), since a transport
+ *     never calls back into its caller.
  *   - a request is tested, cancelled or waited for by one thread at a time (the one that
  *     posted it).
  *   - progress() drives every link of the instance, whoever's requests they carry, and

@@ -211,8 +211,9 @@ static void ib_cancel_locked(tp_req *r)
 		 * the job's root cause ("after an error on its side").
 		 */
 		if (!quiet)
-			ib_link_fail(l, KHOR_ERR_REMOTE, "the link was given up after an error on its side "
-			          "(a transfer was abandoned mid-message)");
+			ib_link_fail(l, KHOR_ERR_REMOTE,
+			             "the link was given up after an error on its side "
+			             "(a transfer was abandoned mid-message)");
 		ib_req_finish(r, KHOR_ERR_REMOTE);
 	}
 	if (r->wr_out > 0)

@@ -65,9 +65,9 @@ static khor_status link_verbs(tp_link *l, kerr *err)
 		                "message slots", l->mem_len);
 	}
 	memset(l->mem, 0, l->mem_len);
-	khor_status st = ib_reg_host(ctx, l->mem, l->mem_len,
-	                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
-	                          "the link's message slots", &l->mem_mr, err);
+	khor_status st =
+	    ib_reg_host(ctx, l->mem, l->mem_len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+	                "the link's message slots", &l->mem_mr, err);
 	if (st != KHOR_SUCCESS)
 		return st;
 	for (int i = 0; i < IB_SLOTS; i++)
@@ -112,13 +112,16 @@ static bool link_connect_qps(tp_link *l, const struct qp_info *pi)
 
 	if (pi->magic != HS_MAGIC || pi->nqp < 1 || pi->nqp > IB_MAX_QPS ||
 	    pi->mtu < IBV_MTU_256 || pi->mtu > IBV_MTU_4096) {
-		ib_link_fail(l, KHOR_ERR_PROTOCOL, "the peer's queue-pair information is malformed");
+		ib_link_fail(l, KHOR_ERR_PROTOCOL,
+		             "the peer's queue-pair information is malformed");
 		return false;
 	}
 	if (pi->link_layer != ctx->link_layer) {
-		ib_link_fail(l, KHOR_ERR_PROTOCOL, "the peer's port is %s and ours %s: they cannot "
-		          "reach each other", pi->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB",
-		          ctx->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB");
+		ib_link_fail(l, KHOR_ERR_PROTOCOL,
+		             "the peer's port is %s and ours %s: they cannot "
+		             "reach each other",
+		             pi->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB",
+		             ctx->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB");
 		return false;
 	}
 	l->peer_info = *pi;
@@ -148,8 +151,9 @@ static bool link_connect_qps(tp_link *l, const struct qp_info *pi)
 		if (api->modify_qp(Q->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
 		                   IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
 		                   IBV_QP_MIN_RNR_TIMER) != 0) {
-			ib_link_fail(l, KHOR_ERR_SYSTEM, "ibv_modify_qp(RTR) of QP %d on %s (GID index %d): "
-			          "%s", q, ctx->dev_name, ctx->gid_index, ib_errstr(errno));
+			ib_link_fail(l, KHOR_ERR_SYSTEM,
+			             "ibv_modify_qp(RTR) of QP %d on %s (GID index %d): %s", q,
+			             ctx->dev_name, ctx->gid_index, ib_errstr(errno));
 			return false;
 		}
 		struct ibv_qp_attr b = {
@@ -160,7 +164,7 @@ static bool link_connect_qps(tp_link *l, const struct qp_info *pi)
 		if (api->modify_qp(Q->qp, &b, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
 		                   IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
 			ib_link_fail(l, KHOR_ERR_SYSTEM, "ibv_modify_qp(RTS) of QP %d on %s: %s", q,
-			          ctx->dev_name, ib_errstr(errno));
+			             ctx->dev_name, ib_errstr(errno));
 			return false;
 		}
 		Q->peer_posted = pi->posted[q];
@@ -376,7 +380,8 @@ static void hs_step(tp_link *l)
 		struct ib_ready rd;
 		memcpy(&rd, l->in, sizeof(rd));
 		if (rd.magic != HS_MAGIC || rd.ok != 1) {
-			ib_link_fail(l, KHOR_ERR_PROTOCOL, "the peer could not bring its queue pairs up");
+			ib_link_fail(l, KHOR_ERR_PROTOCOL,
+			             "the peer could not bring its queue pairs up");
 			return;
 		}
 		l->state = LS_READY;
@@ -406,7 +411,8 @@ bool ib_conn_drive(tp_link *l)
 			socklen_t el = sizeof(e);
 			getsockopt(l->fd, SOL_SOCKET, SO_ERROR, &e, &el);
 			if (e != 0 && e != EINPROGRESS)
-				ib_link_fail(l, KHOR_ERR_REMOTE, "connecting the bootstrap socket: %s", ib_errstr(e));
+				ib_link_fail(l, KHOR_ERR_REMOTE,
+				             "connecting the bootstrap socket: %s", ib_errstr(e));
 			return e != 0;
 		}
 		l->state = LS_HS;
@@ -423,7 +429,8 @@ bool ib_conn_drive(tp_link *l)
 				if (l->acceptor && l->peer < 0)
 					acc_drop(l, "sending: %s", ib_errstr(errno));
 				else
-					ib_link_fail(l, KHOR_ERR_REMOTE, "bootstrap send: %s", ib_errstr(errno));
+					ib_link_fail(l, KHOR_ERR_REMOTE, "bootstrap send: %s",
+					             ib_errstr(errno));
 				return true;
 			}
 			l->out_off += (uint32_t)n;
@@ -435,16 +442,21 @@ bool ib_conn_drive(tp_link *l)
 		if (n < 0 && (errno == EAGAIN || errno == EINTR))
 			break;
 		if (n <= 0) {
-			const char *why = n == 0 ? "the peer closed the connection" : ib_errstr(errno);
+			const char *why =
+			    n == 0 ? "the peer closed the connection" : ib_errstr(errno);
 			if (l->acceptor && l->peer < 0)
 				acc_drop(l, "during the handshake: %s", why);
 			else if (l->state == LS_READY) {
 				ib_poll_link(l); /* what it sent before it went is already here */
-				ib_link_fail(l, KHOR_ERR_REMOTE, "the peer closed its bootstrap connection (%s): "
-				          "it exited or was killed", why);
+				ib_link_fail(l, KHOR_ERR_REMOTE,
+				             "the peer closed its bootstrap connection (%s): "
+				             "it exited or was killed",
+				             why);
 			} else
-				ib_link_fail(l, KHOR_ERR_REMOTE, "during the handshake: %s (is the peer of the "
-				          "same job and khor version?)", why);
+				ib_link_fail(l, KHOR_ERR_REMOTE,
+				             "during the handshake: %s (is the peer of the "
+				             "same job and khor version?)",
+				             why);
 			return true;
 		}
 		l->in_got += (uint32_t)n;
@@ -458,11 +470,14 @@ bool ib_conn_drive(tp_link *l)
 			l->peer_failed = true;
 			ib_poll_link(l);
 			if (a.magic != HS_MAGIC)
-				ib_link_fail(l, KHOR_ERR_PROTOCOL, "unexpected bytes on the bootstrap connection");
+				ib_link_fail(l, KHOR_ERR_PROTOCOL,
+				             "unexpected bytes on the bootstrap connection");
 			else
-				ib_link_fail(l, a.status >= 1 && a.status <= KHOR_ERR_INTERNAL
-				                     ? (khor_status)a.status : KHOR_ERR_REMOTE,
-				          "the peer failed the link: %s", a.text);
+				ib_link_fail(l,
+				             a.status >= 1 && a.status <= KHOR_ERR_INTERNAL
+				                 ? (khor_status)a.status
+				                 : KHOR_ERR_REMOTE,
+				             "the peer failed the link: %s", a.text);
 			return true;
 		}
 		if (l->in_got == l->in_need)
@@ -479,7 +494,8 @@ void ib_conn_accept(tp_ctx *ctx)
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
 			if (errno != EAGAIN)
-				KLOG_WARN("ib bootstrap accept on %s: %s", ctx->addr, ib_errstr(errno));
+				KLOG_WARN("ib bootstrap accept on %s: %s", ctx->addr,
+				          ib_errstr(errno));
 			return;
 		}
 		tp_link *l = link_alloc();
@@ -520,8 +536,9 @@ void ib_conn_sweep(tp_ctx *ctx)
 			if (l->acceptor && l->peer < 0)
 				acc_drop(l, "no complete handshake within %lld ms", (long long)ctx->hs_timeout_ms);
 			else
-				ib_link_fail(l, KHOR_ERR_TIMEOUT, "the link's set-up did not finish within %lld "
-				          "ms", (long long)ctx->hs_timeout_ms);
+				ib_link_fail(l, KHOR_ERR_TIMEOUT,
+				             "the link's set-up did not finish within %lld ms",
+				             (long long)ctx->hs_timeout_ms);
 		}
 		if (l->acceptor && l->peer < 0 && l->state == LS_DEAD) {
 			klist_del(&l->node_all);

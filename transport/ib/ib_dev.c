@@ -120,7 +120,7 @@ khor_status ib_dev_flush_qp(tp_ctx *ctx, kerr *err)
 	if (ctx->fqp == NULL)
 		return kerr_set(err, KHOR_ERR_SYSTEM, "ibv_create_qp(flush): %s", ib_errstr(errno));
 	khor_status st = ib_reg_host(ctx, &ctx->fbuf, sizeof(ctx->fbuf), IBV_ACCESS_LOCAL_WRITE,
-	                          "the flush word", &ctx->fmr, err);
+	                             "the flush word", &ctx->fmr, err);
 	if (st != KHOR_SUCCESS)
 		return st;
 	ctx->fbuf = (uint64_t)(uintptr_t)&ctx->fbuf;
@@ -268,8 +268,8 @@ void ib_dev_events(tp_ctx *ctx)
 			KLOG_ERR("ib device %s port %d: %s: every ib link of this rank fails",
 			           ctx->dev_name, ctx->port, what);
 			IB_FOR_EACH_LINK(l, ctx)
-				ib_link_fail(l, KHOR_ERR_REMOTE, "device %s port %d reported %s", ctx->dev_name,
-				          ctx->port, what);
+				ib_link_fail(l, KHOR_ERR_REMOTE, "device %s port %d reported %s",
+				             ctx->dev_name, ctx->port, what);
 			break;
 		case IBV_EVENT_QP_FATAL:
 		case IBV_EVENT_QP_REQ_ERR:
@@ -281,7 +281,8 @@ void ib_dev_events(tp_ctx *ctx)
 				for (int q = 0; q < l->nqp && !mine; q++)
 					mine = t != IBV_EVENT_CQ_ERR && ev.element.qp == l->qps[q].qp;
 				if (mine)
-					ib_link_fail(l, KHOR_ERR_REMOTE, "device %s reported %s", ctx->dev_name, what);
+					ib_link_fail(l, KHOR_ERR_REMOTE, "device %s reported %s",
+					             ctx->dev_name, what);
 			}
 			break;
 		}

@@ -52,7 +52,8 @@ bool ib_post_recv_imm(struct qp *q)
 	int rc = ibv_post_recv(q->qp, &wr, &bad);
 
 	if (rc != 0) {
-		ib_link_fail(q->link, KHOR_ERR_SYSTEM, "ibv_post_recv on QP %d: %s", q->idx, ib_errstr(rc));
+		ib_link_fail(q->link, KHOR_ERR_SYSTEM, "ibv_post_recv on QP %d: %s", q->idx,
+		             ib_errstr(rc));
 		return false;
 	}
 	q->rx_posted++;
@@ -137,7 +138,8 @@ static void maybe_write_credits(tp_link *l)
 	struct ibv_send_wr *bad;
 	int rc = ibv_post_send(q0->qp, &wr, &bad);
 	if (rc != 0) {
-		ib_link_fail(l, KHOR_ERR_SYSTEM, "ibv_post_send (credits) on QP 0: %s", ib_errstr(rc));
+		ib_link_fail(l, KHOR_ERR_SYSTEM, "ibv_post_send (credits) on QP 0: %s",
+		             ib_errstr(rc));
 		return;
 	}
 	q0->sq_out++;
@@ -192,8 +194,9 @@ static void rdv_push(tp_link *l, tp_req *r)
 			struct ibv_send_wr *bad;
 			int rc = ibv_post_send(q->qp, &wr, &bad);
 			if (rc != 0) {
-				ib_link_fail(l, KHOR_ERR_SYSTEM, "ibv_post_send (RDMA write) on QP %d: %s", p,
-				          ib_errstr(rc));
+				ib_link_fail(l, KHOR_ERR_SYSTEM,
+				             "ibv_post_send (RDMA write) on QP %d: %s", p,
+				             ib_errstr(rc));
 				return;
 			}
 			q->sq_out++;
@@ -285,17 +288,21 @@ static bool check_match(tp_link *l, tp_req *r, const struct msg_hdr *h, const ch
 	char a[96], b[96];
 
 	if (h->meta != r->tag.meta) {
-		ib_link_fail(l, KHOR_ERR_PROTOCOL, "comm %u call %u step %u: the peer's %s is for %s, "
-		          "this rank's %s is for %s (the ranks are not running the same collective)",
-		          h->comm, h->seq, h->step, what, meta_words(l->ctx, h->meta, a, sizeof(a)),
-		          r->is_send ? "send" : "receive", meta_words(l->ctx, r->tag.meta, b, sizeof(b)));
+		ib_link_fail(
+		    l, KHOR_ERR_PROTOCOL,
+		    "comm %u call %u step %u: the peer's %s is for %s, "
+		    "this rank's %s is for %s (the ranks are not running the same collective)",
+		    h->comm, h->seq, h->step, what, meta_words(l->ctx, h->meta, a, sizeof(a)),
+		    r->is_send ? "send" : "receive", meta_words(l->ctx, r->tag.meta, b, sizeof(b)));
 		return false;
 	}
 	if (h->len != r->len) {
-		ib_link_fail(l, KHOR_ERR_PROTOCOL, "comm %u call %u step %u: the peer's %s has %llu "
-		          "bytes, this rank's %s %llu bytes (the ranks disagree on a count or dtype)",
-		          h->comm, h->seq, h->step, what, (unsigned long long)h->len,
-		          r->is_send ? "send" : "receive", (unsigned long long)r->len);
+		ib_link_fail(
+		    l, KHOR_ERR_PROTOCOL,
+		    "comm %u call %u step %u: the peer's %s has %llu "
+		    "bytes, this rank's %s %llu bytes (the ranks disagree on a count or dtype)",
+		    h->comm, h->seq, h->step, what, (unsigned long long)h->len,
+		    r->is_send ? "send" : "receive", (unsigned long long)r->len);
 		return false;
 	}
 	return true;
@@ -354,8 +361,9 @@ static void on_eager(tp_link *l, struct slot *s, const struct msg_hdr *h, bool *
 {
 	*keep_slot = false;
 	if (h->len > IB_EAGER_MAX) {
-		ib_link_fail(l, KHOR_ERR_PROTOCOL, "an eager message announces %llu bytes (at most %u)",
-		          (unsigned long long)h->len, IB_EAGER_MAX);
+		ib_link_fail(l, KHOR_ERR_PROTOCOL,
+		             "an eager message announces %llu bytes (at most %u)",
+		             (unsigned long long)h->len, IB_EAGER_MAX);
 		return;
 	}
 	for (klist *n = l->recvs.next; n != &l->recvs; n = n->next) {
@@ -399,8 +407,10 @@ static void on_imm(tp_link *l, uint32_t imm)
 	tp_req *r = l->rdv[idx];
 
 	if (r == NULL || r->rdv_id != imm) {
-		ib_link_fail(l, KHOR_ERR_PROTOCOL, "an RDMA write completed for rendezvous %u, which "
-		          "this rank is not waiting for", imm);
+		ib_link_fail(l, KHOR_ERR_PROTOCOL,
+		             "an RDMA write completed for rendezvous %u, which "
+		             "this rank is not waiting for",
+		             imm);
 		return;
 	}
 	if (++r->imm_seen < rdv_parts(l, r->len))
@@ -417,8 +427,8 @@ static void on_recv_slot(tp_link *l, struct slot *s, uint32_t byte_len, bool wit
 	if (with_imm) {
 		on_imm(l, imm);
 	} else if (byte_len < IB_HDR_BYTES) {
-		ib_link_fail(l, KHOR_ERR_PROTOCOL, "a message of %u bytes is shorter than its header",
-		          byte_len);
+		ib_link_fail(l, KHOR_ERR_PROTOCOL,
+		             "a message of %u bytes is shorter than its header", byte_len);
 	} else {
 		struct msg_hdr h;
 		memcpy(&h, s->mem, sizeof(h));
@@ -428,8 +438,10 @@ static void on_recv_slot(tp_link *l, struct slot *s, uint32_t byte_len, bool wit
 		else if (h.kind == MSG_CTS)
 			on_cts(l, &h);
 		else
-			ib_link_fail(l, KHOR_ERR_PROTOCOL, "a message of kind %u and %u bytes makes no "
-			          "sense", h.kind, byte_len);
+			ib_link_fail(l, KHOR_ERR_PROTOCOL,
+			             "a message of kind %u and %u bytes makes no "
+			             "sense",
+			             h.kind, byte_len);
 	}
 	if (!keep && live(l))
 		ib_post_recv_slot(l, s);
@@ -469,9 +481,11 @@ static void wc_error(tp_link *l, const struct ibv_wc *wc)
 	default:
 		break;
 	}
-	ib_link_fail(l, KHOR_ERR_REMOTE, "work completion with error on QP %d: %s (status %d, vendor "
-	          "error 0x%x)%s", q, l->ctx->api->wc_status_str(wc->status), (int)wc->status,
-	          wc->vendor_err, hint);
+	ib_link_fail(l, KHOR_ERR_REMOTE,
+	             "work completion with error on QP %d: %s (status %d, vendor "
+	             "error 0x%x)%s",
+	             q, l->ctx->api->wc_status_str(wc->status), (int)wc->status, wc->vendor_err,
+	             hint);
 }
 
 static void on_wc(tp_link *l, const struct ibv_wc *wc)
@@ -660,8 +674,8 @@ khor_status ib_irecv_locked(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr
 	}
 	if (len > IB_EAGER_MAX) {
 		r->rdv = true;
-		if ((st = ib_req_keys(r, mr, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, err)) !=
-		    KHOR_SUCCESS) {
+		if ((st = ib_req_keys(r, mr, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+		                      err)) != KHOR_SUCCESS) {
 			ib_req_release(r);
 			goto out;
 		}

@@ -15,7 +15,7 @@
 /* ---- memory ------------------------------------------------------------------------ */
 
 khor_status ib_reg_host(tp_ctx *ctx, void *buf, size_t len, int access, const char *what,
-                     struct ibv_mr **mr_out, kerr *err)
+                        struct ibv_mr **mr_out, kerr *err)
 {
 	struct ibv_mr *mr = ctx->api->reg_mr(ctx->pd, buf, len, access);
 	int e = errno;
@@ -38,8 +38,10 @@ khor_status ib_reg_host(tp_ctx *ctx, void *buf, size_t len, int access, const ch
 		                "'ulimit -l unlimited', or memlock in /etc/security/limits.conf, or "
 		                "LimitMEMLOCK= for a systemd service)", ctx->dev_name, what, buf, len,
 		                ib_errstr(e), lim, lim);
-	return kerr_set(err, KHOR_ERR_SYSTEM, "ib on %s: registering %s at %p (%zu bytes) failed: "
-	                "%s (locked-memory limit %s)", ctx->dev_name, what, buf, len, ib_errstr(e), lim);
+	return kerr_set(err, KHOR_ERR_SYSTEM,
+	                "ib on %s: registering %s at %p (%zu bytes) failed: "
+	                "%s (locked-memory limit %s)",
+	                ctx->dev_name, what, buf, len, ib_errstr(e), lim);
 }
 
 khor_status ib_reg_mr(tp_ctx *ctx, const tp_reg_desc *d, tp_mr **mr_out, kerr *err)
@@ -124,8 +126,8 @@ khor_status ib_req_keys(tp_req *r, tp_mr *mr, int access, kerr *err)
 		r->rkey = mr->mr->rkey;
 		return KHOR_SUCCESS;
 	}
-	khor_status st = ib_reg_host(l->ctx, r->buf, r->len, access, "a message buffer", &r->own_mr,
-	                          err);
+	khor_status st =
+	    ib_reg_host(l->ctx, r->buf, r->len, access, "a message buffer", &r->own_mr, err);
 	if (st != KHOR_SUCCESS) {
 		kerr_prefix(err, "ib link to peer rank %d", l->peer);
 		return st;

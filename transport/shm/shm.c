@@ -206,9 +206,10 @@ static uint64_t tx_room(tp_link *l, uint64_t want)
 		return room;
 	h = atomic_load_explicit(&l->tx->head, memory_order_acquire);
 	if (h > l->tx_tail || l->tx_tail - h > l->ring_bytes || h < l->tx_head_seen) {
-		shm_link_fail(l, KHOR_ERR_PROTOCOL, "the peer wrote an impossible ring position (head "
-		          "%llu, tail %llu); the segment is corrupt, closing the link",
-		          (unsigned long long)h, (unsigned long long)l->tx_tail);
+		shm_link_fail(l, KHOR_ERR_PROTOCOL,
+		              "the peer wrote an impossible ring position (head "
+		              "%llu, tail %llu); the segment is corrupt, closing the link",
+		              (unsigned long long)h, (unsigned long long)l->tx_tail);
 		return 0;
 	}
 	l->tx_head_seen = h;
@@ -392,11 +393,14 @@ static bool rx_conflict(tp_link *l, const struct rec_hdr *h)
 			if (r->tag.comm != h->comm || r->tag.seq != h->seq ||
 			    !tp_meta_conflict(l->ctx->meta, r->tag.meta, h->meta))
 				continue;
-			shm_link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was sent by "
-			          "%s but this rank posted %s for the same call: the ranks chose "
-			          "different algorithms", h->comm, h->seq, h->step,
-			          tp_meta_describe(l->ctx->meta, h->meta, b1, sizeof(b1)),
-			          tp_meta_describe(l->ctx->meta, r->tag.meta, b2, sizeof(b2)));
+			shm_link_fail(
+			    l, KHOR_ERR_PROTOCOL,
+			    "message (comm %u, seq %u, step %u) was sent by "
+			    "%s but this rank posted %s for the same call: the ranks chose "
+			    "different algorithms",
+			    h->comm, h->seq, h->step,
+			    tp_meta_describe(l->ctx->meta, h->meta, b1, sizeof(b1)),
+			    tp_meta_describe(l->ctx->meta, r->tag.meta, b2, sizeof(b2)));
 			return true;
 		}
 	}
@@ -409,17 +413,23 @@ static bool rx_check(tp_link *l, tp_req *r, const struct rec_hdr *h)
 	char b1[96], b2[96];
 
 	if (h->meta != r->tag.meta) {
-		shm_link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was sent by %s but "
-		          "this rank posted %s: the ranks called different collectives, dtypes/ops, algorithms or memory kinds",
-		          h->comm, h->seq, h->step, tp_meta_describe(l->ctx->meta, h->meta, b1, sizeof(b1)),
-		          tp_meta_describe(l->ctx->meta, r->tag.meta, b2, sizeof(b2)));
+		shm_link_fail(l, KHOR_ERR_PROTOCOL,
+		              "message (comm %u, seq %u, step %u) was sent by %s but "
+		              "this rank posted %s: the ranks called different collectives, "
+		              "dtypes/ops, algorithms or memory kinds",
+		              h->comm, h->seq, h->step,
+		              tp_meta_describe(l->ctx->meta, h->meta, b1, sizeof(b1)),
+		              tp_meta_describe(l->ctx->meta, r->tag.meta, b2, sizeof(b2)));
 		return false;
 	}
 	if (h->total_len != r->len) {
-		shm_link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) from peer rank %d "
-		          "is %llu bytes but the receive posted here is %llu bytes: the ranks disagree "
-		          "on count or dtype", h->comm, h->seq, h->step, l->peer,
-		          (unsigned long long)h->total_len, (unsigned long long)r->len);
+		shm_link_fail(
+		    l, KHOR_ERR_PROTOCOL,
+		    "message (comm %u, seq %u, step %u) from peer rank %d "
+		    "is %llu bytes but the receive posted here is %llu bytes: the ranks disagree "
+		    "on count or dtype",
+		    h->comm, h->seq, h->step, l->peer, (unsigned long long)h->total_len,
+		    (unsigned long long)r->len);
 		return false;
 	}
 	return true;
@@ -435,8 +445,10 @@ static int rx_record(tp_link *l, const struct rec_hdr *h, const uint8_t *payload
 		return 1;
 	case REC_RTS:
 		if (h->slot >= SHM_CMA_SLOTS || h->total_len == 0) {
-			shm_link_fail(l, KHOR_ERR_PROTOCOL, "malformed large-message record (slot %u, %llu "
-			          "bytes); closing the link", h->slot, (unsigned long long)h->total_len);
+			shm_link_fail(l, KHOR_ERR_PROTOCOL,
+			              "malformed large-message record (slot %u, %llu "
+			              "bytes); closing the link",
+			              h->slot, (unsigned long long)h->total_len);
 			return -1;
 		}
 		r = posted_take(l, h);
@@ -471,10 +483,12 @@ static int rx_record(tp_link *l, const struct rec_hdr *h, const uint8_t *payload
 		}
 		if (h->arg != r->done || h->piece_len > r->len - r->done ||
 		    sizeof(*h) + h->piece_len > h->rec_len) {
-			shm_link_fail(l, KHOR_ERR_PROTOCOL, "malformed piece (offset %llu, %u bytes) of a "
-			          "%llu-byte message (comm %u, seq %u, step %u); closing the link",
-			          (unsigned long long)h->arg, h->piece_len, (unsigned long long)r->len,
-			          h->comm, h->seq, h->step);
+			shm_link_fail(
+			    l, KHOR_ERR_PROTOCOL,
+			    "malformed piece (offset %llu, %u bytes) of a "
+			    "%llu-byte message (comm %u, seq %u, step %u); closing the link",
+			    (unsigned long long)h->arg, h->piece_len, (unsigned long long)r->len,
+			    h->comm, h->seq, h->step);
 			return -1;
 		}
 		if (h->piece_len > 0)
@@ -484,8 +498,8 @@ static int rx_record(tp_link *l, const struct rec_hdr *h, const uint8_t *payload
 			req_finish(r);
 		return 1;
 	default:
-		shm_link_fail(l, KHOR_ERR_PROTOCOL, "malformed ring record (kind %u); closing the link",
-		          h->kind);
+		shm_link_fail(l, KHOR_ERR_PROTOCOL,
+		              "malformed ring record (kind %u); closing the link", h->kind);
 		return -1;
 	}
 }
@@ -504,9 +518,10 @@ static bool rx_drive(tp_link *l)
 
 	tail = atomic_load_explicit(&l->rx->tail, memory_order_acquire);
 	if (tail < l->rx_head || tail - l->rx_head > size) {
-		shm_link_fail(l, KHOR_ERR_PROTOCOL, "the peer wrote an impossible ring position (tail "
-		          "%llu, head %llu); the segment is corrupt, closing the link",
-		          (unsigned long long)tail, (unsigned long long)l->rx_head);
+		shm_link_fail(l, KHOR_ERR_PROTOCOL,
+		              "the peer wrote an impossible ring position (tail "
+		              "%llu, head %llu); the segment is corrupt, closing the link",
+		              (unsigned long long)tail, (unsigned long long)l->rx_head);
 		return false;
 	}
 	pos = l->rescan ? l->rx_head : l->rx_scan;
@@ -517,9 +532,10 @@ static bool rx_drive(tp_link *l)
 		memcpy(&h, l->rx_ring + off, sizeof(h));
 		if (h.magic != SHM_REC_MAGIC || h.rec_len < sizeof(h) || h.rec_len % SHM_LINE != 0 ||
 		    h.rec_len > size - off || h.rec_len > tail - pos) {
-			shm_link_fail(l, KHOR_ERR_PROTOCOL, "malformed ring record at position %llu (magic "
-			          "0x%08x, %u bytes); closing the link", (unsigned long long)pos, h.magic,
-			          h.rec_len);
+			shm_link_fail(l, KHOR_ERR_PROTOCOL,
+			              "malformed ring record at position %llu (magic "
+			              "0x%08x, %u bytes); closing the link",
+			              (unsigned long long)pos, h.magic, h.rec_len);
 			return true;
 		}
 		if (!h.consumed) {
@@ -577,18 +593,24 @@ static bool cma_drive(tp_link *l)
 			if (e == EINTR || e == EAGAIN || e == ENOMEM)
 				continue;
 			if (e == ESRCH) {
-				shm_link_fail_peer_gone(l, "its process is gone: process_vm_readv found no such "
-				                    "process");
+				shm_link_fail_peer_gone(
+				    l, "its process is gone: process_vm_readv found no such "
+				       "process");
 			} else if (e == EPERM) {
-				shm_link_fail(l, KHOR_ERR_SYSTEM, "process_vm_readv of a %llu-byte message: %s "
-				          "(this process may not read the peer's memory any more; allow "
-				          "ptrace between the ranks or set KHOR_SHM_CMA=0)",
-				          (unsigned long long)r->len, shm_errstr(e));
+				shm_link_fail(
+				    l, KHOR_ERR_SYSTEM,
+				    "process_vm_readv of a %llu-byte message: %s "
+				    "(this process may not read the peer's memory any more; allow "
+				    "ptrace between the ranks or set KHOR_SHM_CMA=0)",
+				    (unsigned long long)r->len, shm_errstr(e));
 			} else {
-				shm_link_fail(l, KHOR_ERR_PROTOCOL, "process_vm_readv of a %llu-byte message "
-				          "at offset %llu: %s (the peer's send buffer is not mapped: it was "
-				          "freed before the send completed)", (unsigned long long)r->len,
-				          (unsigned long long)r->done, shm_errstr(e));
+				shm_link_fail(l, KHOR_ERR_PROTOCOL,
+				              "process_vm_readv of a %llu-byte message "
+				              "at offset %llu: %s (the peer's send buffer is not "
+				              "mapped: it was "
+				              "freed before the send completed)",
+				              (unsigned long long)r->len,
+				              (unsigned long long)r->done, shm_errstr(e));
 			}
 			return true;
 		}
@@ -600,8 +622,10 @@ static bool cma_drive(tp_link *l)
 			 * still its data. */
 			atomic_thread_fence(memory_order_seq_cst);
 			if (atomic_load_explicit(&l->seg->broken[1 - l->side].v, memory_order_relaxed)) {
-				shm_link_fail(l, KHOR_ERR_REMOTE, "the peer abandoned the link (after an error "
-				          "on its side; see that rank's log) while this rank read a message");
+				shm_link_fail(l, KHOR_ERR_REMOTE,
+				              "the peer abandoned the link (after an error "
+				              "on its side; see that rank's log) while this rank "
+				              "read a message");
 				return true;
 			}
 			atomic_store_explicit(&l->rx->done[r->slot], r->msg_id, memory_order_release);
@@ -620,7 +644,8 @@ static bool link_drive(tp_link *l)
 	if (l->state != LS_READY || l->err.status != KHOR_SUCCESS)
 		return false;
 	if (l->out_len > 0 && !shm_hs_send(l, NULL, 0, -1)) {
-		shm_link_fail(l, KHOR_ERR_REMOTE, "handshake: sending the result: %s", shm_errstr(errno));
+		shm_link_fail(l, KHOR_ERR_REMOTE, "handshake: sending the result: %s",
+		              shm_errstr(errno));
 		return true;
 	}
 	if (atomic_load_explicit(&l->seg->broken[1 - l->side].v, memory_order_acquire)) {
@@ -631,8 +656,10 @@ static bool link_drive(tp_link *l)
 		for (char *q = why; *q != '\0'; q++)
 			if (*q < 0x20 || *q > 0x7e)
 				*q = '?';
-		shm_link_fail(l, KHOR_ERR_REMOTE, "the peer closed the link after an error on its side: "
-		          "[%s]", why[0] ? why : "no reason given");
+		shm_link_fail(l, KHOR_ERR_REMOTE,
+		              "the peer closed the link after an error on its side: "
+		              "[%s]",
+		              why[0] ? why : "no reason given");
 		return true;
 	}
 	moved |= tx_drive(l);
@@ -683,7 +710,8 @@ static bool accept_new(tp_ctx *ctx)
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
 			if (errno != EAGAIN)
-				KLOG_WARN("shm transport (rank %d): accept: %s", ctx->rank, shm_errstr(errno));
+				KLOG_WARN("shm transport (rank %d): accept: %s", ctx->rank,
+				          shm_errstr(errno));
 			return moved;
 		}
 		l = link_new(ctx, -1, 1, fd);
@@ -822,11 +850,12 @@ static bool sweep(tp_ctx *ctx, bool *handshaking)
 		    kdeadline_passed(l->hs_deadline)) {
 			if (l->side == 1)
 				shm_acc_drop(l, "no complete handshake within %lld ms",
-				         (long long)ctx->hs_timeout_ms);
+				             (long long)ctx->hs_timeout_ms);
 			else
-				shm_link_fail(l, KHOR_ERR_TIMEOUT, "handshake did not finish within %lld ms "
-				          "(the peer is stuck or not polling its transport)",
-				          (long long)ctx->hs_timeout_ms);
+				shm_link_fail(l, KHOR_ERR_TIMEOUT,
+				              "handshake did not finish within %lld ms "
+				              "(the peer is stuck or not polling its transport)",
+				              (long long)ctx->hs_timeout_ms);
 		}
 		/* Not while a thread sleeps in poll(): its arrays may name l. */
 		if (l->side == 1 && l->state == LS_DEAD && !l->claimed && !ctx->sk.sl.asleep &&
@@ -931,9 +960,12 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 		goto fail_free;
 	}
 	if (!read_host_key(ctx->host_key, sizeof(ctx->host_key))) {
-		st = kerr_set(err, KHOR_ERR_SYSTEM, "shm transport: cannot read "
-		              "/proc/sys/kernel/random/boot_id or /proc/self/ns/net (%s), which tell "
-		              "whether two ranks can share memory; is /proc mounted?", shm_errstr(errno));
+		st = kerr_set(
+		    err, KHOR_ERR_SYSTEM,
+		    "shm transport: cannot read "
+		    "/proc/sys/kernel/random/boot_id or /proc/self/ns/net (%s), which tell "
+		    "whether two ranks can share memory; is /proc mounted?",
+		    shm_errstr(errno));
 		goto fail_free;
 	}
 	/*
@@ -1117,8 +1149,8 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 	return KHOR_SUCCESS;
 }
 
-static khor_status shm_isend_locked(tp_link *l, const void *buf, size_t len, tp_tag tag,
-                                    tp_mr *mr, tp_req **req_out, kerr *err)
+static khor_status shm_isend_locked(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                                    tp_req **req_out, kerr *err)
 {
 	(void)mr;
 	return post(l, (uint8_t *)buf, len, tag, true, req_out, err);
@@ -1162,8 +1194,9 @@ static void shm_cancel_locked(tp_req *r)
 		 * very buffer: the stream of this link cannot be trusted any more. */
 		bool cut = r->is_send ? r->done > 0 || r->on == &l->cma_wait : r->on != &l->posted;
 		if (cut)
-			shm_link_fail(l, KHOR_ERR_INTERNAL, "a transfer was abandoned mid-message after an "
-			          "earlier error; the link is closed");
+			shm_link_fail(l, KHOR_ERR_INTERNAL,
+			              "a transfer was abandoned mid-message after an "
+			              "earlier error; the link is closed");
 		req_finish(r);
 	}
 	l->pending--;
@@ -1208,7 +1241,8 @@ static khor_status shm_progress_locked(tp_ctx *ctx, int timeout_ms, bool *moved_
 		if (tp_skel_sleep_begin(&ctx->sk, wait_ms)) {
 			set_sleeping(ctx, 1);
 			moved = drive_links(ctx);
-			moved |= tp_skel_seen(&ctx->sk); /* a wake since our last look: don't sleep */
+			moved |=
+			    tp_skel_seen(&ctx->sk); /* a wake since our last look: don't sleep */
 			if (!moved)
 				moved = poll_sockets(ctx, wait_ms, true, err);
 			ctx->next_check_ns = kclock_ns() + SHM_CHECK_NS;

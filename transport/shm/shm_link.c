@@ -285,12 +285,14 @@ static bool acc_hello(tp_link *l)
 		hs_refusal(status, &c);
 		acc_send_last(l, &c, sizeof(c));
 		if (status == HS_BAD_PARAMS)
-			shm_acc_drop(l, "it claims rank %d of job '%s', protocol %u: a ring of %llu bytes "
-			         "(must be a power of two from 64 KiB to 64 MiB)", h->from_rank,
-			         h->job_id, h->version, (unsigned long long)ring);
+			shm_acc_drop(
+			    l,
+			    "it claims rank %d of job '%s', protocol %u: a ring of %llu bytes "
+			    "(must be a power of two from 64 KiB to 64 MiB)",
+			    h->from_rank, h->job_id, h->version, (unsigned long long)ring);
 		else
-			shm_acc_drop(l, "it claims rank %d of job '%s', protocol %u: %s", h->from_rank,
-			         h->job_id, h->version, hs_status_str(status));
+			shm_acc_drop(l, "it claims rank %d of job '%s', protocol %u: %s",
+			             h->from_rank, h->job_id, h->version, hs_status_str(status));
 		return true;
 	}
 	l->refused = false;
@@ -314,8 +316,10 @@ static bool acc_proof(tp_link *l, const hs_proof *p, int seg_fd)
 		l->refused = true;
 		hs_result_make(HS_BAD_AUTH, 0, &r);
 		acc_send_last(l, &r, sizeof(r));
-		shm_acc_drop(l, "it claims rank %d of job '%s' but failed the job secret check (a "
-		         "stranger, or its KHOR_SECRET differs)", h->from_rank, h->job_id);
+		shm_acc_drop(l,
+		             "it claims rank %d of job '%s' but failed the job secret check (a "
+		             "stranger, or its KHOR_SECRET differs)",
+		             h->from_rank, h->job_id);
 		return true;
 	}
 	l->peer = h->from_rank;
@@ -330,12 +334,14 @@ static bool acc_proof(tp_link *l, const hs_proof *p, int seg_fd)
 		l->refused = true;
 		hs_result_make(HS_BAD_PARAMS, 0, &r);
 		acc_send_last(l, &r, sizeof(r));
-		shm_acc_drop(l, "rank %d: %s", l->peer, seg_fd < 0 ? "no segment came with its proof" : why);
+		shm_acc_drop(l, "rank %d: %s", l->peer,
+		             seg_fd < 0 ? "no segment came with its proof" : why);
 		return true;
 	}
 	hs_result_make(HS_OK, cma_probe(l, h->aux[SHM_AUX_NONCE_ADDR], h->nonce_c), &r);
 	if (!shm_hs_send(l, &r, sizeof(r), -1)) {
-		shm_acc_drop(l, "rank %d: sending the handshake result: %s", l->peer, shm_errstr(errno));
+		shm_acc_drop(l, "rank %d: sending the handshake result: %s", l->peer,
+		             shm_errstr(errno));
 		return true;
 	}
 	ctx->incoming[l->peer] = l;
@@ -362,7 +368,8 @@ static bool conn_challenge(tp_link *l, const hs_challenge *c)
 	}
 	p.aux = cma_probe(l, c->aux, c->nonce_s);
 	if (!shm_hs_send(l, &p, sizeof(p), l->seg_fd)) {
-		shm_link_fail(l, KHOR_ERR_REMOTE, "handshake: sending the segment: %s", shm_errstr(errno));
+		shm_link_fail(l, KHOR_ERR_REMOTE, "handshake: sending the segment: %s",
+		              shm_errstr(errno));
 		return true;
 	}
 	l->hs_phase = 1;
@@ -404,15 +411,18 @@ bool shm_hs_step(tp_link *l)
 				l->retry_at = now + SHM_RETRY_NS;
 				return false;
 			}
-			shm_link_fail(l, KHOR_ERR_REMOTE, "connect to its socket: %s (is the peer on this "
-			          "host, in this network namespace, and still running?)", shm_errstr(e));
+			shm_link_fail(l, KHOR_ERR_REMOTE,
+			              "connect to its socket: %s (is the peer on this "
+			              "host, in this network namespace, and still running?)",
+			              shm_errstr(e));
 			return true;
 		}
 		shm_peer_cred(l);
 		l->state = LS_HS;
 		l->hs_phase = 0;
 		if (!shm_hs_send(l, &l->hello, sizeof(l->hello), -1)) {
-			shm_link_fail(l, KHOR_ERR_REMOTE, "handshake: sending HELLO: %s", shm_errstr(errno));
+			shm_link_fail(l, KHOR_ERR_REMOTE, "handshake: sending HELLO: %s",
+			              shm_errstr(errno));
 			return true;
 		}
 		return true;
@@ -424,7 +434,8 @@ bool shm_hs_step(tp_link *l)
 			if (l->side == 1)
 				shm_acc_drop(l, "handshake send: %s", shm_errstr(errno));
 			else
-				shm_link_fail(l, KHOR_ERR_REMOTE, "handshake send: %s", shm_errstr(errno));
+				shm_link_fail(l, KHOR_ERR_REMOTE, "handshake send: %s",
+				              shm_errstr(errno));
 			return true;
 		}
 		if (l->out_len > 0)
@@ -467,8 +478,10 @@ bool shm_hs_step(tp_link *l)
 			return conn_result(l, &r);
 	}
 	if (rc < 0) {
-		shm_link_fail(l, KHOR_ERR_REMOTE, "handshake: %s (the peer closed the connection: it "
-		          "refused us, see its log, or it exited)", why);
+		shm_link_fail(l, KHOR_ERR_REMOTE,
+		              "handshake: %s (the peer closed the connection: it "
+		              "refused us, see its log, or it exited)",
+		              why);
 		return true;
 	}
 	return false;

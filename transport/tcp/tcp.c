@@ -302,8 +302,9 @@ static bool send_drive(struct tsock *s)
 				break;
 			}
 			tcp_sock_fail(s, KHOR_ERR_REMOTE, "send: %s%s", tcp_errstr(errno),
-			          errno == EPIPE || errno == ECONNRESET
-			                  ? " (the peer process exited or closed the link)" : "");
+			              errno == EPIPE || errno == ECONNRESET
+			                  ? " (the peer process exited or closed the link)"
+			                  : "");
 			return true;
 		}
 		moved = true;
@@ -357,19 +358,23 @@ static bool frame_fits(struct tsock *s, const struct frame_hdr *h, const struct 
 	char b1[96], b2[96];
 
 	if (h->meta != c->hdr.meta) {
-		tcp_sock_fail(s, KHOR_ERR_PROTOCOL,
-		          "message (comm %u, seq %u, step %u) was sent by %s but this rank posted %s: "
-		          "the ranks called different collectives, dtypes/ops, algorithms or memory kinds",
-		          h->comm, h->seq, h->step, tp_meta_describe(s->ctx->meta, h->meta, b1, sizeof(b1)),
-		          tp_meta_describe(s->ctx->meta, c->hdr.meta, b2, sizeof(b2)));
+		tcp_sock_fail(
+		    s, KHOR_ERR_PROTOCOL,
+		    "message (comm %u, seq %u, step %u) was sent by %s but this rank posted %s: "
+		    "the ranks called different collectives, dtypes/ops, algorithms or memory "
+		    "kinds",
+		    h->comm, h->seq, h->step,
+		    tp_meta_describe(s->ctx->meta, h->meta, b1, sizeof(b1)),
+		    tp_meta_describe(s->ctx->meta, c->hdr.meta, b2, sizeof(b2)));
 		return false;
 	}
 	if (h->total_len != c->hdr.total_len || h->chunk_len != c->len) {
-		tcp_sock_fail(s, KHOR_ERR_PROTOCOL,
-		          "message (comm %u, seq %u, step %u) is %llu bytes but the receive posted "
-		          "here is %llu bytes: the ranks disagree on count or dtype",
-		          h->comm, h->seq, h->step, (unsigned long long)h->total_len,
-		          (unsigned long long)c->hdr.total_len);
+		tcp_sock_fail(
+		    s, KHOR_ERR_PROTOCOL,
+		    "message (comm %u, seq %u, step %u) is %llu bytes but the receive posted "
+		    "here is %llu bytes: the ranks disagree on count or dtype",
+		    h->comm, h->seq, h->step, (unsigned long long)h->total_len,
+		    (unsigned long long)c->hdr.total_len);
 		return false;
 	}
 	return true;
@@ -395,7 +400,8 @@ static bool spill(struct tsock *s, bool rts)
 	}
 	if (u == NULL) {
 		if (rts)
-			tcp_sock_fail(s, KHOR_ERR_NO_MEMORY, "out of memory for an early request-to-send");
+			tcp_sock_fail(s, KHOR_ERR_NO_MEMORY,
+			              "out of memory for an early request-to-send");
 		return false;
 	}
 	u->ch.hdr = *h;
@@ -426,8 +432,10 @@ static bool recv_match(struct tsock *s)
 		c = list_take(&s->rts_wait, h);
 		s->rhdr_got = 0;
 		if (c == NULL) {
-			tcp_sock_fail(s, KHOR_ERR_PROTOCOL, "clear-to-send for (comm %u, seq %u, step %u), "
-			          "which this rank never announced", h->comm, h->seq, h->step);
+			tcp_sock_fail(s, KHOR_ERR_PROTOCOL,
+			              "clear-to-send for (comm %u, seq %u, step %u), "
+			              "which this rank never announced",
+			              h->comm, h->seq, h->step);
 			return false;
 		}
 		c->hdr.kind = FRAME_DATA;
@@ -441,8 +449,10 @@ static bool recv_match(struct tsock *s)
 	if (h->kind == FRAME_DATA) {
 		c = list_take(&s->rdv_wait, h);
 		if (c == NULL) {
-			tcp_sock_fail(s, KHOR_ERR_PROTOCOL, "data for (comm %u, seq %u, step %u), for which "
-			          "this rank sent no clear-to-send", h->comm, h->seq, h->step);
+			tcp_sock_fail(s, KHOR_ERR_PROTOCOL,
+			              "data for (comm %u, seq %u, step %u), for which "
+			              "this rank sent no clear-to-send",
+			              h->comm, h->seq, h->step);
 			return false;
 		}
 		if (!frame_fits(s, h, c))
@@ -464,10 +474,12 @@ static bool recv_match(struct tsock *s)
 		c = sched_conflict(s->ctx, h);
 		if (c != NULL) {
 			tcp_sock_fail(s, KHOR_ERR_PROTOCOL,
-			          "message (comm %u, seq %u, step %u) was sent by %s but this rank posted "
-			          "%s for the same call: the ranks chose different algorithms", h->comm,
-			          h->seq, h->step, tp_meta_describe(s->ctx->meta, h->meta, b1, sizeof(b1)),
-			          tp_meta_describe(s->ctx->meta, c->hdr.meta, b2, sizeof(b2)));
+			              "message (comm %u, seq %u, step %u) was sent by %s but this "
+			              "rank posted "
+			              "%s for the same call: the ranks chose different algorithms",
+			              h->comm, h->seq, h->step,
+			              tp_meta_describe(s->ctx->meta, h->meta, b1, sizeof(b1)),
+			              tp_meta_describe(s->ctx->meta, c->hdr.meta, b2, sizeof(b2)));
 			return false;
 		}
 		/* Someone waits for another frame on this socket: don't make them wait behind
@@ -525,9 +537,10 @@ static ssize_t eager_fill(struct tsock *s)
 		return 0;
 	}
 	if (n == 0)
-		tcp_sock_fail(s, KHOR_ERR_REMOTE, "connection closed by the peer while %s (the peer "
-		          "process exited, crashed or closed the link)",
-		          s->rcur ? "receiving a message" : "waiting for a message");
+		tcp_sock_fail(s, KHOR_ERR_REMOTE,
+		              "connection closed by the peer while %s (the peer "
+		              "process exited, crashed or closed the link)",
+		              s->rcur ? "receiving a message" : "waiting for a message");
 	else
 		tcp_sock_fail(s, KHOR_ERR_REMOTE, "receive: %s", tcp_errstr(errno));
 	return -1;
@@ -572,15 +585,18 @@ static bool recv_drive(struct tsock *s)
 			}
 			moved = true;
 			if (s->rhdr.magic != TCP_FRAME_MAGIC) {
-				tcp_sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (magic 0x%08x); "
-				          "closing the link", s->rhdr.magic);
+				tcp_sock_fail(s, KHOR_ERR_PROTOCOL,
+				              "malformed frame header (magic 0x%08x); "
+				              "closing the link",
+				              s->rhdr.magic);
 				return true;
 			}
 			if (s->rhdr.chunk_len > s->rhdr.total_len) {
-				tcp_sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (chunk of %llu "
-				          "bytes in a message of %llu)",
-				          (unsigned long long)s->rhdr.chunk_len,
-				          (unsigned long long)s->rhdr.total_len);
+				tcp_sock_fail(s, KHOR_ERR_PROTOCOL,
+				              "malformed frame header (chunk of %llu "
+				              "bytes in a message of %llu)",
+				              (unsigned long long)s->rhdr.chunk_len,
+				              (unsigned long long)s->rhdr.total_len);
 				return true;
 			}
 			if (!recv_match(s))
@@ -603,9 +619,13 @@ static bool recv_drive(struct tsock *s)
 					s->rd_ready = false;
 					break;
 				}
-				tcp_sock_fail(s, KHOR_ERR_REMOTE, n == 0 ? "connection closed by the peer "
-				          "while receiving a message (the peer process exited, crashed or "
-				          "closed the link)" : "receive: %s", tcp_errstr(errno));
+				tcp_sock_fail(s, KHOR_ERR_REMOTE,
+				              n == 0 ? "connection closed by the peer "
+				                       "while receiving a message (the peer "
+				                       "process exited, crashed or "
+				                       "closed the link)"
+				                     : "receive: %s",
+				              tcp_errstr(errno));
 				return true;
 			}
 			c->done += (uint64_t)n;
@@ -972,17 +992,22 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 			if (t->parked && t->rhdr.comm == tag.comm && t->rhdr.seq == tag.seq &&
 			    tp_meta_conflict(l->ctx->meta, t->rhdr.meta, tag.meta))
 				recv_match(t);
-			for (klist *n = t->uq.next; n != &t->uq && t->state == SS_DATA; n = n->next) {
+			for (klist *n = t->uq.next; n != &t->uq && t->state == SS_DATA;
+			     n = n->next) {
 				char b1[96], b2[96];
 				u = UFRAME(n);
 				if (u->ch.hdr.comm != tag.comm || u->ch.hdr.seq != tag.seq ||
 				    !tp_meta_conflict(l->ctx->meta, u->ch.hdr.meta, tag.meta))
 					continue;
-				tcp_sock_fail(t, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was "
-				          "sent by %s but this rank posted %s for the same call: the ranks "
-				          "chose different algorithms", tag.comm, tag.seq, u->ch.hdr.step,
-				          tp_meta_describe(l->ctx->meta, u->ch.hdr.meta, b1, sizeof(b1)),
-				          tp_meta_describe(l->ctx->meta, tag.meta, b2, sizeof(b2)));
+				tcp_sock_fail(
+				    t, KHOR_ERR_PROTOCOL,
+				    "message (comm %u, seq %u, step %u) was "
+				    "sent by %s but this rank posted %s for the same call: the "
+				    "ranks "
+				    "chose different algorithms",
+				    tag.comm, tag.seq, u->ch.hdr.step,
+				    tp_meta_describe(l->ctx->meta, u->ch.hdr.meta, b1, sizeof(b1)),
+				    tp_meta_describe(l->ctx->meta, tag.meta, b2, sizeof(b2)));
 				break;
 			}
 		}
@@ -998,8 +1023,8 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 	return KHOR_SUCCESS;
 }
 
-static khor_status tcp_isend_locked(tp_link *l, const void *buf, size_t len, tp_tag tag,
-                                    tp_mr *mr, tp_req **req_out, kerr *err)
+static khor_status tcp_isend_locked(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                                    tp_req **req_out, kerr *err)
 {
 	(void)mr;
 	return post(l, (uint8_t *)buf, len, tag, true, req_out, err);
@@ -1072,8 +1097,9 @@ static void tcp_cancel_locked(tp_req *r)
 		}
 		if (started && (c->done < c->len ||
 		                (r->is_send && (c->hdr_done < sizeof(c->hdr) || c->pad_left > 0))))
-			tcp_link_fail(l, KHOR_ERR_INTERNAL, "a transfer was abandoned mid-message after an "
-			          "earlier error; the link is closed");
+			tcp_link_fail(l, KHOR_ERR_INTERNAL,
+			              "a transfer was abandoned mid-message after an "
+			              "earlier error; the link is closed");
 	}
 	req_unlink(r);
 	if (l->err.status != KHOR_SUCCESS)
@@ -1128,8 +1154,9 @@ static void sweep(tp_ctx *ctx)
 					s->link->socks[s->idx] = NULL;
 				tcp_sock_close_fd(s);
 			} else {
-				tcp_sock_fail(s, KHOR_ERR_TIMEOUT, "handshake did not finish within %lld ms",
-				          (long long)ctx->hs_timeout_ms);
+				tcp_sock_fail(s, KHOR_ERR_TIMEOUT,
+				              "handshake did not finish within %lld ms",
+				              (long long)ctx->hs_timeout_ms);
 			}
 		}
 		/* Not while a thread sleeps in epoll_wait: it may hold an event naming s. */

@@ -49,14 +49,17 @@ static void dial_give_up(tp_link *l)
 		                        i ? "; " : "", d->str[i], d->why[i],
 		                        d->fail[i][0] ? d->fail[i] : "not tried before the deadline");
 	dial_unlist(l);
-	tcp_link_fail(l, KHOR_ERR_REMOTE, "no address of rank %d answered after %d attempt(s) each: "
-	          "%s. %s", l->peer, d->round + 1, list,
-	          l->ctx->spec_set ? "KHOR_SOCKET_IFNAME chose these addresses on every host: do "
-	                             "the hosts share that network? Unset it to let khor choose, "
-	                             "or name another interface or CIDR"
-	                           : "Do the hosts share a network? KHOR_SOCKET_IFNAME, an "
-	                             "interface name or a CIDR such as 198.19.10.0/24, names the "
-	                             "one to use");
+	tcp_link_fail(l, KHOR_ERR_REMOTE,
+	              "no address of rank %d answered after %d attempt(s) each: "
+	              "%s. %s",
+	              l->peer, d->round + 1, list,
+	              l->ctx->spec_set
+	                  ? "KHOR_SOCKET_IFNAME chose these addresses on every host: do "
+	                    "the hosts share that network? Unset it to let khor choose, "
+	                    "or name another interface or CIDR"
+	                  : "Do the hosts share a network? KHOR_SOCKET_IFNAME, an "
+	                    "interface name or a CIDR such as 198.19.10.0/24, names the "
+	                    "one to use");
 	for (int k = 0; k < l->nsocks; k++)
 		if (l->socks[k] != NULL)
 			tcp_sock_close_fd(l->socks[k]);
@@ -162,7 +165,8 @@ void tcp_dial_tick(tp_ctx *ctx)
 			continue;
 		bool up = false;
 		for (int k = 0; k < l->nsocks && !up; k++)
-			if (l->socks[k]->state == SS_CONNECTING && tcp_sock_connected(l->socks[k])) {
+			if (l->socks[k]->state == SS_CONNECTING &&
+			    tcp_sock_connected(l->socks[k])) {
 				l->socks[k]->wr_ready = true; /* hs_drive takes it from here */
 				up = true;
 			}
@@ -190,7 +194,7 @@ static const char *ip_str(const ksockaddr *a, char *buf, size_t len)
 
 /* The peer's addresses, in the order to dial them, each with why it is there. */
 khor_status tcp_dial_plan(tp_ctx *ctx, int peer, const char *peer_addr, struct tcp_dial *d,
-                      kerr *err)
+                          kerr *err)
 {
 	ksockaddr got[KSOCK_MAX_CANDS];
 	int order[KSOCK_MAX_CANDS], via[KSOCK_MAX_CANDS];

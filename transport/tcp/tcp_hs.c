@@ -216,7 +216,8 @@ bool tcp_hs_drive(struct tsock *s)
 					          s->peer_str, tcp_errstr(errno));
 					tcp_sock_close_fd(s);
 				} else {
-					tcp_sock_fail(s, KHOR_ERR_REMOTE, "handshake send: %s", tcp_errstr(errno));
+					tcp_sock_fail(s, KHOR_ERR_REMOTE, "handshake send: %s",
+					              tcp_errstr(errno));
 				}
 				return true;
 			}

@@ -52,7 +52,8 @@ void tcp_sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
 	vsnprintf(what, sizeof(what), fmt, ap);
 	va_end(ap);
 	if (s->link != NULL)
-		tcp_link_fail(s->link, st, "socket %d of %d: %s", s->idx + 1, s->link->nsocks, what);
+		tcp_link_fail(s->link, st, "socket %d of %d: %s", s->idx + 1, s->link->nsocks,
+		              what);
 	tcp_sock_close_fd(s);
 }
 
