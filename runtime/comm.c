@@ -775,7 +775,7 @@ static khor_status start_transports(kctx *x, kerr *err)
 		.meta = &coll_meta_rules, .hostname = s->hostname,
 		.ib_hca = s->ib_hca, .ib_gid_index = s->ib_gid_index, .ib_qps = s->ib_qps,
 		.ib_timeout = s->ib_timeout, .ib_retry_cnt = s->ib_retry_cnt, .ib_max_wr = s->ib_max_wr,
-		.ib_flush_always = s->ib_flush_always,
+		.ib_flush_always = s->ib_flush_always, .shm_cma = s->shm_cma,
 	};
 	for (int i = 0; i < n && x->ntps < COLL_MAX_TP; i++) {
 		const struct transport_ops *ops = all[i];

@@ -72,6 +72,7 @@ typedef struct settings {
 	int ib_qps, ib_timeout, ib_retry_cnt;
 	uint32_t ib_max_wr;     /* 0 = the ports' limit */
 	bool ib_flush_always;
+	bool shm_cma;           /* KHOR_SHM_CMA=1 */
 } settings;
 
 /* Looks up name in cfg, then the environment; NULL when unset or empty. */

@@ -6,6 +6,7 @@
  */
 #include "regcache.h"
 
+#include "base/list.h"
 #include "base/log.h"
 
 #include <pthread.h>
@@ -14,7 +15,7 @@
 #include <unistd.h>
 
 struct regcache_entry {
-	regcache_entry *prev, *next;
+	klist node; /* on the cache's lru */
 	uintptr_t lo, hi; /* the registered range */
 	tp_mem_kind kind;
 	unsigned access;
@@ -31,7 +32,7 @@ struct tp_regcache {
 	tp_ctx *ctx;
 	regcache_limits lim;
 	uintptr_t page;
-	regcache_entry *head, *tail;
+	klist lru; /* the entries, most recently used first */
 	regcache_stats st;
 };
 
@@ -55,37 +56,26 @@ khor_status regcache_create(const struct transport_ops *ops, tp_ctx *ctx,
 	c->ctx = ctx;
 	c->lim = *lim;
 	c->page = page > 0 ? (uintptr_t)page : 4096;
+	klist_init(&c->lru);
 	*cache_out = c;
 	return KHOR_SUCCESS;
 }
 
-static void unlink_entry(tp_regcache *c, regcache_entry *e)
-{
-	if (e->prev != NULL)
-		e->prev->next = e->next;
-	else
-		c->head = e->next;
-	if (e->next != NULL)
-		e->next->prev = e->prev;
-	else
-		c->tail = e->prev;
-	e->prev = e->next = NULL;
-}
+#define ENTRY(n) KLIST_ENTRY(n, regcache_entry, node)
 
-static void push_front(tp_regcache *c, regcache_entry *e)
+/* Every node of the lru from the least recently used on; the body may drop `n`'s entry. */
+#define FOREACH_FROM_BACK(n, p, c)                                                           \
+	for ((n) = (c)->lru.prev, (p) = (n)->prev; (n) != &(c)->lru; (n) = (p), (p) = (n)->prev)
+
+static void to_front(tp_regcache *c, regcache_entry *e)
 {
-	e->prev = NULL;
-	e->next = c->head;
-	if (c->head != NULL)
-		c->head->prev = e;
-	else
-		c->tail = e;
-	c->head = e;
+	klist_del(&e->node);
+	klist_add_head(&c->lru, &e->node);
 }
 
 static void drop(tp_regcache *c, regcache_entry *e)
 {
-	unlink_entry(c, e);
+	klist_del(&e->node);
 	c->ops->dereg_mr(c->ctx, e->mr);
 	c->st.deregs++;
 	c->st.bytes -= e->hi - e->lo;
@@ -96,16 +86,16 @@ static void drop(tp_regcache *c, regcache_entry *e)
 /* Evicts unused entries from the back until the limits hold (or nothing unused is left). */
 static void evict(tp_regcache *c)
 {
-	regcache_entry *e = c->tail;
+	klist *n, *p;
 
-	while (e != NULL &&
-	       (c->st.entries > c->lim.max_entries || c->st.bytes > c->lim.max_bytes)) {
-		regcache_entry *prev = e->prev;
+	FOREACH_FROM_BACK(n, p, c) {
+		regcache_entry *e = ENTRY(n);
+		if (c->st.entries <= c->lim.max_entries && c->st.bytes <= c->lim.max_bytes)
+			break;
 		if (e->refs == 0) {
 			drop(c, e);
 			c->st.evictions++;
 		}
-		e = prev;
 	}
 }
 
@@ -122,8 +112,8 @@ void regcache_destroy(tp_regcache *c)
 	           (unsigned long long)c->st.grows, (unsigned long long)c->st.evictions,
 	           (unsigned long long)c->st.invalidations, (unsigned long long)c->st.regs,
 	           (double)c->st.peak_bytes / (1 << 20));
-	while (c->head != NULL)
-		drop(c, c->head);
+	while (!klist_empty(&c->lru))
+		drop(c, ENTRY(klist_first(&c->lru)));
 	pthread_mutex_destroy(&c->mu);
 	free(c);
 }
@@ -158,7 +148,7 @@ static khor_status reg(tp_regcache *c, const tp_reg_desc *d, uintptr_t lo, uintp
 	if (c->st.bytes > c->st.peak_bytes)
 		c->st.peak_bytes = c->st.bytes;
 	c->st.entries++;
-	push_front(c, e);
+	klist_add_head(&c->lru, &e->node);
 	*ent_out = e;
 	return KHOR_SUCCESS;
 }
@@ -168,6 +158,7 @@ khor_status regcache_get(tp_regcache *c, const tp_reg_desc *d, uint64_t scope,
 {
 	uintptr_t lo = (uintptr_t)d->buf, hi = lo + d->len;
 	regcache_entry *e, *got = NULL;
+	klist *n, *t;
 	khor_status st = KHOR_SUCCESS;
 	unsigned access = d->access;
 
@@ -177,16 +168,14 @@ khor_status regcache_get(tp_regcache *c, const tp_reg_desc *d, uint64_t scope,
 		                "at %p",
 		                c->ops->name, d->buf);
 	pthread_mutex_lock(&c->mu);
-	for (e = c->head; e != NULL; e = e->next) {
+	KLIST_FOREACH_SAFE(n, t, &c->lru) {
+		e = ENTRY(n);
 		if (!e->stale && e->kind == d->kind && (e->access & access) == access &&
-		    e->lo <= lo && hi <= e->hi)
-			break;
-	}
-	if (e != NULL) {
-		c->st.hits++;
-		unlink_entry(c, e);
-		push_front(c, e);
-		goto take;
+		    e->lo <= lo && hi <= e->hi) {
+			c->st.hits++;
+			to_front(c, e);
+			goto take;
+		}
 	}
 	c->st.misses++;
 	if (d->kind == TP_MEM_HOST) {
@@ -202,7 +191,8 @@ khor_status regcache_get(tp_regcache *c, const tp_reg_desc *d, uint64_t scope,
 	bool grew = false;
 	for (bool more = d->kind == TP_MEM_HOST && scope != REGCACHE_ONESHOT; more;) {
 		more = false;
-		for (e = c->head; e != NULL; e = e->next) {
+		KLIST_FOREACH_SAFE(n, t, &c->lru) {
+			e = ENTRY(n);
 			if (e->merge || e->stale || e->refs > 0 || e->scope != scope ||
 			    e->kind != d->kind || e->hi < lo || e->lo > hi)
 				continue;
@@ -223,26 +213,24 @@ khor_status regcache_get(tp_regcache *c, const tp_reg_desc *d, uint64_t scope,
 		if (reg(c, d, lo, hi, d->access, scope, &got, &ignore) == KHOR_SUCCESS)
 			st = KHOR_SUCCESS;
 	}
-	for (e = c->head; e != NULL;) {
-		regcache_entry *next = e->next;
+	KLIST_FOREACH_SAFE(n, t, &c->lru) {
+		e = ENTRY(n);
 		if (e->merge && grew)
 			drop(c, e);
 		else
 			e->merge = false;
-		e = next;
 	}
 	if (st != KHOR_SUCCESS) {
 		/* Out of lockable memory, perhaps: let go of every unused entry and try once more.
 		 */
 		int freed = 0;
-		for (e = c->tail; e != NULL;) {
-			regcache_entry *prev = e->prev;
+		FOREACH_FROM_BACK(n, t, c) {
+			e = ENTRY(n);
 			if (e->refs == 0 && !e->stale) {
 				drop(c, e);
 				c->st.evictions++;
 				freed++;
 			}
-			e = prev;
 		}
 		kerr again;
 		lo = (uintptr_t)d->buf;
@@ -283,8 +271,7 @@ void regcache_put(tp_regcache *c, regcache_entry *e)
 		if (e->stale || e->scope == REGCACHE_ONESHOT) {
 			drop(c, e);
 		} else {
-			unlink_entry(c, e);
-			push_front(c, e);
+			to_front(c, e);
 			evict(c);
 		}
 	}
@@ -304,38 +291,40 @@ static void invalidate_entry(tp_regcache *c, regcache_entry *e)
 int regcache_invalidate(tp_regcache *c, const void *buf, size_t len)
 {
 	uintptr_t lo = (uintptr_t)buf, hi = lo + len;
-	int n = 0;
+	int count = 0;
+	klist *n, *t;
 
 	if (c == NULL || buf == NULL || len == 0)
 		return 0;
 	pthread_mutex_lock(&c->mu);
-	for (regcache_entry *e = c->head, *next; e != NULL; e = next) {
-		next = e->next;
+	KLIST_FOREACH_SAFE(n, t, &c->lru) {
+		regcache_entry *e = ENTRY(n);
 		if (!e->stale && e->lo < hi && lo < e->hi) {
 			invalidate_entry(c, e);
-			n++;
+			count++;
 		}
 	}
 	pthread_mutex_unlock(&c->mu);
-	return n;
+	return count;
 }
 
 int regcache_invalidate_scope(tp_regcache *c, uint64_t scope)
 {
-	int n = 0;
+	int count = 0;
+	klist *n, *t;
 
 	if (c == NULL || scope == REGCACHE_KEEP || scope == REGCACHE_ONESHOT)
 		return 0;
 	pthread_mutex_lock(&c->mu);
-	for (regcache_entry *e = c->head, *next; e != NULL; e = next) {
-		next = e->next;
+	KLIST_FOREACH_SAFE(n, t, &c->lru) {
+		regcache_entry *e = ENTRY(n);
 		if (!e->stale && e->scope == scope) {
 			invalidate_entry(c, e);
-			n++;
+			count++;
 		}
 	}
 	pthread_mutex_unlock(&c->mu);
-	return n;
+	return count;
 }
 
 void regcache_stats_get(tp_regcache *c, regcache_stats *out)

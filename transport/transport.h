@@ -28,9 +28,11 @@
  * Threads, locks and ownership (field by field in struct transport_ops below):
  *   - every op may be called from any thread at any time; each takes the instance's own
  *     lock (one per tp_ctx, covering its links, requests and registrations) and releases
- *     it before returning. The caller must hold no lock of this transport; it may hold its
- *     own locks (the runtime's link_mu is held around connect/accept/link_ready), since a
- *     transport never calls back into its caller.
+ *     it before returning. The lock, the one-sleeper rule and the ops that only take the
+ *     lock around a transport's own body are written once, in transport/skel.h. The
+ *     caller must hold no lock of this transport; it may hold its own locks (the
+ *     runtime's link_mu is held around connect/accept/link_ready), since a transport
+ *     never calls back into its caller.
  *   - a request is tested, cancelled or waited for by one thread at a time (the one that
  *     posted it).
  *   - progress() drives every link of the instance, whoever's requests they carry, and
@@ -173,6 +175,9 @@ typedef struct tp_options {
 	int ib_retry_cnt;
 	uint32_t ib_max_wr;        /* 0 = the ports' max_msg_sz */
 	bool ib_flush_always;
+	/* shm (KHOR_SHM_CMA): messages over 16 MiB are read by the receiver with
+	 * process_vm_readv where the peer allows it; false (the default) = the ring only. */
+	bool shm_cma;
 } tp_options;
 
 /*
@@ -264,7 +269,8 @@ struct transport_ops {
 	 * Makes progress() return at once as if something had moved: for the thread asleep in
 	 * it now, and for the next call of every other thread that has not seen the wake yet.
 	 * For a thread that waits on both the network and work of its own process (the engine's).
-	 * Lock-free (an eventfd write).
+	 * Lock-free: an atomic count, and an eventfd write only while a thread sleeps in
+	 * progress() (transport/skel.h says why no wake is lost).
 	 */
 	void (*wake)(tp_ctx *ctx);
 	/* Releases every resource: links, requests, mrs still registered. Pending requests on

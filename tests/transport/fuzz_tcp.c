@@ -9,7 +9,9 @@
  *
  *   clang -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -DKHOR_BUILDING_LIBRARY -Iinclude \
  *         -I. tests/transport/fuzz_tcp.c base/err.c base/clock.c base/log.c base/auth.c \
- *         base/sock.c base/sleeper.c base/parse.c transport/transport.c transport/shm/shm.c \
+ *         base/sock.c base/sleeper.c base/parse.c transport/transport.c transport/skel.c \
+ *         transport/tcp/tcp_dial.c transport/tcp/tcp_hs.c transport/tcp/tcp_sock.c \
+ *         transport/shm/shm.c transport/shm/shm_link.c transport/shm/shm_fail.c \
  *         transport/handshake.c -lcrypto -o fuzz_tcp
  *   ./fuzz_tcp -max_total_time=60
  */
@@ -43,7 +45,7 @@ static void fuzz_handshake(const uint8_t *d, size_t n, int sv[2])
 
 	CHECK(s != NULL);
 	kstrlcpy(s->peer_str, "fuzzer", sizeof(s->peer_str));
-	hs_expect(s, sizeof(hs_hello));
+	tcp_hs_expect(s, sizeof(hs_hello));
 	if (n > 0 && write(sv[1], d, n) < 0)
 		return;
 	shutdown(sv[1], SHUT_WR);
@@ -56,7 +58,7 @@ static void fuzz_handshake(const uint8_t *d, size_t n, int sv[2])
 		if (ctx->incoming[r] != NULL)
 			CHECK(ctx->incoming[r]->nready == 0 || ctx->incoming[r]->err.status == 0);
 	if (s->state != SS_DEAD)
-		sock_close_fd(s);
+		tcp_sock_close_fd(s);
 	if (s->link != NULL)
 		s->link->socks[s->idx] = NULL;
 	s->link = NULL;
@@ -100,7 +102,7 @@ static void fuzz_frames(const uint8_t *d, size_t n, int sv[2])
 		tcp_cancel(ra);
 	if (tcp_test(rb, &done, &e) == KHOR_SUCCESS && !done)
 		tcp_cancel(rb);
-	sock_close_fd(s);
+	tcp_sock_close_fd(s);
 	s->link = NULL;
 	sweep(ctx);
 	free(l);

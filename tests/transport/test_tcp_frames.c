@@ -47,7 +47,7 @@ static void rig_down(struct rig *g)
 {
 	for (int i = 0; i < g->nreqs; i++)
 		tcp_cancel(g->reqs[i]);
-	sock_close_fd(g->s);
+	tcp_sock_close_fd(g->s);
 	close(g->peer_fd);
 	tcp_destroy(g->ctx); /* frees the socket and the requests, not our link */
 	free(g->l);
@@ -124,10 +124,10 @@ Test(tcp_frames, early_request_to_send_waits_and_is_answered_when_posted)
 	expect(&g, other, sizeof(other), 9); /* makes the socket read, matches nothing */
 	feed(&g, FRAME_RTS, 4, len);
 	cr_assert_eq(g.l->err.status, KHOR_SUCCESS, "%s", g.l->err.text);
-	cr_assert(g.s->uq_head != NULL && g.s->uq_head->ch.hdr.kind == FRAME_RTS);
+	cr_assert(!klist_empty(&g.s->uq) && UFRAME(klist_first(&g.s->uq))->ch.hdr.kind == FRAME_RTS);
 	cr_assert_eq(g.l->ubytes, 0, "an early RTS holds no payload");
 	expect(&g, big, len, 4);
-	cr_assert(g.s->uq_head == NULL, "the RTS was taken by the receive");
+	cr_assert(klist_empty(&g.s->uq), "the RTS was taken by the receive");
 	cr_assert_eq(read(g.peer_fd, &cts, sizeof(cts)), (ssize_t)sizeof(cts));
 	cr_assert_eq(cts.kind, FRAME_CTS);
 	cr_assert(cts.step == 4 && cts.chunk_len == len);

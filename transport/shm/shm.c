@@ -3,6 +3,8 @@
  * segment that both processes map, with a Unix-domain socket beside it for the handshake,
  * the wake-ups and the news of a peer's death.
  *
+ * How a link comes up (its segment, the handshake) is shm_link.c's; this file is the rings.
+ *
  * Setup. create() listens on an abstract-namespace Unix socket (SOCK_SEQPACKET) named
  * "khor-shm.<job hash>.<rank>.<pid>.<random>" and publishes "shm:<boot id>/<netns>:<name>",
  * so a peer on another host, or in another network namespace (where our abstract socket
@@ -60,8 +62,9 @@
  * more and sleeps in poll() on the sockets. A side that published, released room or
  * finished a message checks the flag after a full fence and, if set, sends one byte.
  *
- * Threads: every op takes the instance's lock; the caller that sleeps in poll() lets go of
- * it there, one such caller at a time (base/sleeper.h), with an eventfd in its poll set so
+ * Threads: every op takes the instance's lock (the skeleton's, transport/skel.h); the
+ * caller that sleeps in poll() lets go of it there, one such caller at a time
+ * (base/sleeper.h), with an eventfd in its poll set so
  * that a thread which moved its bytes meanwhile can wake it. The ring is the link's bounded
  * queue of unexpected frames: records of one comm parked in it never hold up another
  * comm's records behind them, and a message whose receive is not posted yet sends at most
@@ -98,13 +101,9 @@
  * two merits, hence the option: only the receiver needs to run (a sender that computes or
  * lost its core does not hold the transfer up; in runs under heavier load CMA kept 3.5-4.3
  * GB/s at 16-64 MiB where the ring fell to 2.4-2.9), and it burns half the CPU.
- */
-#include "shm.h"
+ */#include "shm_int.h"
 
-#include "transport/handshake.h"
-#include "base/auth.h"
 #include "base/log.h"
-#include "base/parse.h"
 #include "base/sleeper.h"
 
 #include <errno.h>
@@ -123,217 +122,21 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define SHM_MAGIC 0x4d48534bu     /* "KSHM": the segment header */
-#define SHM_REC_MAGIC 0x43455253u /* "SREC": every ring record */
-#define SHM_VERSION 2             /* 2: the shared handshake of handshake.h */
-#define SHM_LINE 64
-/* Tunables; the -D overrides exist to measure other choices (see the numbers above). */
-#ifndef SHM_RING_BYTES
-#define SHM_RING_BYTES (1u << 20)   /* per direction; a power of two */
-#endif
-#ifndef SHM_PIECE_MAX
-#define SHM_PIECE_MAX (64u << 10)   /* payload of one eager record */
-#endif
-#define SHM_PIECE_MIN (4u << 10)    /* below this, wait for room instead of cutting finer */
-#define SHM_UNMATCHED_MAX (2 * SHM_PIECE_MAX) /* ring bytes of a message not matched yet */
-#ifndef SHM_EAGER_MAX
-#define SHM_EAGER_MAX (16u << 20)   /* larger messages go by CMA when the peer can read us */
-#endif
-#ifndef SHM_CMA_PIECE
-#define SHM_CMA_PIECE (2u << 20)    /* bytes read per process_vm_readv call */
-#endif
-#define SHM_CMA_SLOTS 64            /* CMA messages in flight per direction */
-#define SHM_CHECK_NS 1000000ull     /* a busy link's socket is looked at once per ms */
-#define SHM_RETRY_NS 5000000ull     /* connect retry interval while the peer starts */
-#define SHM_HS_MSG_MAX 256
-
-/* The HELLO's aux words (handshake.h): the ring size, and the address of the connector's
- * nonce_c for the CMA probe. */
-enum { SHM_AUX_RING_BYTES = 0, SHM_AUX_NONCE_ADDR = 1 };
-
-/* ---- what lives in the segment ------------------------------------------------------- */
-
-struct shm_line32 {
-	_Alignas(SHM_LINE) _Atomic uint32_t v;
-};
-
-/* One direction. Each counter has its own cache line: the producer writes tail, the
- * consumer writes head and done[], and neither should pull the other's line on a store. */
-struct shm_dir {
-	_Alignas(SHM_LINE) _Atomic uint64_t tail; /* producer: bytes ever written */
-	_Alignas(SHM_LINE) _Atomic uint64_t head; /* consumer: bytes ever released */
-	_Alignas(SHM_LINE) _Atomic uint64_t done[SHM_CMA_SLOTS]; /* consumer: msg id finished */
-};
-
-struct shm_seg {
-	uint32_t magic;
-	uint32_t version;
-	uint32_t ring_bytes;
-	uint32_t pad;
-	struct shm_line32 sleeping[2]; /* side s waits in poll(): ring its doorbell */
-	struct shm_line32 broken[2];   /* side s failed the link: stop trusting its buffers */
-	struct shm_dir dir[2];         /* dir[s] carries side s's messages */
-	char why[2][512];              /* side s's first error, written before broken[s] */
-};
-
-#define SHM_SEG_HDR ((sizeof(struct shm_seg) + 4095) & ~(size_t)4095)
-
-_Static_assert(offsetof(struct shm_seg, dir) == 320 && offsetof(struct shm_seg, why) == 1600 &&
-               SHM_SEG_HDR == 4096,
-               "the segment drawing at the top of this file is out of date");
-
-enum rec_kind { REC_DATA = 1, REC_RTS = 2, REC_WRAP = 3 };
-
-/* A ring record: this header on one cache line, then the payload, padded to a line. */
-struct rec_hdr {
-	uint32_t magic;
-	uint32_t rec_len; /* header + payload + padding */
-	uint32_t kind;
-	uint32_t meta;
-	uint32_t comm, seq, step;
-	uint32_t slot;      /* RTS: the done[] slot the receiver writes when finished */
-	uint64_t msg_id;    /* per direction, from 1; ties the pieces of one message */
-	uint64_t total_len; /* length of the whole message */
-	uint64_t arg;       /* DATA: offset of this piece; RTS: the sender's buffer address */
-	uint32_t piece_len; /* DATA: payload bytes in this record */
-	uint32_t consumed;  /* written by the consumer only: taken out of order */
-};
-
-_Static_assert(sizeof(struct rec_hdr) == SHM_LINE, "a record header is one cache line");
-
-/* ---- process-local state ------------------------------------------------------------- */
-
-struct rlist {
-	tp_req *head, *tail;
-};
-
-struct tp_req {
-	tp_req *prev, *next;
-	struct rlist *on; /* the list the request is on, NULL once finished */
-	tp_link *link;
-	uint8_t *buf;
-	uint64_t len, done;
-	tp_tag tag;
-	uint64_t msg_id;
-	uint64_t peer_addr; /* CMA receive: the sender's buffer */
-	uint32_t slot;
-	bool is_send, cma, finished;
-	bool matched;               /* send: the receiver took its first piece */
-	uint64_t first_pos;         /* send: ring position of its first piece */
-	struct rec_hdr *first_slot; /* ... and where it is, until head passes it */
-};
-
-enum link_state { LS_CONNECTING, LS_HS, LS_READY, LS_DEAD };
-
-struct tp_link {
-	tp_ctx *ctx;
-	tp_link *next_all;
-	int peer;    /* -1 on the accepting side until the HELLO names it */
-	int side;    /* 0 = connector, 1 = acceptor: which direction we produce */
-	int fd;
-	int seg_fd;  /* connector: the memfd until it has been passed */
-	pid_t peer_pid;
-	enum link_state state;
-	bool claimed, peer_gone, notify;
-	bool refused; /* acceptor: we turned it away (vs. it broke off) */
-	int hs_phase;
-	kdeadline hs_deadline;
-	uint64_t retry_at;
-	struct sockaddr_un peer_sa;
-	socklen_t peer_sa_len;
-	hs_hello hello; /* ours (connector) or the peer's (acceptor), kept for the MACs */
-	uint8_t nonce_s[KAUTH_NONCE_LEN];
-	uint8_t out[SHM_HS_MSG_MAX]; /* a handshake message the socket did not take yet */
-	uint32_t out_len;
-	int out_fd;
-	char peer_addr[TP_ADDR_MAX];
-	/* the segment */
-	struct shm_seg *seg;
-	size_t seg_len;
-	uint32_t ring_bytes;
-	uint8_t *tx_ring, *rx_ring;
-	struct shm_dir *tx, *rx;
-	uint64_t tx_tail, tx_head_seen; /* our copy of tail, and the last head we read */
-	uint64_t rx_head, rx_scan;      /* released up to rx_head; examined up to rx_scan */
-	bool rescan;                    /* a receive was posted: look at parked records again */
-	bool cma_send;                  /* the peer reads our large messages itself */
-	uint64_t next_msg_id;
-	uint64_t slots_used;            /* bitmap of SHM_CMA_SLOTS */
-	struct rlist sendq, cma_wait, posted, active, cma_active;
-	int nbusy;   /* requests posted and not finished */
-	int pending; /* requests posted and not yet released by test or cancel */
-	kerr err;
-};
-
-/* The arrays of one poll() over the listener, the links' sockets and the wake-up fd. */
-struct pollset {
-	struct pollfd *pfds;
-	tp_link **plinks;
-	size_t pcap;
-};
-
-struct tp_ctx {
-	int rank, size;
-	hs_self hs;         /* who we are in handshakes; its secret is ours below */
-	char *secret;
-	int64_t hs_timeout_ms;
-	bool cma_enabled;
-	int listen_fd;
-	char host_key[80]; /* boot id / network namespace inode: "can we reach each other" */
-	char addr[TP_ADDR_MAX];
-	tp_link **incoming; /* [size]: links opened to us, once ready */
-	tp_link **outgoing; /* [size]: links we opened */
-	tp_link *all;
-	tp_req *free_reqs;
-	uint64_t next_check_ns;
-	unsigned busy_calls;  /* progress(0) calls, to sweep and read the clock now and then */
-	bool handshaking;     /* a link is still connecting: sweep on every call */
-	uint32_t recv_comm, recv_seq; /* the call of the last receive posted */
-	struct pollset busy, sleep; /* poll() arrays of spinning callers, and of the sleeper */
-	const tp_meta_rules *meta;
-	kmutex mu;           /* taken by every op: everything above */
-	ksleeper sl;         /* who sleeps in poll() (base/sleeper.h) */
-	_Atomic uint64_t completions; /* requests finished, for kseen_changed */
-};
-
-static bool hs_send(tp_link *l, const void *msg, uint32_t len, int fd);
-
-static const char *errstr(int e)
-{
-	static __thread char buf[128];
-	return kerr_errno_str(e, buf, sizeof(buf));
-}
 
 /* ---- lists and requests -------------------------------------------------------------- */
 
-static void rl_push(struct rlist *l, tp_req *r)
+static void rl_push(klist *list, tp_req *r)
 {
-	r->on = l;
-	r->next = NULL;
-	r->prev = l->tail;
-	if (l->tail != NULL)
-		l->tail->next = r;
-	else
-		l->head = r;
-	l->tail = r;
+	r->on = list;
+	klist_add_tail(list, &r->node);
 }
 
 static void rl_remove(tp_req *r)
 {
-	struct rlist *l = r->on;
-
-	if (l == NULL)
+	if (r->on == NULL)
 		return;
-	if (r->prev != NULL)
-		r->prev->next = r->next;
-	else
-		l->head = r->next;
-	if (r->next != NULL)
-		r->next->prev = r->prev;
-	else
-		l->tail = r->prev;
+	klist_del(&r->node);
 	r->on = NULL;
-	r->prev = r->next = NULL;
 }
 
 static void req_finish(tp_req *r)
@@ -341,156 +144,7 @@ static void req_finish(tp_req *r)
 	rl_remove(r);
 	r->finished = true;
 	r->link->nbusy--;
-	atomic_fetch_add_explicit(&r->link->ctx->completions, 1, memory_order_relaxed);
-}
-
-/* ---- link failure -------------------------------------------------------------------- */
-
-static void link_fail_text(tp_link *l, khor_status st, const char *text)
-{
-	if (l->err.status != KHOR_SUCCESS)
-		return;
-	kerr_set(&l->err, st, "%s", text);
-	l->err.peer = l->peer;
-	KLOG_DEBUG("%s", l->err.text);
-	if (l->seg != NULL) {
-		/* Tell the peer first through memory (it may be reading our buffers with CMA and
-		 * must not trust what it read after this), then through the socket (wakes it).
-		 * The text lets it report the root cause rather than "the link broke". */
-		kstrlcpy(l->seg->why[l->side], text, sizeof(l->seg->why[0]));
-		atomic_store_explicit(&l->seg->broken[l->side].v, 1, memory_order_seq_cst);
-	}
-	if (l->fd >= 0)
-		shutdown(l->fd, SHUT_RDWR);
-}
-
-static void link_fail(tp_link *l, khor_status st, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void link_fail(tp_link *l, khor_status st, const char *fmt, ...)
-{
-	char what[KERR_TEXT_MAX], text[KERR_TEXT_MAX];
-	va_list ap;
-
-	if (l->err.status != KHOR_SUCCESS)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(what, sizeof(what), fmt, ap);
-	va_end(ap);
-	if (l->peer_pid > 0)
-		snprintf(text, sizeof(text), "shm link to peer rank %d (pid %d): %s", l->peer,
-		         (int)l->peer_pid, what);
-	else
-		snprintf(text, sizeof(text), "shm link to peer rank %d (%s): %s", l->peer,
-		         l->peer_addr[0] ? l->peer_addr : "address unknown", what);
-	link_fail_text(l, st, text);
-}
-
-/* The peer's process is gone (or closed its end): say so in the words the issue asks for. */
-static void link_fail_peer_gone(tp_link *l, const char *how)
-{
-	char text[KERR_TEXT_MAX];
-
-	snprintf(text, sizeof(text), "peer rank %d (pid %d) died or closed its shared-memory link "
-	         "while %d transfer(s) with it were pending (%s); check that rank's log and exit "
-	         "status for the cause", l->peer, (int)l->peer_pid, l->nbusy, how);
-	link_fail_text(l, KHOR_ERR_REMOTE, text);
-}
-
-/* ---- the segment --------------------------------------------------------------------- */
-
-static void seg_attach(tp_link *l, void *base, size_t len)
-{
-	l->seg = base;
-	l->seg_len = len;
-	l->ring_bytes = l->seg->ring_bytes;
-	l->tx = &l->seg->dir[l->side];
-	l->rx = &l->seg->dir[1 - l->side];
-	l->tx_ring = (uint8_t *)base + SHM_SEG_HDR + (size_t)l->side * l->ring_bytes;
-	l->rx_ring = (uint8_t *)base + SHM_SEG_HDR + (size_t)(1 - l->side) * l->ring_bytes;
-	l->next_msg_id = 1;
-}
-
-/*
- * The connector makes the segment. memfd_create gives memory with no name in any file
- * system, so nothing can outlive the processes that map it, whatever kills them. The
- * seals stop the peer from shrinking it under us (which would turn our next access into
- * SIGBUS) or growing it.
- */
-static khor_status seg_create(tp_link *l, kerr *err)
-{
-	size_t len = SHM_SEG_HDR + 2 * (size_t)SHM_RING_BYTES;
-	void *base;
-	int fd;
-
-	fd = memfd_create("khor-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
-		return kerr_set(err, KHOR_ERR_SYSTEM, "shm link to peer rank %d: memfd_create: %s "
-		                "(the kernel must be 3.17 or newer; use KHOR_TRANSPORT=tcp otherwise)",
-		                l->peer, errstr(errno));
-	if (ftruncate(fd, (off_t)len) < 0) {
-		kerr_set(err, KHOR_ERR_SYSTEM, "shm link to peer rank %d: sizing the %zu-byte "
-		         "segment: %s", l->peer, len, errstr(errno));
-		goto fail_close;
-	}
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-		kerr_set(err, KHOR_ERR_SYSTEM, "shm link to peer rank %d: sealing the segment: %s",
-		         l->peer, errstr(errno));
-		goto fail_close;
-	}
-	base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (base == MAP_FAILED) {
-		kerr_set(err, KHOR_ERR_SYSTEM, "shm link to peer rank %d: mapping the %zu-byte "
-		         "segment: %s (check ulimit -v and /proc/sys/vm/max_map_count)", l->peer, len,
-		         errstr(errno));
-		goto fail_close;
-	}
-	struct shm_seg *s = base;
-	s->magic = SHM_MAGIC;
-	s->version = SHM_VERSION;
-	s->ring_bytes = SHM_RING_BYTES;
-	l->seg_fd = fd;
-	seg_attach(l, base, len);
-	return KHOR_SUCCESS;
-
-fail_close:
-	close(fd);
-	return err->status;
-}
-
-/* The acceptor checks the fd it was given before it maps it: a peer holding the secret may
- * still be buggy, and a short or unsealed file could SIGBUS this process later. */
-static bool seg_map_peer(tp_link *l, int fd, const char **why)
-{
-	uint64_t ring_bytes = l->hello.aux[SHM_AUX_RING_BYTES]; /* checked by acc_hello */
-	size_t len = SHM_SEG_HDR + 2 * (size_t)ring_bytes;
-	struct stat st;
-	int seals;
-	void *base;
-
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != len) {
-		*why = "the segment is not a file of the announced size";
-		return false;
-	}
-	seals = fcntl(fd, F_GET_SEALS);
-	if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-		*why = "the segment is not sealed against shrinking";
-		return false;
-	}
-	base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (base == MAP_FAILED) {
-		*why = "mmap of the segment failed";
-		return false;
-	}
-	struct shm_seg *s = base;
-	if (s->magic != SHM_MAGIC || s->version != SHM_VERSION ||
-	    s->ring_bytes != ring_bytes) {
-		munmap(base, len);
-		*why = "the segment header is wrong";
-		return false;
-	}
-	seg_attach(l, base, len);
-	return true;
+	tp_skel_completed(&r->link->ctx->sk);
 }
 
 /* ---- wake-ups ------------------------------------------------------------------------ */
@@ -552,9 +206,10 @@ static uint64_t tx_room(tp_link *l, uint64_t want)
 		return room;
 	h = atomic_load_explicit(&l->tx->head, memory_order_acquire);
 	if (h > l->tx_tail || l->tx_tail - h > l->ring_bytes || h < l->tx_head_seen) {
-		link_fail(l, KHOR_ERR_PROTOCOL, "the peer wrote an impossible ring position (head "
-		          "%llu, tail %llu); the segment is corrupt, closing the link",
-		          (unsigned long long)h, (unsigned long long)l->tx_tail);
+		shm_link_fail(l, KHOR_ERR_PROTOCOL,
+		              "the peer wrote an impossible ring position (head "
+		              "%llu, tail %llu); the segment is corrupt, closing the link",
+		              (unsigned long long)h, (unsigned long long)l->tx_tail);
 		return 0;
 	}
 	l->tx_head_seen = h;
@@ -678,19 +333,16 @@ static bool tx_drive(tp_link *l)
 {
 	bool moved = false, more = true;
 
-	while (more && l->sendq.head != NULL && l->err.status == KHOR_SUCCESS) {
-		tp_req *r = l->sendq.head;
+	while (more && !klist_empty(&l->sendq) && l->err.status == KHOR_SUCCESS) {
+		klist *n, *next;
 		more = false;
-		while (r != NULL) {
-			tp_req *next = r->next;
-			if (unmatched_full(l, r)) {
-				r = next;
+		KLIST_FOREACH_SAFE(n, next, &l->sendq) {
+			tp_req *r = REQ(n);
+			if (unmatched_full(l, r))
 				continue;
-			}
 			if (!tx_one(l, r))
 				break;
 			moved = more = true;
-			r = next;
 		}
 	}
 	return moved;
@@ -700,16 +352,15 @@ static bool tx_drive(tp_link *l)
 static bool cma_wait_drive(tp_link *l)
 {
 	bool moved = false;
-	tp_req *r = l->cma_wait.head;
+	klist *n, *next;
 
-	while (r != NULL) {
-		tp_req *next = r->next;
+	KLIST_FOREACH_SAFE(n, next, &l->cma_wait) {
+		tp_req *r = REQ(n);
 		if (atomic_load_explicit(&l->tx->done[r->slot], memory_order_acquire) == r->msg_id) {
 			l->slots_used &= ~((uint64_t)1 << r->slot);
 			req_finish(r);
 			moved = true;
 		}
-		r = next;
 	}
 	return moved;
 }
@@ -718,9 +369,11 @@ static bool cma_wait_drive(tp_link *l)
 
 static tp_req *posted_take(tp_link *l, const struct rec_hdr *h)
 {
-	for (tp_req *r = l->posted.head; r != NULL; r = r->next)
+	for (klist *n = l->posted.next; n != &l->posted; n = n->next) {
+		tp_req *r = REQ(n);
 		if (r->tag.comm == h->comm && r->tag.seq == h->seq && r->tag.step == h->step)
 			return r;
+	}
 	return NULL;
 }
 
@@ -734,16 +387,20 @@ static bool rx_conflict(tp_link *l, const struct rec_hdr *h)
 {
 	char b1[96], b2[96];
 
-	for (tp_link *o = l->ctx->all; o != NULL; o = o->next_all) {
-		for (tp_req *r = o->posted.head; r != NULL; r = r->next) {
+	FOR_EACH_LINK(o, l->ctx) {
+		for (klist *n = o->posted.next; n != &o->posted; n = n->next) {
+			tp_req *r = REQ(n);
 			if (r->tag.comm != h->comm || r->tag.seq != h->seq ||
 			    !tp_meta_conflict(l->ctx->meta, r->tag.meta, h->meta))
 				continue;
-			link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was sent by "
-			          "%s but this rank posted %s for the same call: the ranks chose "
-			          "different algorithms", h->comm, h->seq, h->step,
-			          tp_meta_describe(l->ctx->meta, h->meta, b1, sizeof(b1)),
-			          tp_meta_describe(l->ctx->meta, r->tag.meta, b2, sizeof(b2)));
+			shm_link_fail(
+			    l, KHOR_ERR_PROTOCOL,
+			    "message (comm %u, seq %u, step %u) was sent by "
+			    "%s but this rank posted %s for the same call: the ranks chose "
+			    "different algorithms",
+			    h->comm, h->seq, h->step,
+			    tp_meta_describe(l->ctx->meta, h->meta, b1, sizeof(b1)),
+			    tp_meta_describe(l->ctx->meta, r->tag.meta, b2, sizeof(b2)));
 			return true;
 		}
 	}
@@ -756,17 +413,23 @@ static bool rx_check(tp_link *l, tp_req *r, const struct rec_hdr *h)
 	char b1[96], b2[96];
 
 	if (h->meta != r->tag.meta) {
-		link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was sent by %s but "
-		          "this rank posted %s: the ranks called different collectives, dtypes/ops, algorithms or memory kinds",
-		          h->comm, h->seq, h->step, tp_meta_describe(l->ctx->meta, h->meta, b1, sizeof(b1)),
-		          tp_meta_describe(l->ctx->meta, r->tag.meta, b2, sizeof(b2)));
+		shm_link_fail(l, KHOR_ERR_PROTOCOL,
+		              "message (comm %u, seq %u, step %u) was sent by %s but "
+		              "this rank posted %s: the ranks called different collectives, "
+		              "dtypes/ops, algorithms or memory kinds",
+		              h->comm, h->seq, h->step,
+		              tp_meta_describe(l->ctx->meta, h->meta, b1, sizeof(b1)),
+		              tp_meta_describe(l->ctx->meta, r->tag.meta, b2, sizeof(b2)));
 		return false;
 	}
 	if (h->total_len != r->len) {
-		link_fail(l, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) from peer rank %d "
-		          "is %llu bytes but the receive posted here is %llu bytes: the ranks disagree "
-		          "on count or dtype", h->comm, h->seq, h->step, l->peer,
-		          (unsigned long long)h->total_len, (unsigned long long)r->len);
+		shm_link_fail(
+		    l, KHOR_ERR_PROTOCOL,
+		    "message (comm %u, seq %u, step %u) from peer rank %d "
+		    "is %llu bytes but the receive posted here is %llu bytes: the ranks disagree "
+		    "on count or dtype",
+		    h->comm, h->seq, h->step, l->peer, (unsigned long long)h->total_len,
+		    (unsigned long long)r->len);
 		return false;
 	}
 	return true;
@@ -782,8 +445,10 @@ static int rx_record(tp_link *l, const struct rec_hdr *h, const uint8_t *payload
 		return 1;
 	case REC_RTS:
 		if (h->slot >= SHM_CMA_SLOTS || h->total_len == 0) {
-			link_fail(l, KHOR_ERR_PROTOCOL, "malformed large-message record (slot %u, %llu "
-			          "bytes); closing the link", h->slot, (unsigned long long)h->total_len);
+			shm_link_fail(l, KHOR_ERR_PROTOCOL,
+			              "malformed large-message record (slot %u, %llu "
+			              "bytes); closing the link",
+			              h->slot, (unsigned long long)h->total_len);
 			return -1;
 		}
 		r = posted_take(l, h);
@@ -809,17 +474,21 @@ static int rx_record(tp_link *l, const struct rec_hdr *h, const uint8_t *payload
 			rl_remove(r);
 			rl_push(&l->active, r);
 		} else {
-			for (r = l->active.head; r != NULL && r->msg_id != h->msg_id; r = r->next)
-				;
+			r = NULL;
+			for (klist *n = l->active.next; n != &l->active && r == NULL; n = n->next)
+				if (REQ(n)->msg_id == h->msg_id)
+					r = REQ(n);
 			if (r == NULL)
 				return 0; /* a later piece of a message still parked */
 		}
 		if (h->arg != r->done || h->piece_len > r->len - r->done ||
 		    sizeof(*h) + h->piece_len > h->rec_len) {
-			link_fail(l, KHOR_ERR_PROTOCOL, "malformed piece (offset %llu, %u bytes) of a "
-			          "%llu-byte message (comm %u, seq %u, step %u); closing the link",
-			          (unsigned long long)h->arg, h->piece_len, (unsigned long long)r->len,
-			          h->comm, h->seq, h->step);
+			shm_link_fail(
+			    l, KHOR_ERR_PROTOCOL,
+			    "malformed piece (offset %llu, %u bytes) of a "
+			    "%llu-byte message (comm %u, seq %u, step %u); closing the link",
+			    (unsigned long long)h->arg, h->piece_len, (unsigned long long)r->len,
+			    h->comm, h->seq, h->step);
 			return -1;
 		}
 		if (h->piece_len > 0)
@@ -829,8 +498,8 @@ static int rx_record(tp_link *l, const struct rec_hdr *h, const uint8_t *payload
 			req_finish(r);
 		return 1;
 	default:
-		link_fail(l, KHOR_ERR_PROTOCOL, "malformed ring record (kind %u); closing the link",
-		          h->kind);
+		shm_link_fail(l, KHOR_ERR_PROTOCOL,
+		              "malformed ring record (kind %u); closing the link", h->kind);
 		return -1;
 	}
 }
@@ -849,9 +518,10 @@ static bool rx_drive(tp_link *l)
 
 	tail = atomic_load_explicit(&l->rx->tail, memory_order_acquire);
 	if (tail < l->rx_head || tail - l->rx_head > size) {
-		link_fail(l, KHOR_ERR_PROTOCOL, "the peer wrote an impossible ring position (tail "
-		          "%llu, head %llu); the segment is corrupt, closing the link",
-		          (unsigned long long)tail, (unsigned long long)l->rx_head);
+		shm_link_fail(l, KHOR_ERR_PROTOCOL,
+		              "the peer wrote an impossible ring position (tail "
+		              "%llu, head %llu); the segment is corrupt, closing the link",
+		              (unsigned long long)tail, (unsigned long long)l->rx_head);
 		return false;
 	}
 	pos = l->rescan ? l->rx_head : l->rx_scan;
@@ -862,9 +532,10 @@ static bool rx_drive(tp_link *l)
 		memcpy(&h, l->rx_ring + off, sizeof(h));
 		if (h.magic != SHM_REC_MAGIC || h.rec_len < sizeof(h) || h.rec_len % SHM_LINE != 0 ||
 		    h.rec_len > size - off || h.rec_len > tail - pos) {
-			link_fail(l, KHOR_ERR_PROTOCOL, "malformed ring record at position %llu (magic "
-			          "0x%08x, %u bytes); closing the link", (unsigned long long)pos, h.magic,
-			          h.rec_len);
+			shm_link_fail(l, KHOR_ERR_PROTOCOL,
+			              "malformed ring record at position %llu (magic "
+			              "0x%08x, %u bytes); closing the link",
+			              (unsigned long long)pos, h.magic, h.rec_len);
 			return true;
 		}
 		if (!h.consumed) {
@@ -906,10 +577,12 @@ static bool rx_drive(tp_link *l)
 static bool cma_drive(tp_link *l)
 {
 	bool moved = false;
-	tp_req *r = l->cma_active.head;
+	klist *node, *next;
 
-	while (r != NULL && l->err.status == KHOR_SUCCESS) {
-		tp_req *next = r->next;
+	KLIST_FOREACH_SAFE(node, next, &l->cma_active) {
+		tp_req *r = REQ(node);
+		if (l->err.status != KHOR_SUCCESS)
+			break;
 		uint64_t n = r->len - r->done < SHM_CMA_PIECE ? r->len - r->done : SHM_CMA_PIECE;
 		struct iovec lio = { r->buf + r->done, n };
 		struct iovec rio = { (void *)(uintptr_t)(r->peer_addr + r->done), n };
@@ -917,23 +590,27 @@ static bool cma_drive(tp_link *l)
 
 		if (k <= 0) {
 			int e = k < 0 ? errno : EFAULT;
-			if (e == EINTR || e == EAGAIN || e == ENOMEM) {
-				r = next;
+			if (e == EINTR || e == EAGAIN || e == ENOMEM)
 				continue;
-			}
 			if (e == ESRCH) {
-				link_fail_peer_gone(l, "its process is gone: process_vm_readv found no such "
-				                    "process");
+				shm_link_fail_peer_gone(
+				    l, "its process is gone: process_vm_readv found no such "
+				       "process");
 			} else if (e == EPERM) {
-				link_fail(l, KHOR_ERR_SYSTEM, "process_vm_readv of a %llu-byte message: %s "
-				          "(this process may not read the peer's memory any more; allow "
-				          "ptrace between the ranks or set KHOR_SHM_CMA=0)",
-				          (unsigned long long)r->len, errstr(e));
+				shm_link_fail(
+				    l, KHOR_ERR_SYSTEM,
+				    "process_vm_readv of a %llu-byte message: %s "
+				    "(this process may not read the peer's memory any more; allow "
+				    "ptrace between the ranks or set KHOR_SHM_CMA=0)",
+				    (unsigned long long)r->len, shm_errstr(e));
 			} else {
-				link_fail(l, KHOR_ERR_PROTOCOL, "process_vm_readv of a %llu-byte message "
-				          "at offset %llu: %s (the peer's send buffer is not mapped: it was "
-				          "freed before the send completed)", (unsigned long long)r->len,
-				          (unsigned long long)r->done, errstr(e));
+				shm_link_fail(l, KHOR_ERR_PROTOCOL,
+				              "process_vm_readv of a %llu-byte message "
+				              "at offset %llu: %s (the peer's send buffer is not "
+				              "mapped: it was "
+				              "freed before the send completed)",
+				              (unsigned long long)r->len,
+				              (unsigned long long)r->done, shm_errstr(e));
 			}
 			return true;
 		}
@@ -945,15 +622,16 @@ static bool cma_drive(tp_link *l)
 			 * still its data. */
 			atomic_thread_fence(memory_order_seq_cst);
 			if (atomic_load_explicit(&l->seg->broken[1 - l->side].v, memory_order_relaxed)) {
-				link_fail(l, KHOR_ERR_REMOTE, "the peer abandoned the link (after an error "
-				          "on its side; see that rank's log) while this rank read a message");
+				shm_link_fail(l, KHOR_ERR_REMOTE,
+				              "the peer abandoned the link (after an error "
+				              "on its side; see that rank's log) while this rank "
+				              "read a message");
 				return true;
 			}
 			atomic_store_explicit(&l->rx->done[r->slot], r->msg_id, memory_order_release);
 			l->notify = true;
 			req_finish(r);
 		}
-		r = next;
 	}
 	return moved;
 }
@@ -965,8 +643,9 @@ static bool link_drive(tp_link *l)
 
 	if (l->state != LS_READY || l->err.status != KHOR_SUCCESS)
 		return false;
-	if (l->out_len > 0 && !hs_send(l, NULL, 0, -1)) {
-		link_fail(l, KHOR_ERR_REMOTE, "handshake: sending the result: %s", errstr(errno));
+	if (l->out_len > 0 && !shm_hs_send(l, NULL, 0, -1)) {
+		shm_link_fail(l, KHOR_ERR_REMOTE, "handshake: sending the result: %s",
+		              shm_errstr(errno));
 		return true;
 	}
 	if (atomic_load_explicit(&l->seg->broken[1 - l->side].v, memory_order_acquire)) {
@@ -977,8 +656,10 @@ static bool link_drive(tp_link *l)
 		for (char *q = why; *q != '\0'; q++)
 			if (*q < 0x20 || *q > 0x7e)
 				*q = '?';
-		link_fail(l, KHOR_ERR_REMOTE, "the peer closed the link after an error on its side: "
-		          "[%s]", why[0] ? why : "no reason given");
+		shm_link_fail(l, KHOR_ERR_REMOTE,
+		              "the peer closed the link after an error on its side: "
+		              "[%s]",
+		              why[0] ? why : "no reason given");
 		return true;
 	}
 	moved |= tx_drive(l);
@@ -987,368 +668,10 @@ static bool link_drive(tp_link *l)
 	moved |= cma_drive(l);
 	/* A gone peer leaves its last records in our mapping; fail only what cannot finish. */
 	if (l->peer_gone && l->nbusy > 0 && l->err.status == KHOR_SUCCESS)
-		link_fail_peer_gone(l, "its end of the socket closed");
+		shm_link_fail_peer_gone(l, "its end of the socket closed");
 	if (l->err.status == KHOR_SUCCESS)
 		notify_peer(l);
 	return moved;
-}
-
-/* ---- handshake ----------------------------------------------------------------------- */
-
-/* Sends one handshake message (and maybe an fd); keeps it if the socket is full. */
-static bool hs_send(tp_link *l, const void *msg, uint32_t len, int fd)
-{
-	if (msg != NULL) {
-		memcpy(l->out, msg, len);
-		l->out_len = len;
-		l->out_fd = fd;
-	}
-	if (l->out_len == 0)
-		return true;
-	struct iovec iov = { l->out, l->out_len };
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} cb;
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-	if (l->out_fd >= 0) {
-		memset(&cb, 0, sizeof(cb));
-		mh.msg_control = cb.buf;
-		mh.msg_controllen = sizeof(cb.buf);
-		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(c), &l->out_fd, sizeof(int));
-	}
-	if (sendmsg(l->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-		if (errno == EAGAIN || errno == EINTR)
-			return true;
-		return false;
-	}
-	l->out_len = 0;
-	return true;
-}
-
-/*
- * Receives one handshake message of exactly want bytes. Returns 1, 0 when nothing is there
- * yet, -1 on EOF, error or a wrong size. Descriptors that come along are kept in *fd_out
- * when asked for and closed otherwise, so a stranger cannot fill our descriptor table.
- */
-static int hs_recv(tp_link *l, void *buf, size_t want, int *fd_out, const char **why)
-{
-	uint8_t tmp[SHM_HS_MSG_MAX];
-	union {
-		char buf[CMSG_SPACE(4 * sizeof(int))];
-		struct cmsghdr align;
-	} cb;
-	struct iovec iov = { tmp, sizeof(tmp) };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.buf,
-	                     .msg_controllen = sizeof(cb.buf) };
-	ssize_t n = recvmsg(l->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-
-	if (n < 0 && (errno == EAGAIN || errno == EINTR))
-		return 0;
-	for (struct cmsghdr *c = n >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c != NULL;
-	     c = CMSG_NXTHDR(&mh, c)) {
-		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-			continue;
-		size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-		for (size_t i = 0; i < nfd; i++) {
-			int fd;
-			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-			if (fd_out != NULL && *fd_out < 0)
-				*fd_out = fd;
-			else
-				close(fd);
-		}
-	}
-	if (n < 0) {
-		*why = errstr(errno);
-		return -1;
-	}
-	if (n == 0) {
-		*why = "connection closed";
-		return -1;
-	}
-	if ((size_t)n != want || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
-		*why = "a message of the wrong size";
-		return -1;
-	}
-	memcpy(buf, tmp, want);
-	return 1;
-}
-
-/*
- * Can we read the peer's memory? The peer told us where its nonce lives; reading it back
- * through process_vm_readv proves both that CMA is allowed here (ptrace permission, no
- * seccomp filter) and that the pid we hold is really the peer.
- */
-static bool cma_probe(tp_link *l, uint64_t addr, const uint8_t *expect)
-{
-	uint8_t got[KAUTH_NONCE_LEN];
-	struct iovec lio = { got, sizeof(got) }, rio = { (void *)(uintptr_t)addr, sizeof(got) };
-
-	if (!l->ctx->cma_enabled || l->peer_pid <= 0)
-		return false;
-	if (process_vm_readv(l->peer_pid, &lio, 1, &rio, 1, 0) != (ssize_t)sizeof(got)) {
-		KLOG_INFO("shm link to peer rank %d (pid %d): process_vm_readv is not allowed (%s); "
-		          "large messages take the two-copy path through the ring", l->peer,
-		          (int)l->peer_pid, errstr(errno));
-		return false;
-	}
-	return memcmp(got, expect, sizeof(got)) == 0;
-}
-
-static void peer_cred(tp_link *l)
-{
-	struct ucred uc;
-	socklen_t sl = sizeof(uc);
-
-	if (getsockopt(l->fd, SOL_SOCKET, SO_PEERCRED, &uc, &sl) == 0)
-		l->peer_pid = uc.pid;
-}
-
-static void link_ready(tp_link *l, bool cma_send)
-{
-	l->state = LS_READY;
-	l->cma_send = cma_send && l->ctx->cma_enabled;
-	KLOG_DEBUG("shm link to rank %d (pid %d) ready; large messages by %s", l->peer,
-	           (int)l->peer_pid, l->cma_send ? "process_vm_readv" : "the ring");
-}
-
-/* An acceptor-side connection that never became a link: log why and forget it. */
-static void acc_drop(tp_link *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* "refused" when we turned a stranger away, "dropped" when the connection broke. */
-static void acc_drop(tp_link *l, const char *fmt, ...)
-{
-	char what[512];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(what, sizeof(what), fmt, ap);
-	va_end(ap);
-	KLOG_WARN("shm transport (rank %d): %s connection from pid %d: %s", l->ctx->rank,
-	          l->refused ? "refused a" : "dropped a", (int)l->peer_pid, what);
-	l->state = LS_DEAD;
-}
-
-/* Best effort: tell a refused peer why before dropping it. */
-static void acc_send_last(tp_link *l, const void *msg, size_t len)
-{
-	if (send(l->fd, msg, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-		/* nothing more to do for a refused peer */
-	}
-}
-
-static bool acc_hello(tp_link *l)
-{
-	tp_ctx *ctx = l->ctx;
-	hs_hello *h = &l->hello;
-	hs_challenge c;
-	uint64_t ring = h->aux[SHM_AUX_RING_BYTES];
-	uint32_t status;
-
-	l->refused = true; /* until the checks pass */
-	status = hs_hello_check(&ctx->hs, h);
-	if (status == HS_NOT_KHOR) {
-		acc_drop(l, "bad magic 0x%08x (not a khor peer)", h->magic);
-		return true;
-	}
-	if (status == HS_OK && (ring < 65536 || ring > (64u << 20) || (ring & (ring - 1)) != 0))
-		status = HS_BAD_PARAMS;
-	if (status != HS_OK) {
-		hs_refusal(status, &c);
-		acc_send_last(l, &c, sizeof(c));
-		if (status == HS_BAD_PARAMS)
-			acc_drop(l, "it claims rank %d of job '%s', protocol %u: a ring of %llu bytes "
-			         "(must be a power of two from 64 KiB to 64 MiB)", h->from_rank,
-			         h->job_id, h->version, (unsigned long long)ring);
-		else
-			acc_drop(l, "it claims rank %d of job '%s', protocol %u: %s", h->from_rank,
-			         h->job_id, h->version, hs_status_str(status));
-		return true;
-	}
-	l->refused = false;
-	hs_challenge_make(&ctx->hs, h, (uint64_t)(uintptr_t)l->nonce_s, l->nonce_s, &c);
-	if (!hs_send(l, &c, sizeof(c), -1)) {
-		acc_drop(l, "sending the challenge: %s", errstr(errno));
-		return true;
-	}
-	l->hs_phase = 1;
-	return true;
-}
-
-static bool acc_proof(tp_link *l, const hs_proof *p, int seg_fd)
-{
-	tp_ctx *ctx = l->ctx;
-	hs_hello *h = &l->hello;
-	hs_result r;
-	const char *why = NULL;
-
-	if (!hs_proof_check(&ctx->hs, h, l->nonce_s, p)) {
-		l->refused = true;
-		hs_result_make(HS_BAD_AUTH, 0, &r);
-		acc_send_last(l, &r, sizeof(r));
-		acc_drop(l, "it claims rank %d of job '%s' but failed the job secret check (a "
-		         "stranger, or its KHOR_SECRET differs)", h->from_rank, h->job_id);
-		return true;
-	}
-	l->peer = h->from_rank;
-	if (ctx->incoming[l->peer] != NULL) {
-		l->refused = true;
-		hs_result_make(HS_DUPLICATE, 0, &r);
-		acc_send_last(l, &r, sizeof(r));
-		acc_drop(l, "rank %d already has a shared-memory link to this rank", l->peer);
-		return true;
-	}
-	if (seg_fd < 0 || !seg_map_peer(l, seg_fd, &why)) {
-		l->refused = true;
-		hs_result_make(HS_BAD_PARAMS, 0, &r);
-		acc_send_last(l, &r, sizeof(r));
-		acc_drop(l, "rank %d: %s", l->peer, seg_fd < 0 ? "no segment came with its proof" : why);
-		return true;
-	}
-	hs_result_make(HS_OK, cma_probe(l, h->aux[SHM_AUX_NONCE_ADDR], h->nonce_c), &r);
-	if (!hs_send(l, &r, sizeof(r), -1)) {
-		acc_drop(l, "rank %d: sending the handshake result: %s", l->peer, errstr(errno));
-		return true;
-	}
-	ctx->incoming[l->peer] = l;
-	link_ready(l, p->aux != 0);
-	return true;
-}
-
-static bool conn_challenge(tp_link *l, const hs_challenge *c)
-{
-	hs_proof p;
-	kerr e;
-	khor_status st;
-
-	st = hs_challenge_check(&l->ctx->hs, &l->hello, c, 0, &p, &e);
-	if (st != KHOR_SUCCESS) {
-		/* An acceptor that failed to prove the secret gets a proof that cannot pass (and no
-		 * segment), so it logs a secret mismatch instead of a connection that went away. */
-		if (c->magic == HS_MAGIC && c->status == HS_OK &&
-		    send(l->fd, &p, sizeof(p), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-			/* it is refused either way */
-		}
-		link_fail(l, st, "%s", e.text);
-		return true;
-	}
-	p.aux = cma_probe(l, c->aux, c->nonce_s);
-	if (!hs_send(l, &p, sizeof(p), l->seg_fd)) {
-		link_fail(l, KHOR_ERR_REMOTE, "handshake: sending the segment: %s", errstr(errno));
-		return true;
-	}
-	l->hs_phase = 1;
-	return true;
-}
-
-static bool conn_result(tp_link *l, const hs_result *r)
-{
-	kerr e;
-	khor_status st = hs_result_check(r, &e);
-
-	if (st != KHOR_SUCCESS) {
-		link_fail(l, st, "%s", e.text);
-		return true;
-	}
-	/* The peer mapped the segment: our descriptor has done its job. From now on only the
-	 * two mappings keep the memory alive, and both die with their processes. */
-	close(l->seg_fd);
-	l->seg_fd = -1;
-	link_ready(l, r->aux != 0);
-	return true;
-}
-
-/* Moves one handshake step if the socket allows. Returns true if anything happened. */
-static bool hs_step(tp_link *l)
-{
-	const char *why = "?";
-	int rc;
-
-	if (l->state == LS_CONNECTING) {
-		uint64_t now = kclock_ns();
-		if (now < l->retry_at)
-			return false;
-		if (connect(l->fd, (struct sockaddr *)&l->peer_sa, l->peer_sa_len) < 0) {
-			int e = errno;
-			/* Refused: the peer has not bound yet (or died); full backlog: EAGAIN. */
-			if ((e == ECONNREFUSED || e == EAGAIN || e == EINTR || e == ENOENT) &&
-			    !kdeadline_passed(l->hs_deadline)) {
-				l->retry_at = now + SHM_RETRY_NS;
-				return false;
-			}
-			link_fail(l, KHOR_ERR_REMOTE, "connect to its socket: %s (is the peer on this "
-			          "host, in this network namespace, and still running?)", errstr(e));
-			return true;
-		}
-		peer_cred(l);
-		l->state = LS_HS;
-		l->hs_phase = 0;
-		if (!hs_send(l, &l->hello, sizeof(l->hello), -1)) {
-			link_fail(l, KHOR_ERR_REMOTE, "handshake: sending HELLO: %s", errstr(errno));
-			return true;
-		}
-		return true;
-	}
-	if (l->state != LS_HS)
-		return false;
-	if (l->out_len > 0) {
-		if (!hs_send(l, NULL, 0, -1)) {
-			if (l->side == 1)
-				acc_drop(l, "handshake send: %s", errstr(errno));
-			else
-				link_fail(l, KHOR_ERR_REMOTE, "handshake send: %s", errstr(errno));
-			return true;
-		}
-		if (l->out_len > 0)
-			return false;
-	}
-	if (l->side == 1) {
-		if (l->hs_phase == 0) {
-			rc = hs_recv(l, &l->hello, sizeof(l->hello), NULL, &why);
-			if (rc > 0)
-				return acc_hello(l);
-		} else {
-			hs_proof p;
-			int fd = -1;
-			bool moved;
-			rc = hs_recv(l, &p, sizeof(p), &fd, &why);
-			if (rc > 0) {
-				moved = acc_proof(l, &p, fd);
-				if (fd >= 0)
-					close(fd); /* mapped or refused: the mapping is all we keep */
-				return moved;
-			}
-			if (fd >= 0)
-				close(fd);
-		}
-		if (rc < 0) {
-			acc_drop(l, "during the handshake: %s", why);
-			return true;
-		}
-		return false;
-	}
-	if (l->hs_phase == 0) {
-		hs_challenge c;
-		rc = hs_recv(l, &c, sizeof(c), NULL, &why);
-		if (rc > 0)
-			return conn_challenge(l, &c);
-	} else {
-		hs_result r;
-		rc = hs_recv(l, &r, sizeof(r), NULL, &why);
-		if (rc > 0)
-			return conn_result(l, &r);
-	}
-	if (rc < 0) {
-		link_fail(l, KHOR_ERR_REMOTE, "handshake: %s (the peer closed the connection: it "
-		          "refused us, see its log, or it exited)", why);
-		return true;
-	}
-	return false;
 }
 
 /* ---- the socket side: accepting, doorbells, deaths ----------------------------------- */
@@ -1366,8 +689,12 @@ static tp_link *link_new(tp_ctx *ctx, int peer, int side, int fd)
 	l->seg_fd = -1;
 	l->out_fd = -1;
 	l->hs_deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
-	l->next_all = ctx->all;
-	ctx->all = l;
+	klist_init(&l->sendq);
+	klist_init(&l->cma_wait);
+	klist_init(&l->posted);
+	klist_init(&l->active);
+	klist_init(&l->cma_active);
+	klist_add_head(&ctx->all, &l->node_all);
 	return l;
 }
 
@@ -1383,7 +710,8 @@ static bool accept_new(tp_ctx *ctx)
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
 			if (errno != EAGAIN)
-				KLOG_WARN("shm transport (rank %d): accept: %s", ctx->rank, errstr(errno));
+				KLOG_WARN("shm transport (rank %d): accept: %s", ctx->rank,
+				          shm_errstr(errno));
 			return moved;
 		}
 		l = link_new(ctx, -1, 1, fd);
@@ -1391,7 +719,7 @@ static bool accept_new(tp_ctx *ctx)
 			close(fd);
 			continue;
 		}
-		peer_cred(l);
+		shm_peer_cred(l);
 		l->state = LS_HS;
 		l->hs_phase = 0;
 		moved = true;
@@ -1405,7 +733,7 @@ static bool link_socket_event(tp_link *l, short revents)
 	bool moved = false;
 
 	if (l->state != LS_READY)
-		return hs_step(l);
+		return shm_hs_step(l);
 	for (;;) {
 		ssize_t n = recv(l->fd, buf, sizeof(buf), MSG_DONTWAIT);
 		if (n > 0) {
@@ -1456,7 +784,7 @@ static bool poll_sockets(tp_ctx *ctx, int timeout_ms, bool sleeping, kerr *err)
 	bool moved = false;
 	int rc;
 
-	for (tp_link *l = ctx->all; l != NULL; l = l->next_all)
+	FOR_EACH_LINK(l, ctx)
 		n++;
 	if (!poll_grow(ps, n))
 		return false;
@@ -1464,10 +792,10 @@ static bool poll_sockets(tp_ctx *ctx, int timeout_ms, bool sleeping, kerr *err)
 	ps->pfds[n].fd = ctx->listen_fd;
 	ps->pfds[n].events = POLLIN;
 	ps->plinks[n++] = NULL;
-	ps->pfds[n].fd = ctx->sl.wake_fd;
+	ps->pfds[n].fd = ctx->sk.sl.wake_fd;
 	ps->pfds[n].events = POLLIN;
 	ps->plinks[n++] = NULL;
-	for (tp_link *l = ctx->all; l != NULL; l = l->next_all) {
+	FOR_EACH_LINK(l, ctx) {
 		if (l->fd < 0 || l->state == LS_DEAD || l->state == LS_CONNECTING ||
 		    l->err.status != KHOR_SUCCESS || l->peer_gone)
 			continue;
@@ -1476,15 +804,15 @@ static bool poll_sockets(tp_ctx *ctx, int timeout_ms, bool sleeping, kerr *err)
 		ps->plinks[n++] = l;
 	}
 	if (sleeping)
-		kmutex_unlock(&ctx->mu);
+		kmutex_unlock(&ctx->sk.mu);
 	rc = poll(ps->pfds, (nfds_t)n, timeout_ms);
 	if (sleeping)
-		kmutex_lock(&ctx->mu);
+		kmutex_lock(&ctx->sk.mu);
 	if (rc <= 0)
 		return false;
 	for (size_t i = 0; i < n; i++) {
 		short re = ps->pfds[i].revents;
-		if (re == 0 || i == 1) /* 1: a wake-up, drained by ksleeper_leave */
+		if (re == 0 || i == 1) /* 1: a wake-up, drained by tp_skel_sleep_end */
 			continue;
 		/* A link that failed while we slept keeps its fd until sweep, which waits for us. */
 		if (ps->plinks[i] == NULL)
@@ -1510,34 +838,34 @@ static void link_free(tp_link *l)
 /* Retries connects, ends handshakes that ran out of time, frees refused connections. */
 static bool sweep(tp_ctx *ctx, bool *handshaking)
 {
-	tp_link **pp = &ctx->all;
 	bool moved = false;
+	klist *n, *next;
 
 	*handshaking = false;
-	while (*pp != NULL) {
-		tp_link *l = *pp;
+	KLIST_FOREACH_SAFE(n, next, &ctx->all) {
+		tp_link *l = LINK(n);
 		if (l->state == LS_CONNECTING && l->err.status == KHOR_SUCCESS)
-			moved |= hs_step(l);
+			moved |= shm_hs_step(l);
 		if ((l->state == LS_CONNECTING || l->state == LS_HS) && l->err.status == KHOR_SUCCESS &&
 		    kdeadline_passed(l->hs_deadline)) {
 			if (l->side == 1)
-				acc_drop(l, "no complete handshake within %lld ms",
-				         (long long)ctx->hs_timeout_ms);
+				shm_acc_drop(l, "no complete handshake within %lld ms",
+				             (long long)ctx->hs_timeout_ms);
 			else
-				link_fail(l, KHOR_ERR_TIMEOUT, "handshake did not finish within %lld ms "
-				          "(the peer is stuck or not polling its transport)",
-				          (long long)ctx->hs_timeout_ms);
+				shm_link_fail(l, KHOR_ERR_TIMEOUT,
+				              "handshake did not finish within %lld ms "
+				              "(the peer is stuck or not polling its transport)",
+				              (long long)ctx->hs_timeout_ms);
 		}
 		/* Not while a thread sleeps in poll(): its arrays may name l. */
-		if (l->side == 1 && l->state == LS_DEAD && !l->claimed && !ctx->sl.asleep &&
+		if (l->side == 1 && l->state == LS_DEAD && !l->claimed && !ctx->sk.sl.asleep &&
 		    (l->peer < 0 || ctx->incoming[l->peer] != l)) {
-			*pp = l->next_all;
+			klist_del(&l->node_all);
 			link_free(l);
 			continue;
 		}
 		if ((l->state == LS_CONNECTING || l->state == LS_HS) && l->err.status == KHOR_SUCCESS)
 			*handshaking = true;
-		pp = &l->next_all;
 	}
 	return moved;
 }
@@ -1546,7 +874,7 @@ static bool drive_links(tp_ctx *ctx)
 {
 	bool moved = false;
 
-	for (tp_link *l = ctx->all; l != NULL; l = l->next_all)
+	FOR_EACH_LINK(l, ctx)
 		moved |= link_drive(l);
 	return moved;
 }
@@ -1554,7 +882,7 @@ static bool drive_links(tp_ctx *ctx)
 /* Raises (or lowers) our sleeping flag on every ready link. */
 static void set_sleeping(tp_ctx *ctx, uint32_t v)
 {
-	for (tp_link *l = ctx->all; l != NULL; l = l->next_all)
+	FOR_EACH_LINK(l, ctx)
 		if (l->state == LS_READY && l->err.status == KHOR_SUCCESS)
 			atomic_store_explicit(&l->seg->sleeping[l->side].v, v, memory_order_seq_cst);
 	atomic_thread_fence(memory_order_seq_cst);
@@ -1593,7 +921,6 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	char name[96];
 	uint8_t rnd[8];
 	uint64_t job_hash = 1469598103934665603ull;
-	const char *cma_env = getenv("KHOR_SHM_CMA");
 	khor_status st;
 	socklen_t sl;
 
@@ -1606,6 +933,7 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	ctx = calloc(1, sizeof(*ctx));
 	if (ctx == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "shm transport: out of memory");
+	klist_init(&ctx->all);
 	ctx->rank = opt->rank;
 	ctx->size = opt->size;
 	ctx->listen_fd = -1;
@@ -1616,31 +944,28 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	kstrlcpy(ctx->hs.job_id, opt->job_id, sizeof(ctx->hs.job_id));
 	ctx->hs_timeout_ms = opt->handshake_timeout_ms > 0 ? opt->handshake_timeout_ms : 30000;
 	ctx->meta = opt->meta;
-	kmutex_init(&ctx->mu);
-	if ((st = ksleeper_init(&ctx->sl, err)) != KHOR_SUCCESS) {
-		pthread_mutex_destroy(&ctx->mu.m);
+	if ((st = tp_skel_init(&ctx->sk, err)) != KHOR_SUCCESS) {
 		free(ctx->secret);
 		free(ctx);
 		return st;
 	}
 	ctx->incoming = calloc((size_t)opt->size, sizeof(tp_link *));
 	ctx->outgoing = calloc((size_t)opt->size, sizeof(tp_link *));
-	/* KHOR_SHM_CMA=1 reads messages over SHM_EAGER_MAX with process_vm_readv; by default
-	 * everything takes the ring, which measured faster here (see the top comment). */
-	ctx->cma_enabled = false;
-	if (cma_env != NULL && *cma_env != '\0' && !kparse_bool(cma_env, &ctx->cma_enabled)) {
-		st = kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_SHM_CMA='%.32s': expected 0 or 1",
-		              cma_env);
-		goto fail_free;
-	}
+	/* KHOR_SHM_CMA=1 (opt->shm_cma) reads messages over SHM_EAGER_MAX with
+	 * process_vm_readv; by default everything takes the ring, which measured faster here
+	 * (see the top comment). */
+	ctx->cma_enabled = opt->shm_cma;
 	if (ctx->secret == NULL || ctx->incoming == NULL || ctx->outgoing == NULL) {
 		st = kerr_set(err, KHOR_ERR_NO_MEMORY, "shm transport: out of memory");
 		goto fail_free;
 	}
 	if (!read_host_key(ctx->host_key, sizeof(ctx->host_key))) {
-		st = kerr_set(err, KHOR_ERR_SYSTEM, "shm transport: cannot read "
-		              "/proc/sys/kernel/random/boot_id or /proc/self/ns/net (%s), which tell "
-		              "whether two ranks can share memory; is /proc mounted?", errstr(errno));
+		st = kerr_set(
+		    err, KHOR_ERR_SYSTEM,
+		    "shm transport: cannot read "
+		    "/proc/sys/kernel/random/boot_id or /proc/self/ns/net (%s), which tell "
+		    "whether two ranks can share memory; is /proc mounted?",
+		    shm_errstr(errno));
 		goto fail_free;
 	}
 	/*
@@ -1661,13 +986,13 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	ctx->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (ctx->listen_fd < 0) {
 		st = kerr_set(err, KHOR_ERR_SYSTEM, "shm transport: socket(AF_UNIX): %s",
-		              errstr(errno));
+		              shm_errstr(errno));
 		goto fail_free;
 	}
 	if (bind(ctx->listen_fd, (struct sockaddr *)&sa, sl) < 0 ||
 	    listen(ctx->listen_fd, 128) < 0) {
 		st = kerr_set(err, KHOR_ERR_SYSTEM, "shm transport: listening on @%s: %s", name,
-		              errstr(errno));
+		              shm_errstr(errno));
 		goto fail_free;
 	}
 	snprintf(ctx->addr, sizeof(ctx->addr), "shm:%s:%s", ctx->host_key, name);
@@ -1678,8 +1003,7 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 fail_free:
 	if (ctx->listen_fd >= 0)
 		close(ctx->listen_fd);
-	ksleeper_destroy(&ctx->sl);
-	pthread_mutex_destroy(&ctx->mu.m);
+	tp_skel_destroy(&ctx->sk);
 	free(ctx->incoming);
 	free(ctx->outgoing);
 	free(ctx->secret);
@@ -1692,8 +1016,8 @@ static const char *shm_address(const tp_ctx *ctx)
 	return ctx->addr;
 }
 
-static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
-                               kerr *err)
+static khor_status shm_connect_locked(tp_ctx *ctx, int peer, const char *peer_addr,
+                                      tp_link **link_out, kerr *err)
 {
 	const char *key, *name;
 	size_t key_len, name_len;
@@ -1726,7 +1050,7 @@ static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr, 
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return kerr_set(err, KHOR_ERR_SYSTEM, "shm connect to peer rank %d: socket: %s", peer,
-		                errstr(errno));
+		                shm_errstr(errno));
 	l = link_new(ctx, peer, 0, fd);
 	if (l == NULL) {
 		close(fd);
@@ -1736,10 +1060,10 @@ static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr, 
 	l->peer_sa.sun_family = AF_UNIX;
 	memcpy(l->peer_sa.sun_path + 1, name, name_len);
 	l->peer_sa_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + name_len);
-	st = seg_create(l, err);
+	st = shm_seg_create(l, err);
 	if (st != KHOR_SUCCESS) {
 		/* Leave a failed link behind so later calls see the same error. */
-		link_fail_text(l, st, err->text);
+		shm_link_fail_text(l, st, err->text);
 		l->state = LS_DEAD;
 	} else {
 		/* The CMA probe reads nonce_c where hs_hello_make puts it: in l->hello. */
@@ -1747,14 +1071,14 @@ static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr, 
 		                    [SHM_AUX_NONCE_ADDR] = (uint64_t)(uintptr_t)l->hello.nonce_c };
 		hs_hello_make(&ctx->hs, peer, aux, &l->hello);
 		l->state = LS_CONNECTING;
-		hs_step(l);
+		shm_hs_step(l);
 	}
 	ctx->outgoing[peer] = l;
 	*link_out = l;
 	return KHOR_SUCCESS;
 }
 
-static khor_status accept_locked(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
+static khor_status shm_accept_locked(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
 {
 	tp_link *l;
 
@@ -1770,36 +1094,15 @@ static khor_status accept_locked(tp_ctx *ctx, int peer, tp_link **link_out, kerr
 	return KHOR_SUCCESS;
 }
 
-static bool link_ready_locked(const tp_link *l)
+static bool shm_link_ready_locked(const tp_link *l)
 {
 	return l->state == LS_READY && l->err.status == KHOR_SUCCESS;
 }
 
-/* Nothing to pin or flush: CMA and memcpy take any mapped host memory. */
-static void shm_caps(const tp_ctx *ctx, tp_caps *out)
+static void shm_describe_locked(const tp_link *l, char *buf, size_t len)
 {
-	(void)ctx;
-	*out = (tp_caps){ .needs_reg = false, .reg_min = 0, .device_mem = false,
-	                  .one_sided = false, .needs_flush = false };
-}
-
-static tp_req *req_get(tp_ctx *ctx)
-{
-	tp_req *r = ctx->free_reqs;
-
-	if (r != NULL)
-		ctx->free_reqs = r->next;
-	else
-		r = malloc(sizeof(*r));
-	if (r != NULL)
-		memset(r, 0, sizeof(*r));
-	return r;
-}
-
-static void req_put(tp_ctx *ctx, tp_req *r)
-{
-	r->next = ctx->free_reqs;
-	ctx->free_reqs = r;
+	snprintf(buf, len, "pid %d, large messages by %s", (int)l->peer_pid,
+	         l->cma_send ? "process_vm_readv" : "the ring");
 }
 
 static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool is_send,
@@ -1811,9 +1114,10 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 		*err = l->err;
 		return l->err.status;
 	}
-	r = req_get(l->ctx);
+	r = tp_skel_req_get(&l->ctx->sk, sizeof(*r));
 	if (r == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "shm: out of memory for a request");
+	memset(r, 0, sizeof(*r));
 	r->link = l;
 	r->buf = buf;
 	r->len = len;
@@ -1833,38 +1137,40 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 			 * against it (rx_conflict) once. */
 			l->ctx->recv_comm = tag.comm;
 			l->ctx->recv_seq = tag.seq;
-			for (tp_link *o = l->ctx->all; o != NULL; o = o->next_all)
+			FOR_EACH_LINK(o, l->ctx)
 				o->rescan = true;
 		}
 	}
 	/* Try at once: a small message usually goes out (or is found) without progress(). What
 	 * moves may be another thread's, and that thread may be asleep. */
-	if (link_drive(l) && (l->ctx->sl.asleep || l->ctx->sl.waiting > 0))
-		ksleeper_moved(&l->ctx->sl);
+	if (link_drive(l))
+		tp_skel_moved(&l->ctx->sk);
 	*req_out = r;
 	return KHOR_SUCCESS;
 }
 
-static khor_status isend_locked(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
-                             tp_req **req_out, kerr *err)
+static khor_status shm_isend_locked(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                                    tp_req **req_out, kerr *err)
 {
+	(void)mr;
 	return post(l, (uint8_t *)buf, len, tag, true, req_out, err);
 }
 
-static khor_status irecv_locked(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
-                             tp_req **req_out, kerr *err)
+static khor_status shm_irecv_locked(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                                    tp_req **req_out, kerr *err)
 {
+	(void)mr;
 	return post(l, buf, len, tag, false, req_out, err);
 }
 
-static khor_status test_locked(tp_req *r, bool *done_out, kerr *err)
+static khor_status shm_test_locked(tp_req *r, bool *done_out, kerr *err)
 {
 	tp_link *l = r->link;
 
 	if (r->finished) {
 		*done_out = true;
 		l->pending--;
-		req_put(l->ctx, r);
+		tp_skel_req_put(&l->ctx->sk, r);
 		return KHOR_SUCCESS;
 	}
 	if (l->err.status != KHOR_SUCCESS) {
@@ -1872,14 +1178,14 @@ static khor_status test_locked(tp_req *r, bool *done_out, kerr *err)
 		*err = l->err;
 		req_finish(r);
 		l->pending--;
-		req_put(l->ctx, r);
+		tp_skel_req_put(&l->ctx->sk, r);
 		return l->err.status;
 	}
 	*done_out = false;
 	return KHOR_SUCCESS;
 }
 
-static void cancel_locked(tp_req *r)
+static void shm_cancel_locked(tp_req *r)
 {
 	tp_link *l = r->link;
 
@@ -1888,15 +1194,16 @@ static void cancel_locked(tp_req *r)
 		 * very buffer: the stream of this link cannot be trusted any more. */
 		bool cut = r->is_send ? r->done > 0 || r->on == &l->cma_wait : r->on != &l->posted;
 		if (cut)
-			link_fail(l, KHOR_ERR_INTERNAL, "a transfer was abandoned mid-message after an "
-			          "earlier error; the link is closed");
+			shm_link_fail(l, KHOR_ERR_INTERNAL,
+			              "a transfer was abandoned mid-message after an "
+			              "earlier error; the link is closed");
 		req_finish(r);
 	}
 	l->pending--;
-	req_put(l->ctx, r);
+	tp_skel_req_put(&l->ctx->sk, r);
 }
 
-static khor_status progress_locked(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err)
+static khor_status shm_progress_locked(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err)
 {
 	bool moved, handshaking;
 	uint64_t now;
@@ -1931,14 +1238,16 @@ static khor_status progress_locked(tp_ctx *ctx, int timeout_ms, bool *moved_out,
 		int wait_ms = timeout_ms;
 		if (handshaking && wait_ms > (int)(SHM_RETRY_NS / 1000000))
 			wait_ms = (int)(SHM_RETRY_NS / 1000000);
-		if (ksleeper_enter(&ctx->sl, &ctx->mu, wait_ms)) {
+		if (tp_skel_sleep_begin(&ctx->sk, wait_ms)) {
 			set_sleeping(ctx, 1);
 			moved = drive_links(ctx);
+			moved |=
+			    tp_skel_seen(&ctx->sk); /* a wake since our last look: don't sleep */
 			if (!moved)
 				moved = poll_sockets(ctx, wait_ms, true, err);
 			ctx->next_check_ns = kclock_ns() + SHM_CHECK_NS;
 			set_sleeping(ctx, 0);
-			ksleeper_leave(&ctx->sl);
+			tp_skel_sleep_end(&ctx->sk);
 		}
 		moved |= drive_links(ctx);
 		moved |= sweep(ctx, &handshaking);
@@ -1948,157 +1257,45 @@ static khor_status progress_locked(tp_ctx *ctx, int timeout_ms, bool *moved_out,
 	return KHOR_SUCCESS;
 }
 
-/* ---- the ops: each takes the lock around its _locked body ----------------------------- */
+/* ---- the ops: the skeleton's lock around the _locked bodies above ------------------- */
 
-static khor_status shm_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
-                               kerr *err)
-{
-	kmutex_lock(&ctx->mu);
-	khor_status st = connect_locked(ctx, peer, peer_addr, link_out, err);
-	kmutex_unlock(&ctx->mu);
-	return st;
-}
-
-static khor_status shm_accept(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
-{
-	kmutex_lock(&ctx->mu);
-	khor_status st = accept_locked(ctx, peer, link_out, err);
-	kmutex_unlock(&ctx->mu);
-	return st;
-}
-
-static bool shm_link_ready(const tp_link *l)
-{
-	kmutex_lock(&l->ctx->mu);
-	bool ready = link_ready_locked(l);
-	kmutex_unlock(&l->ctx->mu);
-	return ready;
-}
-
-static void shm_describe(const tp_link *l, char *buf, size_t len)
-{
-	kmutex_lock(&l->ctx->mu);
-	snprintf(buf, len, "pid %d, large messages by %s", (int)l->peer_pid,
-	         l->cma_send ? "process_vm_readv" : "the ring");
-	kmutex_unlock(&l->ctx->mu);
-}
-
-static khor_status shm_isend(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
-                             tp_req **req_out, kerr *err)
-{
-	kmutex_lock(&l->ctx->mu);
-	khor_status st = isend_locked(l, buf, len, tag, mr, req_out, err);
-	kmutex_unlock(&l->ctx->mu);
-	return st;
-}
-
-static khor_status shm_irecv(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
-                             tp_req **req_out, kerr *err)
-{
-	kmutex_lock(&l->ctx->mu);
-	khor_status st = irecv_locked(l, buf, len, tag, mr, req_out, err);
-	kmutex_unlock(&l->ctx->mu);
-	return st;
-}
-
-static khor_status shm_test(tp_req *r, bool *done_out, kerr *err)
-{
-	tp_ctx *ctx = r->link->ctx;
-
-	kmutex_lock(&ctx->mu);
-	khor_status st = test_locked(r, done_out, err);
-	kmutex_unlock(&ctx->mu);
-	return st;
-}
-
-static void shm_cancel(tp_req *r)
-{
-	tp_ctx *ctx = r->link->ctx;
-
-	kmutex_lock(&ctx->mu);
-	cancel_locked(r);
-	kmutex_unlock(&ctx->mu);
-}
+TP_SKEL_LOCKED_OPS(shm)
 
 static khor_status shm_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err)
 {
-	bool moved = false;
+	tp_skel *sk = &ctx->sk;
+	bool moved = false, mine = false;
 
-	if (timeout_ms == 0) {
-		/* A spinning caller: give way to a thread that waits for the lock (sleeper.h). */
-		if (!kmutex_trylock_polite(&ctx->mu)) {
-			if (moved_out != NULL)
-				*moved_out = kseen_changed(ctx, atomic_load(&ctx->completions));
-			return KHOR_SUCCESS;
-		}
-	} else {
-		kmutex_lock(&ctx->mu);
-	}
+	if (!tp_skel_progress_begin(sk, timeout_ms, moved_out))
+		return KHOR_SUCCESS;
 	/* Another thread may have finished our transfers since we last looked: no sleep. */
-	if (kseen_changed(ctx, atomic_load(&ctx->completions))) {
+	if (tp_skel_seen(sk)) {
 		timeout_ms = 0;
 		moved = true;
 	}
-	bool mine = false;
-	khor_status st = progress_locked(ctx, timeout_ms, &mine, err);
-	moved |= mine;
-	moved |= kseen_changed(ctx, atomic_load(&ctx->completions));
+	khor_status st = shm_progress_locked(ctx, timeout_ms, &mine, err);
 	/* What we moved may be what a thread asleep (in poll() or on the cv) waits for. */
-	if (moved && (ctx->sl.asleep || ctx->sl.waiting > 0))
-		ksleeper_moved(&ctx->sl);
-	kmutex_unlock(&ctx->mu);
-	if (moved_out != NULL)
-		*moved_out = moved;
-	return st;
-}
-
-static khor_status shm_link_error(tp_link *l, kerr *err_out)
-{
-	khor_status st;
-
-	kmutex_lock(&l->ctx->mu);
-	st = l->err.status;
-	if (st != KHOR_SUCCESS && err_out != NULL)
-		*err_out = l->err;
-	kmutex_unlock(&l->ctx->mu);
+	tp_skel_progress_end(sk, moved || mine, moved_out);
 	return st;
 }
 
 static void shm_destroy(tp_ctx *ctx)
 {
-	tp_link *l = ctx->all;
+	klist *n, *next;
 
-	while (l != NULL) {
-		tp_link *next = l->next_all;
-		link_free(l);
-		l = next;
-	}
-	while (ctx->free_reqs != NULL) {
-		tp_req *r = ctx->free_reqs;
-		ctx->free_reqs = r->next;
-		free(r);
-	}
+	KLIST_FOREACH_SAFE(n, next, &ctx->all)
+		link_free(LINK(n));
 	if (ctx->listen_fd >= 0)
 		close(ctx->listen_fd);
 	free(ctx->busy.pfds);
 	free(ctx->busy.plinks);
 	free(ctx->sleep.pfds);
 	free(ctx->sleep.plinks);
-	ksleeper_destroy(&ctx->sl);
-	pthread_mutex_destroy(&ctx->mu.m);
+	tp_skel_destroy(&ctx->sk);
 	free(ctx->incoming);
 	free(ctx->outgoing);
 	free(ctx->secret);
 	free(ctx);
-}
-
-/* A wake counts as a completion, so that kseen_changed reports it to every thread once. */
-static void shm_wake(tp_ctx *ctx)
-{
-	kmutex_lock(&ctx->mu);
-	atomic_fetch_add_explicit(&ctx->completions, 1, memory_order_relaxed);
-	ksleeper_moved(&ctx->sl);
-	kmutex_unlock(&ctx->mu);
 }
 
 const struct transport_ops shm_transport_ops = {
@@ -2106,7 +1303,7 @@ const struct transport_ops shm_transport_ops = {
 	.version = TP_VERSION,
 	.create = shm_create,
 	.address = shm_address,
-	.caps = shm_caps,
+	.caps = tp_skel_caps_plain, /* CMA and memcpy take any mapped host memory */
 	.connect = shm_connect,
 	.accept = shm_accept,
 	.link_ready = shm_link_ready,
@@ -2121,6 +1318,6 @@ const struct transport_ops shm_transport_ops = {
 	.progress = shm_progress,
 	.cancel = shm_cancel,
 	.link_error = shm_link_error,
-	.wake = shm_wake,
+	.wake = tp_skel_wake,
 	.destroy = shm_destroy,
 };

@@ -38,12 +38,14 @@
  * queue at the cost of its header. Meanwhile the socket carries other frames both ways.
  * The price is one round trip per chunk over 1 MiB (docs/PERFORMANCE.md, section 9).
  *
- * Threads: every op takes the instance's lock. progress() lets go of it while it sleeps in
- * epoll_wait, and only one thread sleeps there at a time (base/sleeper.h).
+ * Threads: every op takes the instance's lock (the skeleton's, transport/skel.h, which also
+ * makes the ops that do nothing but take it around this file's *_locked bodies).
+ * progress() lets go of it while it sleeps in epoll_wait, and only one thread sleeps there
+ * at a time (base/sleeper.h).
  *
- * Handshake: every socket runs the shared one of handshake.h (HELLO, CHALLENGE, PROOF,
- * RESULT), non-blocking and bounded by handshake_timeout_ms; this file only moves its bytes
- * over the stream. The HELLO's aux words are the socket's index and the link's socket count
+ * Handshake (tcp_hs.c): every socket runs the shared one of handshake.h (HELLO, CHALLENGE,
+ * PROOF, RESULT), non-blocking and bounded by handshake_timeout_ms; tcp_hs.c only moves its
+ * bytes over the stream. The HELLO's aux words are the socket's index and the link's socket count
  * (TCP_AUX_*), which the acceptor checks itself. A stranger (bad magic, another transport,
  * wrong job, wrong secret, wrong target rank, impossible socket count) is refused and logged,
  * and the listener goes on serving the real ranks.
@@ -51,24 +53,22 @@
  * Sockets are registered edge-triggered; rd_ready/wr_ready remember readiness until a call
  * returns EAGAIN, so no syscall is made on a socket that cannot move bytes.
  *
- * Addresses: hosts may have several networks, named differently on every host, and not all
- * reach every peer. Without KHOR_SOCKET_IFNAME an instance listens on every address and
- * publishes a list, best first ("198.19.10.2:4100,10.0.0.2:4100": the store's subnet,
- * then the other interfaces; ksock_order_candidates). The connector dials the peer's
- * addresses in its own order (ksock_order_peer: those on one of its subnets first), all
- * the link's sockets at once, one address at a time: the first address on which any
+ * Addresses (tcp_dial.c): hosts may have several networks, named differently on every host,
+ * and not all reach every peer. Without KHOR_SOCKET_IFNAME an instance listens on every
+ * address and publishes a list, best first ("198.19.10.2:4100,10.0.0.2:4100": the store's
+ * subnet, then the other interfaces; ksock_order_candidates). The connector dials the
+ * peer's addresses in its own order (ksock_order_peer: those on one of its subnets first),
+ * all the link's sockets at once, one address at a time: the first address on which any
  * socket connects is the link's, and the others are never tried. An address that refuses,
  * is unreachable or does not answer within TCP_ATTEMPT_MS (doubled on each pass over the
  * list) gives way to the next one, until every address failed outright or the handshake
- * timeout passed; the error then names each address and why it failed. With one address
- * or a first address on a shared subnet this is exactly one connect per socket, as before.
+ * timeout passed; the error then names each address and why it failed. With one address or
+ * a first address on a shared subnet this is exactly one connect per socket, as before.
  */
-#include "transport/transport.h"
+#include "tcp_int.h"
 
-#include "transport/handshake.h"
 #include "base/log.h"
 #include "base/sleeper.h"
-#include "base/sock.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -81,197 +81,9 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
-
-#define TCP_FRAME_MAGIC 0x4d52464bu
-/* 2: 64-byte frame headers, frames padded to 64 bytes; 3: rendezvous; 4: the shared
- * handshake of handshake.h */
-#define TCP_VERSION 4
-#define TCP_FRAME_ALIGN 64
-#define TCP_MAX_SOCKS 16
-/* Bytes of unexpected frames a link holds before it leaves the rest in the kernel. */
-#define TCP_UNEXPECTED_MAX (8u << 20)
-/* Chunks above this go by rendezvous; below, they go at once (eager). */
-#define TCP_EAGER_MAX (1u << 20)
-/*
- * How long one of several addresses of a peer may stay silent before the next is tried
- * (doubled on every pass over the list). Long enough for one lost SYN (retransmitted after
- * 1 s) on a loaded but working network; an address on a dead subnet otherwise costs an ARP
- * timeout (3 s) or a full SYN back-off (over 2 minutes).
- */
-#define TCP_ATTEMPT_MS 1500
-
-enum frame_kind { FRAME_EAGER = 0, FRAME_RTS = 1, FRAME_CTS = 2, FRAME_DATA = 3 };
-
-/* The HELLO's aux words (handshake.h): which socket of how many this connection is. */
-enum { TCP_AUX_SOCK_IDX = 0, TCP_AUX_NSOCKS = 1 };
-
-struct frame_hdr {
-	uint32_t magic;
-	uint32_t comm;
-	uint32_t seq;
-	uint32_t step;
-	uint32_t meta; /* what the sender is doing (collective, dtype, op); must match */
-	uint32_t kind; /* enum frame_kind */
-	uint64_t total_len;
-	uint64_t chunk_len;
-	uint8_t reserved[24]; /* zero; rounds the header up to TCP_FRAME_ALIGN */
-};
-_Static_assert(sizeof(struct frame_hdr) == TCP_FRAME_ALIGN, "the frame header is one unit");
-
-/* Zeros after a payload of len bytes, so that the next header starts on the alignment. */
-static inline uint32_t frame_pad(uint64_t len)
-{
-	return (uint32_t)(-len & (TCP_FRAME_ALIGN - 1));
-}
-
 static const uint8_t frame_zeros[TCP_FRAME_ALIGN];
 
-enum sock_state {
-	SS_CONNECTING,  /* connector: waiting for connect() to finish */
-	SS_HS_CONN,     /* connector: handshake in progress */
-	SS_HS_ACC,      /* acceptor: handshake in progress */
-	SS_DATA,        /* carrying frames */
-	SS_DEAD
-};
-
-/* One chunk of a request, queued on one socket. */
-struct chunk {
-	struct chunk *next;
-	tp_req *req;
-	uint8_t *buf;
-	uint64_t len;
-	uint64_t done;   /* payload bytes moved */
-	uint32_t hdr_done; /* header bytes sent (send side) */
-	uint32_t pad_left; /* padding bytes still to send (send side) */
-	bool ctl;          /* a CTS of ours, freed once sent (req NULL) */
-	struct frame_hdr hdr;
-};
-
-/*
- * A frame read before its receive was posted (see the top of the file): ch holds its header
- * and a heap copy of its payload, with ch.req NULL; want is the receive that claimed it
- * while the payload was still arriving.
- */
-struct uframe {
-	struct chunk ch;
-	struct uframe *next;
-	struct chunk *want;
-	bool complete;
-};
-
-struct tp_req {
-	tp_req *next_free;
-	tp_link *link;
-	int nchunks;
-	int chunks_done;
-	bool is_send;
-	struct chunk chunks[TCP_MAX_SOCKS];
-};
-
-struct tsock {
-	int fd;
-	int idx;
-	enum sock_state state;
-	tp_link *link;        /* NULL for an acceptor socket before its HELLO arrived */
-	tp_ctx *ctx;
-	bool rd_ready, wr_ready;
-	kdeadline hs_deadline;
-	char peer_str[64];    /* address of the other end, for messages */
-	/* handshake buffers */
-	uint8_t hs_out[128];
-	uint32_t hs_out_len, hs_out_off;
-	uint8_t hs_in[128];
-	uint32_t hs_in_need, hs_in_got;
-	int hs_phase;
-	hs_hello hello;        /* the HELLO of this socket, kept for the MACs */
-	uint8_t nonce_s[KAUTH_NONCE_LEN];
-	/* send queue (FIFO) */
-	struct chunk *sq_head, *sq_tail;
-	/* posted receives (matched by tag) and the frame being read */
-	struct chunk *rq_head;
-	struct frame_hdr rhdr;
-	uint32_t rhdr_got;
-	uint32_t rskip;       /* padding of the last frame still to read and drop */
-	struct chunk *rcur;   /* chunk receiving the current payload */
-	bool parked;          /* rhdr complete but no matching receive yet */
-	struct uframe *uq_head, *uq_tail; /* frames read aside, in arrival order */
-	struct chunk *rts_wait;  /* our large sends whose RTS went out: waiting for a CTS */
-	struct chunk *rdv_wait;  /* our receives that sent a CTS: waiting for the DATA */
-	uint32_t e_off, e_len; /* unread bytes of the stream in ebuf */
-	uint8_t ebuf[8192];
-	struct tsock *next_all;
-};
-
-_Static_assert(sizeof(hs_hello) <= sizeof(((struct tsock *)0)->hs_in) &&
-               sizeof(hs_challenge) <= sizeof(((struct tsock *)0)->hs_out),
-               "a handshake message must fit the socket's buffers");
-
-/* A link we opened: the peer's addresses, in the order we try them, and how it went. */
-struct tcp_dial {
-	int n;
-	int cur;              /* the address the sockets are connecting to */
-	bool chosen;          /* a socket connected to addr[cur]: the link's address for good */
-	int round;            /* passes over the list so far */
-	bool soft;            /* an address of this pass timed out (rather than failed) */
-	kdeadline attempt_dl; /* when addr[cur] has had its time */
-	kdeadline deadline;   /* when the whole link has (the handshake timeout) */
-	tp_link *next;        /* ctx->dialing: links still looking for their address */
-	ksockaddr addr[KSOCK_MAX_CANDS];
-	char str[KSOCK_MAX_CANDS][64];
-	char why[KSOCK_MAX_CANDS][96];  /* why it is tried where it is, for the log */
-	char fail[KSOCK_MAX_CANDS][96]; /* its last failure, "" if none */
-};
-
-struct tp_link {
-	tp_ctx *ctx;
-	int peer;
-	int nsocks;
-	int nready;
-	bool claimed;         /* acceptor side: handed out by accept() */
-	char peer_addr[TP_ADDR_MAX];
-	struct tsock *socks[TCP_MAX_SOCKS];
-	kerr err;             /* first error; sticky */
-	int pending;          /* requests posted and not finished */
-	uint64_t ubytes;      /* payload bytes of the sockets' unexpected frames */
-	struct tcp_dial *dial; /* links we opened; NULL for accepted ones */
-};
-
-struct tp_ctx {
-	int rank, size;
-	hs_self hs;           /* who we are in handshakes; its secret is ours below */
-	char *secret;
-	int nsocks;
-	uint64_t min_stripe;
-	int bufsize;
-	int64_t hs_timeout_ms;
-	int epfd;
-	int listen_fd;
-	char addr[TP_ADDR_MAX]; /* the published list, best first */
-	bool spec_set;        /* KHOR_SOCKET_IFNAME chose the address */
-	ksock_iface *mine;    /* this host's addresses, to order a peer's */
-	int nmine;
-	tp_link *dialing;     /* links whose address is not settled yet (struct tcp_dial) */
-	tp_link **incoming;   /* [size]: links opened to us, by peer rank */
-	tp_link **outgoing;   /* [size]: links we opened */
-	struct tsock *all;    /* every socket, for progress and cleanup */
-	uint32_t recv_comm, recv_seq; /* the call of the last receive posted */
-	tp_req *free_reqs;
-	const tp_meta_rules *meta;
-	kmutex mu;            /* taken by every op: everything above and below */
-	ksleeper sl;          /* who sleeps in epoll_wait */
-	_Atomic uint64_t completions; /* chunks finished, for kseen_changed */
-};
-
-static void sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
 /* ---- small helpers ------------------------------------------------------------------- */
-
-static const char *errstr(int e)
-{
-	static __thread char buf[128];
-	return kerr_errno_str(e, buf, sizeof(buf));
-}
 
 /* Which sockets carry a message: count and first index. Identical on both sides. */
 static void stripe_plan(const tp_link *l, uint64_t len, uint32_t step, int *nchunks, int *first)
@@ -294,85 +106,17 @@ static uint64_t chunk_len(uint64_t len, int nchunks, int i, uint64_t *off)
 	return i == nchunks - 1 ? len - per * (uint64_t)(nchunks - 1) : per;
 }
 
-static tp_req *req_get(tp_ctx *ctx)
-{
-	tp_req *r = ctx->free_reqs;
+#define CHUNK(n) KLIST_ENTRY(n, struct chunk, node)
+#define UFRAME(n) KLIST_ENTRY(n, struct uframe, node)
+#define TSOCK(n) KLIST_ENTRY(n, struct tsock, node_all)
 
-	if (r != NULL)
-		ctx->free_reqs = r->next_free;
-	else
-		r = malloc(sizeof(*r));
-	return r;
-}
+/* Every socket of ctx, newest first (the body must not unlink it: sweep does that). */
+#define FOR_EACH_SOCK(t, ctx)                                                                 \
+	for (struct tsock *t = TSOCK((ctx)->all.next); &t->node_all != &(ctx)->all;            \
+	     t = TSOCK(t->node_all.next))
 
-static void req_put(tp_ctx *ctx, tp_req *r)
-{
-	r->next_free = ctx->free_reqs;
-	ctx->free_reqs = r;
-}
-
-static void link_fail(tp_link *l, khor_status st, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void link_fail(tp_link *l, khor_status st, const char *fmt, ...)
-{
-	char what[KERR_TEXT_MAX];
-	va_list ap;
-
-	if (l->err.status != KHOR_SUCCESS)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(what, sizeof(what), fmt, ap);
-	va_end(ap);
-	kerr_set(&l->err, st, "link to peer rank %d (%s): %s", l->peer,
-	         l->peer_addr[0] ? l->peer_addr : "address unknown", what);
-	KLOG_DEBUG("%s", l->err.text);
-}
-
-static void sock_close_fd(struct tsock *s)
-{
-	if (s->fd >= 0) {
-		epoll_ctl(s->ctx->epfd, EPOLL_CTL_DEL, s->fd, NULL);
-		close(s->fd);
-		s->fd = -1;
-	}
-	s->state = SS_DEAD;
-}
-
-static void sock_fail(struct tsock *s, khor_status st, const char *fmt, ...)
-{
-	char what[KERR_TEXT_MAX];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(what, sizeof(what), fmt, ap);
-	va_end(ap);
-	if (s->link != NULL)
-		link_fail(s->link, st, "socket %d of %d: %s", s->idx + 1, s->link->nsocks, what);
-	sock_close_fd(s);
-}
-
-/* Gives s the socket fd (in state st) and registers it; false (errno set) if epoll refuses. */
-static bool sock_attach(struct tsock *s, int fd, enum sock_state st)
-{
-	struct epoll_event ev;
-
-	s->fd = fd;
-	s->state = st;
-	s->rd_ready = true;
-	/* A connecting socket is writable only once connect() finished; epoll tells us. */
-	s->wr_ready = st != SS_CONNECTING;
-	ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
-	ev.data.ptr = s;
-	if (epoll_ctl(s->ctx->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
-		s->fd = -1;
-		s->state = SS_DEAD;
-		return false;
-	}
-	return true;
-}
-
-static struct tsock *sock_new(tp_ctx *ctx, int fd, enum sock_state st)
+/* A new socket object (zeroed, its queues empty) on ctx's list of every socket. */
+static struct tsock *sock_alloc(tp_ctx *ctx)
 {
 	struct tsock *s = calloc(1, sizeof(*s));
 
@@ -380,12 +124,26 @@ static struct tsock *sock_new(tp_ctx *ctx, int fd, enum sock_state st)
 		return NULL;
 	s->ctx = ctx;
 	s->hs_deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
-	if (!sock_attach(s, fd, st)) {
+	klist_init(&s->sq);
+	klist_init(&s->rq);
+	klist_init(&s->uq);
+	klist_init(&s->rts_wait);
+	klist_init(&s->rdv_wait);
+	klist_add_head(&ctx->all, &s->node_all);
+	return s;
+}
+
+static struct tsock *sock_new(tp_ctx *ctx, int fd, enum sock_state st)
+{
+	struct tsock *s = sock_alloc(ctx);
+
+	if (s == NULL)
+		return NULL;
+	if (!tcp_sock_attach(s, fd, st)) {
+		klist_del(&s->node_all);
 		free(s);
 		return NULL;
 	}
-	s->next_all = ctx->all;
-	ctx->all = s;
 	return s;
 }
 
@@ -400,423 +158,6 @@ static void sock_peer_str(struct tsock *s)
 		kstrlcpy(s->peer_str, "?", sizeof(s->peer_str));
 }
 
-/* ---- finding the peer's address (see the top of the file) ------------------------------ */
-
-/* Starts a non-blocking connect to a; 0, or the errno of a failure seen at once. */
-static int dial_fd(tp_ctx *ctx, const ksockaddr *a, int *fd_out)
-{
-	int fd = socket(a->ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-
-	if (fd < 0)
-		return errno;
-	ksock_tune_stream(fd, ctx->bufsize);
-	if (connect(fd, (const struct sockaddr *)&a->ss, a->len) < 0 && errno != EINPROGRESS) {
-		int e = errno;
-		close(fd);
-		return e;
-	}
-	*fd_out = fd;
-	return 0;
-}
-
-static void dial_unlist(tp_link *l)
-{
-	for (tp_link **pp = &l->ctx->dialing; *pp != NULL; pp = &(*pp)->dial->next) {
-		if (*pp == l) {
-			*pp = l->dial->next;
-			break;
-		}
-	}
-	l->dial->next = NULL;
-}
-
-/* Every address failed: the link's error names each one and why. */
-static void dial_give_up(tp_link *l)
-{
-	struct tcp_dial *d = l->dial;
-	char list[KERR_TEXT_MAX];
-	size_t off = 0;
-
-	for (int i = 0; i < d->n && off < sizeof(list); i++)
-		off += (size_t)snprintf(list + off, sizeof(list) - off, "%s%s (%s): %s",
-		                        i ? "; " : "", d->str[i], d->why[i],
-		                        d->fail[i][0] ? d->fail[i] : "not tried before the deadline");
-	dial_unlist(l);
-	link_fail(l, KHOR_ERR_REMOTE, "no address of rank %d answered after %d attempt(s) each: "
-	          "%s. %s", l->peer, d->round + 1, list,
-	          l->ctx->spec_set ? "KHOR_SOCKET_IFNAME chose these addresses on every host: do "
-	                             "the hosts share that network? Unset it to let khor choose, "
-	                             "or name another interface or CIDR"
-	                           : "Do the hosts share a network? KHOR_SOCKET_IFNAME, an "
-	                             "interface name or a CIDR such as 198.19.10.0/24, names the "
-	                             "one to use");
-	for (int k = 0; k < l->nsocks; k++)
-		if (l->socks[k] != NULL)
-			sock_close_fd(l->socks[k]);
-}
-
-/*
- * Points every socket of the link at addr[cur]; 0, or the errno of a failure seen at once
- * (then the caller moves on). The sockets keep their objects, and so the requests already
- * queued on them; only the fd is new.
- */
-static int dial_start(tp_link *l)
-{
-	struct tcp_dial *d = l->dial;
-	tp_ctx *ctx = l->ctx;
-	int64_t ms = (int64_t)TCP_ATTEMPT_MS << (d->round < 8 ? d->round : 8);
-
-	for (int k = 0; k < l->nsocks; k++) {
-		struct tsock *s = l->socks[k];
-		int fd = -1, e;
-		if (s->fd >= 0) {
-			epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, s->fd, NULL);
-			close(s->fd);
-			s->fd = -1;
-		}
-		s->state = SS_DEAD;
-		if ((e = dial_fd(ctx, &d->addr[d->cur], &fd)) != 0)
-			return e;
-		if (!sock_attach(s, fd, SS_CONNECTING)) {
-			e = errno;
-			close(fd);
-			return e;
-		}
-		kstrlcpy(s->peer_str, d->str[d->cur], sizeof(s->peer_str));
-	}
-	/* One address: all the handshake's time is its own, as before. */
-	if (d->n == 1 || kdeadline_left_ms(d->deadline, INT32_MAX) < ms)
-		d->attempt_dl = d->deadline;
-	else
-		d->attempt_dl = kdeadline_in_ms(ms);
-	return 0;
-}
-
-/* The attempt on addr[cur] failed (why; timed_out: it did not answer): on to the next. */
-static void dial_next(tp_link *l, const char *why, bool timed_out)
-{
-	struct tcp_dial *d = l->dial;
-	char buf[96];
-
-	for (;;) {
-		kstrlcpy(d->fail[d->cur], why, sizeof(d->fail[d->cur]));
-		KLOG_DEBUG("tcp: rank %d at %s: %s", l->peer, d->str[d->cur], why);
-		d->soft |= timed_out;
-		if (++d->cur == d->n) {
-			/* Only a pass with a silent address is worth repeating: a refusal or a missing
-			 * route does not change within a job's start. */
-			if (!d->soft || kdeadline_passed(d->deadline)) {
-				d->cur = d->n - 1;
-				dial_give_up(l);
-				return;
-			}
-			d->round++;
-			d->cur = 0;
-			d->soft = false;
-		}
-		int e = dial_start(l);
-		if (e == 0)
-			return;
-		why = kerr_errno_str(e, buf, sizeof(buf));
-		timed_out = false;
-	}
-}
-
-/* A socket connected to addr[cur]: that is the link's address from now on. */
-static void dial_chosen(tp_link *l)
-{
-	struct tcp_dial *d = l->dial;
-
-	d->chosen = true;
-	kstrlcpy(l->peer_addr, d->str[d->cur], sizeof(l->peer_addr));
-	dial_unlist(l);
-}
-
-/* Whether a connecting socket has really connected (a stale epoll event of the socket's
- * earlier fd may say it is writable). */
-static bool sock_connected(const struct tsock *s)
-{
-	struct sockaddr_storage ss;
-	socklen_t sl = sizeof(ss);
-
-	return getpeername(s->fd, (struct sockaddr *)&ss, &sl) == 0;
-}
-
-/* Gives the address being tried its time: when it is up, the next one gets its turn. */
-static void dial_tick(tp_ctx *ctx)
-{
-	tp_link *next;
-
-	for (tp_link *l = ctx->dialing; l != NULL; l = next) {
-		struct tcp_dial *d = l->dial;
-		char why[96];
-		next = d->next;
-		if (!kdeadline_passed(d->attempt_dl))
-			continue;
-		bool up = false;
-		for (int k = 0; k < l->nsocks && !up; k++)
-			if (l->socks[k]->state == SS_CONNECTING && sock_connected(l->socks[k])) {
-				l->socks[k]->wr_ready = true; /* hs_drive takes it from here */
-				up = true;
-			}
-		if (up)
-			continue;
-		snprintf(why, sizeof(why), "no answer within %lld ms",
-		         (long long)((int64_t)TCP_ATTEMPT_MS << (d->round < 8 ? d->round : 8)));
-		if (d->n == 1 || kdeadline_passed(d->deadline))
-			snprintf(why, sizeof(why), "no answer within %lld ms (the handshake timeout)",
-			         (long long)ctx->hs_timeout_ms);
-		dial_next(l, why, true);
-	}
-}
-
-/* ---- handshake --------------------------------------------------------------------- */
-
-static void hs_expect(struct tsock *s, uint32_t n)
-{
-	s->hs_in_need = n;
-	s->hs_in_got = 0;
-}
-
-static void hs_queue(struct tsock *s, const void *p, uint32_t n)
-{
-	memcpy(s->hs_out, p, n);
-	s->hs_out_len = n;
-	s->hs_out_off = 0;
-}
-
-static void link_sock_ready(tp_link *l, struct tsock *s)
-{
-	s->state = SS_DATA;
-	s->rd_ready = true;
-	s->wr_ready = true;
-	l->nready++;
-	if (l->nready == l->nsocks)
-		KLOG_DEBUG("link to rank %d (%s) ready with %d socket(s)", l->peer, l->peer_addr,
-		           l->nsocks);
-}
-
-/* Best effort: a refused peer hears why (or a connector's failed proof is seen), then goes. */
-static void hs_send_last(struct tsock *s, const void *msg, size_t len)
-{
-	if (send(s->fd, msg, len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
-		/* nothing more to do for a refused peer */
-	}
-}
-
-/* Acceptor got a complete HELLO: check it (handshake.h, then our aux words). */
-static void hs_acc_hello(struct tsock *s)
-{
-	tp_ctx *ctx = s->ctx;
-	hs_hello *h = &s->hello;
-	hs_challenge c;
-	uint32_t status;
-
-	memcpy(h, s->hs_in, sizeof(*h));
-	status = hs_hello_check(&ctx->hs, h);
-	if (status == HS_NOT_KHOR) {
-		KLOG_WARN("refused connection from %s: bad magic 0x%08x (not a khor peer)",
-		          s->peer_str, h->magic);
-		sock_close_fd(s);
-		return;
-	}
-	if (status == HS_OK &&
-	    (h->aux[TCP_AUX_NSOCKS] < 1 || h->aux[TCP_AUX_NSOCKS] > TCP_MAX_SOCKS ||
-	     h->aux[TCP_AUX_SOCK_IDX] >= h->aux[TCP_AUX_NSOCKS]))
-		status = HS_BAD_PARAMS;
-	if (status != HS_OK) {
-		KLOG_WARN("refused connection from %s (claims rank %d of job '%s', protocol %u): %s",
-		          s->peer_str, h->from_rank, h->job_id, h->version,
-		          status == HS_BAD_PARAMS ? "impossible socket index or count"
-		                                  : hs_status_str(status));
-		hs_refusal(status, &c);
-		hs_send_last(s, &c, sizeof(c));
-		sock_close_fd(s);
-		return;
-	}
-	hs_challenge_make(&ctx->hs, h, 0, s->nonce_s, &c);
-	hs_queue(s, &c, sizeof(c));
-	hs_expect(s, sizeof(hs_proof));
-	s->hs_phase = 1;
-}
-
-/* Acceptor got the PROOF: check it and attach the socket to the peer's link. */
-static void hs_acc_proof(struct tsock *s)
-{
-	tp_ctx *ctx = s->ctx;
-	hs_hello *h = &s->hello;
-	int nsocks = (int)h->aux[TCP_AUX_NSOCKS], idx = (int)h->aux[TCP_AUX_SOCK_IDX];
-	hs_proof p;
-	hs_result r;
-	tp_link *l;
-
-	memcpy(&p, s->hs_in, sizeof(p));
-	if (!hs_proof_check(&ctx->hs, h, s->nonce_s, &p)) {
-		KLOG_WARN("refused connection from %s (claims rank %d of job '%s'): it failed the "
-		          "job secret check (a stranger, or its KHOR_SECRET differs)",
-		          s->peer_str, h->from_rank, h->job_id);
-		hs_result_make(HS_BAD_AUTH, 0, &r);
-		hs_send_last(s, &r, sizeof(r));
-		sock_close_fd(s);
-		return;
-	}
-	l = ctx->incoming[h->from_rank];
-	if (l == NULL) {
-		l = calloc(1, sizeof(*l));
-		if (l == NULL) {
-			sock_close_fd(s);
-			return;
-		}
-		l->ctx = ctx;
-		l->peer = h->from_rank;
-		l->nsocks = nsocks;
-		kstrlcpy(l->peer_addr, s->peer_str, sizeof(l->peer_addr));
-		ctx->incoming[h->from_rank] = l;
-	}
-	if (nsocks != l->nsocks || l->socks[idx] != NULL) {
-		KLOG_WARN("refused connection from %s (rank %d, socket %d): duplicate or "
-		          "inconsistent socket count", s->peer_str, h->from_rank, idx);
-		hs_result_make(HS_DUPLICATE, 0, &r);
-		hs_send_last(s, &r, sizeof(r));
-		sock_close_fd(s);
-		return;
-	}
-	s->link = l;
-	s->idx = idx;
-	l->socks[s->idx] = s;
-	hs_result_make(HS_OK, 0, &r);
-	hs_queue(s, &r, sizeof(r));
-	s->hs_phase = 2; /* finish sending RESULT, then data */
-	hs_expect(s, 0);
-}
-
-static void hs_conn_challenge(struct tsock *s)
-{
-	hs_challenge c;
-	hs_proof p;
-	kerr e;
-	khor_status st;
-
-	memcpy(&c, s->hs_in, sizeof(c));
-	st = hs_challenge_check(&s->ctx->hs, &s->hello, &c, 0, &p, &e);
-	if (st != KHOR_SUCCESS) {
-		/* An acceptor that failed to prove the secret gets a proof that cannot pass, so
-		 * that it logs a secret mismatch rather than a connection that went away. */
-		if (c.magic == HS_MAGIC && c.status == HS_OK)
-			hs_send_last(s, &p, sizeof(p));
-		sock_fail(s, st, "%s", e.text);
-		return;
-	}
-	hs_queue(s, &p, sizeof(p));
-	hs_expect(s, sizeof(hs_result));
-	s->hs_phase = 1;
-}
-
-static void hs_conn_result(struct tsock *s)
-{
-	hs_result r;
-	kerr e;
-	khor_status st;
-
-	memcpy(&r, s->hs_in, sizeof(r));
-	st = hs_result_check(&r, &e);
-	if (st != KHOR_SUCCESS) {
-		sock_fail(s, st, "%s", e.text);
-		return;
-	}
-	link_sock_ready(s->link, s);
-}
-
-/* Moves handshake bytes; returns true if the socket changed state or moved bytes. */
-static bool hs_drive(struct tsock *s)
-{
-	bool moved = false;
-
-	if (s->state == SS_CONNECTING) {
-		int e = 0;
-		socklen_t sl = sizeof(e);
-		if (!s->wr_ready)
-			return false;
-		getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &e, &sl);
-		if (e == EINPROGRESS || e == EALREADY)
-			return false;
-		if (e == 0 && !sock_connected(s)) {
-			s->wr_ready = false; /* still connecting */
-			return false;
-		}
-		if (e != 0) {
-			if (s->link->dial != NULL && !s->link->dial->chosen)
-				dial_next(s->link, errstr(e), false);
-			else
-				sock_fail(s, KHOR_ERR_REMOTE, "connect: %s", errstr(e));
-			return true;
-		}
-		if (s->link->dial != NULL && !s->link->dial->chosen)
-			dial_chosen(s->link);
-		s->state = SS_HS_CONN;
-		hs_queue(s, &s->hello, sizeof(s->hello));
-		hs_expect(s, sizeof(hs_challenge));
-		s->hs_phase = 0;
-		moved = true;
-	}
-	for (;;) {
-		if (s->state != SS_HS_CONN && s->state != SS_HS_ACC)
-			return moved;
-		if (s->hs_out_off < s->hs_out_len) {
-			ssize_t n = send(s->fd, s->hs_out + s->hs_out_off, s->hs_out_len - s->hs_out_off,
-			                 MSG_NOSIGNAL);
-			if (n < 0) {
-				if (errno == EAGAIN || errno == EINTR) {
-					s->wr_ready = errno == EINTR;
-					return moved;
-				}
-				if (s->state == SS_HS_ACC && s->link == NULL) {
-					KLOG_WARN("dropped connection from %s during handshake: %s",
-					          s->peer_str, errstr(errno));
-					sock_close_fd(s);
-				} else {
-					sock_fail(s, KHOR_ERR_REMOTE, "handshake send: %s", errstr(errno));
-				}
-				return true;
-			}
-			s->hs_out_off += (uint32_t)n;
-			moved = true;
-			continue;
-		}
-		if (s->state == SS_HS_ACC && s->hs_phase == 2) {
-			link_sock_ready(s->link, s);
-			return true;
-		}
-		if (s->hs_in_got < s->hs_in_need) {
-			ssize_t n = recv(s->fd, s->hs_in + s->hs_in_got, s->hs_in_need - s->hs_in_got, 0);
-			if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-				const char *why = n == 0 ? "connection closed" : errstr(errno);
-				if (s->state == SS_HS_ACC && s->link == NULL) {
-					KLOG_WARN("dropped connection from %s during handshake: %s",
-					          s->peer_str, why);
-					sock_close_fd(s);
-				} else {
-					sock_fail(s, KHOR_ERR_REMOTE, "handshake: %s", why);
-				}
-				return true;
-			}
-			if (n < 0) {
-				s->rd_ready = errno == EINTR;
-				return moved;
-			}
-			s->hs_in_got += (uint32_t)n;
-			moved = true;
-			if (s->hs_in_got < s->hs_in_need)
-				continue;
-		}
-		if (s->state == SS_HS_ACC)
-			s->hs_phase == 0 ? hs_acc_hello(s) : hs_acc_proof(s);
-		else
-			s->hs_phase == 0 ? hs_conn_challenge(s) : hs_conn_result(s);
-		moved = true;
-	}
-}
-
 /* ---- data path ----------------------------------------------------------------------- */
 
 static void uframe_deliver(struct tsock *s, struct uframe *u);
@@ -826,7 +167,7 @@ static void chunk_finished(struct tsock *s, struct chunk *c)
 {
 	if (c->req != NULL) {
 		c->req->chunks_done++;
-		atomic_fetch_add_explicit(&s->ctx->completions, 1, memory_order_relaxed);
+		tp_skel_completed(&s->ctx->sk);
 		return;
 	}
 	struct uframe *u = (struct uframe *)c;
@@ -838,16 +179,7 @@ static void chunk_finished(struct tsock *s, struct chunk *c)
 /* Takes u off its socket's queue and frees it. */
 static void uframe_drop(struct tsock *s, struct uframe *u)
 {
-	struct uframe **pp = &s->uq_head, *prev = NULL;
-
-	for (; *pp != NULL; prev = *pp, pp = &(*pp)->next) {
-		if (*pp == u) {
-			*pp = u->next;
-			if (s->uq_tail == u)
-				s->uq_tail = prev;
-			break;
-		}
-	}
+	klist_del(&u->node);
 	if (s->link != NULL)
 		s->link->ubytes -= u->ch.len;
 	free(u->ch.buf);
@@ -866,28 +198,28 @@ static void uframe_deliver(struct tsock *s, struct uframe *u)
 	chunk_finished(s, c);
 }
 
-/* Frees what the socket owns: unexpected frames and CTS frames not sent yet. */
+/* Frees what the socket owns: unexpected frames and CTS frames not sent yet. The chunks of
+ * requests still queued on it are only taken off its queues, which go with it. */
 static void sock_free_uq(struct tsock *s)
 {
-	while (s->uq_head != NULL)
-		uframe_drop(s, s->uq_head);
-	for (struct chunk **pp = &s->sq_head; *pp != NULL;) {
-		struct chunk *c = *pp;
-		if (c->ctl) {
-			*pp = c->next;
-			free(c);
-		} else {
-			pp = &c->next;
+	klist *queues[] = { &s->sq, &s->rq, &s->rts_wait, &s->rdv_wait }, *n, *next;
+
+	while (!klist_empty(&s->uq))
+		uframe_drop(s, UFRAME(klist_first(&s->uq)));
+	for (size_t i = 0; i < sizeof(queues) / sizeof(queues[0]); i++) {
+		KLIST_FOREACH_SAFE(n, next, queues[i]) {
+			klist_del(n);
+			if (CHUNK(n)->ctl)
+				free(CHUNK(n));
 		}
 	}
-	s->sq_tail = NULL;
 }
 
 /* Someone waits for a frame on s: a posted receive, a CTS for our RTS, or the payload
  * after our CTS. Otherwise frames are left in the kernel. */
 static bool sock_expects(const struct tsock *s)
 {
-	return s->rq_head != NULL || s->rts_wait != NULL || s->rdv_wait != NULL;
+	return !klist_empty(&s->rq) || !klist_empty(&s->rts_wait) || !klist_empty(&s->rdv_wait);
 }
 
 /* Payload bytes the frame of c carries on the wire: none for an RTS or a CTS. */
@@ -898,21 +230,16 @@ static uint64_t frame_payload(const struct chunk *c)
 
 static void sq_push(struct tsock *s, struct chunk *c)
 {
-	c->next = NULL;
-	if (s->sq_tail != NULL)
-		s->sq_tail->next = c;
-	else
-		s->sq_head = c;
-	s->sq_tail = c;
+	klist_add_tail(&s->sq, &c->node);
 }
 
-/* Takes the chunk of this tag off a list; NULL if absent. */
-static struct chunk *list_take(struct chunk **head, const struct frame_hdr *h)
+/* Takes the chunk of this tag off a queue; NULL if absent. */
+static struct chunk *list_take(klist *queue, const struct frame_hdr *h)
 {
-	for (struct chunk **pp = head; *pp != NULL; pp = &(*pp)->next) {
-		struct chunk *c = *pp;
+	for (klist *n = queue->next; n != queue; n = n->next) {
+		struct chunk *c = CHUNK(n);
 		if (c->hdr.comm == h->comm && c->hdr.seq == h->seq && c->hdr.step == h->step) {
-			*pp = c->next;
+			klist_del(n);
 			return c;
 		}
 	}
@@ -925,15 +252,14 @@ static bool send_cts(struct tsock *s, struct chunk *c)
 	struct chunk *k = calloc(1, sizeof(*k));
 
 	if (k == NULL) {
-		sock_fail(s, KHOR_ERR_NO_MEMORY, "out of memory for a clear-to-send frame");
+		tcp_sock_fail(s, KHOR_ERR_NO_MEMORY, "out of memory for a clear-to-send frame");
 		return false;
 	}
 	k->ctl = true;
 	k->hdr = c->hdr;
 	k->hdr.kind = FRAME_CTS;
 	k->len = c->len;
-	c->next = s->rdv_wait;
-	s->rdv_wait = c;
+	klist_add_head(&s->rdv_wait, &c->node);
 	sq_push(s, k);
 	send_drive(s);
 	return true;
@@ -944,8 +270,8 @@ static bool send_drive(struct tsock *s)
 {
 	bool moved = false;
 
-	while (s->sq_head != NULL && s->wr_ready) {
-		struct chunk *c = s->sq_head;
+	while (!klist_empty(&s->sq) && s->wr_ready) {
+		struct chunk *c = CHUNK(s->sq.next);
 		struct iovec iov[3];
 		int n_iov = 0;
 		ssize_t n;
@@ -975,9 +301,10 @@ static bool send_drive(struct tsock *s)
 				s->wr_ready = false;
 				break;
 			}
-			sock_fail(s, KHOR_ERR_REMOTE, "send: %s%s", errstr(errno),
-			          errno == EPIPE || errno == ECONNRESET
-			                  ? " (the peer process exited or closed the link)" : "");
+			tcp_sock_fail(s, KHOR_ERR_REMOTE, "send: %s%s", tcp_errstr(errno),
+			              errno == EPIPE || errno == ECONNRESET
+			                  ? " (the peer process exited or closed the link)"
+			                  : "");
 			return true;
 		}
 		moved = true;
@@ -992,15 +319,12 @@ static bool send_drive(struct tsock *s)
 		c->done += p;
 		c->pad_left -= (uint32_t)(left - p);
 		if (c->hdr_done == sizeof(c->hdr) && c->done == wire && c->pad_left == 0) {
-			s->sq_head = c->next;
-			if (s->sq_head == NULL)
-				s->sq_tail = NULL;
+			klist_del(&c->node);
 			if (c->ctl) {
 				free(c);
 			} else if (c->hdr.kind == FRAME_RTS) {
 				/* The payload waits for the receiver's CTS. */
-				c->next = s->rts_wait;
-				s->rts_wait = c;
+				klist_add_head(&s->rts_wait, &c->node);
 			} else {
 				chunk_finished(s, c);
 			}
@@ -1017,11 +341,14 @@ static bool send_drive(struct tsock *s)
  */
 static struct chunk *sched_conflict(tp_ctx *ctx, const struct frame_hdr *h)
 {
-	for (struct tsock *t = ctx->all; t != NULL; t = t->next_all)
-		for (struct chunk *c = t->rq_head; c != NULL; c = c->next)
+	FOR_EACH_SOCK(t, ctx) {
+		for (klist *n = t->rq.next; n != &t->rq; n = n->next) {
+			struct chunk *c = CHUNK(n);
 			if (c->hdr.comm == h->comm && c->hdr.seq == h->seq &&
 			    tp_meta_conflict(ctx->meta, c->hdr.meta, h->meta))
 				return c;
+		}
+	}
 	return NULL;
 }
 
@@ -1031,19 +358,23 @@ static bool frame_fits(struct tsock *s, const struct frame_hdr *h, const struct 
 	char b1[96], b2[96];
 
 	if (h->meta != c->hdr.meta) {
-		sock_fail(s, KHOR_ERR_PROTOCOL,
-		          "message (comm %u, seq %u, step %u) was sent by %s but this rank posted %s: "
-		          "the ranks called different collectives, dtypes/ops, algorithms or memory kinds",
-		          h->comm, h->seq, h->step, tp_meta_describe(s->ctx->meta, h->meta, b1, sizeof(b1)),
-		          tp_meta_describe(s->ctx->meta, c->hdr.meta, b2, sizeof(b2)));
+		tcp_sock_fail(
+		    s, KHOR_ERR_PROTOCOL,
+		    "message (comm %u, seq %u, step %u) was sent by %s but this rank posted %s: "
+		    "the ranks called different collectives, dtypes/ops, algorithms or memory "
+		    "kinds",
+		    h->comm, h->seq, h->step,
+		    tp_meta_describe(s->ctx->meta, h->meta, b1, sizeof(b1)),
+		    tp_meta_describe(s->ctx->meta, c->hdr.meta, b2, sizeof(b2)));
 		return false;
 	}
 	if (h->total_len != c->hdr.total_len || h->chunk_len != c->len) {
-		sock_fail(s, KHOR_ERR_PROTOCOL,
-		          "message (comm %u, seq %u, step %u) is %llu bytes but the receive posted "
-		          "here is %llu bytes: the ranks disagree on count or dtype",
-		          h->comm, h->seq, h->step, (unsigned long long)h->total_len,
-		          (unsigned long long)c->hdr.total_len);
+		tcp_sock_fail(
+		    s, KHOR_ERR_PROTOCOL,
+		    "message (comm %u, seq %u, step %u) is %llu bytes but the receive posted "
+		    "here is %llu bytes: the ranks disagree on count or dtype",
+		    h->comm, h->seq, h->step, (unsigned long long)h->total_len,
+		    (unsigned long long)c->hdr.total_len);
 		return false;
 	}
 	return true;
@@ -1069,16 +400,14 @@ static bool spill(struct tsock *s, bool rts)
 	}
 	if (u == NULL) {
 		if (rts)
-			sock_fail(s, KHOR_ERR_NO_MEMORY, "out of memory for an early request-to-send");
+			tcp_sock_fail(s, KHOR_ERR_NO_MEMORY,
+			              "out of memory for an early request-to-send");
 		return false;
 	}
 	u->ch.hdr = *h;
 	u->ch.len = len;
-	if (s->uq_tail != NULL)
-		s->uq_tail->next = u;
-	else
-		s->uq_head = u;
-	s->uq_tail = u;
+	klist_init(&u->ch.node); /* on no queue: it is u that is queued */
+	klist_add_tail(&s->uq, &u->node);
 	l->ubytes += u->ch.len;
 	s->parked = false;
 	s->rcur = &u->ch;
@@ -1103,8 +432,10 @@ static bool recv_match(struct tsock *s)
 		c = list_take(&s->rts_wait, h);
 		s->rhdr_got = 0;
 		if (c == NULL) {
-			sock_fail(s, KHOR_ERR_PROTOCOL, "clear-to-send for (comm %u, seq %u, step %u), "
-			          "which this rank never announced", h->comm, h->seq, h->step);
+			tcp_sock_fail(s, KHOR_ERR_PROTOCOL,
+			              "clear-to-send for (comm %u, seq %u, step %u), "
+			              "which this rank never announced",
+			              h->comm, h->seq, h->step);
 			return false;
 		}
 		c->hdr.kind = FRAME_DATA;
@@ -1118,8 +449,10 @@ static bool recv_match(struct tsock *s)
 	if (h->kind == FRAME_DATA) {
 		c = list_take(&s->rdv_wait, h);
 		if (c == NULL) {
-			sock_fail(s, KHOR_ERR_PROTOCOL, "data for (comm %u, seq %u, step %u), for which "
-			          "this rank sent no clear-to-send", h->comm, h->seq, h->step);
+			tcp_sock_fail(s, KHOR_ERR_PROTOCOL,
+			              "data for (comm %u, seq %u, step %u), for which "
+			              "this rank sent no clear-to-send",
+			              h->comm, h->seq, h->step);
 			return false;
 		}
 		if (!frame_fits(s, h, c))
@@ -1129,10 +462,10 @@ static bool recv_match(struct tsock *s)
 		return true;
 	}
 	if (h->kind != FRAME_EAGER && h->kind != FRAME_RTS) {
-		sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (kind %u)", h->kind);
+		tcp_sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (kind %u)", h->kind);
 		return false;
 	}
-	c = list_take(&s->rq_head, h);
+	c = list_take(&s->rq, h);
 	if (c == NULL && h->kind == FRAME_RTS) {
 		/* Only the header waits: read it aside whatever the queue holds. */
 		return spill(s, true);
@@ -1140,11 +473,13 @@ static bool recv_match(struct tsock *s)
 	if (c == NULL) {
 		c = sched_conflict(s->ctx, h);
 		if (c != NULL) {
-			sock_fail(s, KHOR_ERR_PROTOCOL,
-			          "message (comm %u, seq %u, step %u) was sent by %s but this rank posted "
-			          "%s for the same call: the ranks chose different algorithms", h->comm,
-			          h->seq, h->step, tp_meta_describe(s->ctx->meta, h->meta, b1, sizeof(b1)),
-			          tp_meta_describe(s->ctx->meta, c->hdr.meta, b2, sizeof(b2)));
+			tcp_sock_fail(s, KHOR_ERR_PROTOCOL,
+			              "message (comm %u, seq %u, step %u) was sent by %s but this "
+			              "rank posted "
+			              "%s for the same call: the ranks chose different algorithms",
+			              h->comm, h->seq, h->step,
+			              tp_meta_describe(s->ctx->meta, h->meta, b1, sizeof(b1)),
+			              tp_meta_describe(s->ctx->meta, c->hdr.meta, b2, sizeof(b2)));
 			return false;
 		}
 		/* Someone waits for another frame on this socket: don't make them wait behind
@@ -1202,11 +537,12 @@ static ssize_t eager_fill(struct tsock *s)
 		return 0;
 	}
 	if (n == 0)
-		sock_fail(s, KHOR_ERR_REMOTE, "connection closed by the peer while %s (the peer "
-		          "process exited, crashed or closed the link)",
-		          s->rcur ? "receiving a message" : "waiting for a message");
+		tcp_sock_fail(s, KHOR_ERR_REMOTE,
+		              "connection closed by the peer while %s (the peer "
+		              "process exited, crashed or closed the link)",
+		              s->rcur ? "receiving a message" : "waiting for a message");
 	else
-		sock_fail(s, KHOR_ERR_REMOTE, "receive: %s", errstr(errno));
+		tcp_sock_fail(s, KHOR_ERR_REMOTE, "receive: %s", tcp_errstr(errno));
 	return -1;
 }
 
@@ -1249,15 +585,18 @@ static bool recv_drive(struct tsock *s)
 			}
 			moved = true;
 			if (s->rhdr.magic != TCP_FRAME_MAGIC) {
-				sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (magic 0x%08x); "
-				          "closing the link", s->rhdr.magic);
+				tcp_sock_fail(s, KHOR_ERR_PROTOCOL,
+				              "malformed frame header (magic 0x%08x); "
+				              "closing the link",
+				              s->rhdr.magic);
 				return true;
 			}
 			if (s->rhdr.chunk_len > s->rhdr.total_len) {
-				sock_fail(s, KHOR_ERR_PROTOCOL, "malformed frame header (chunk of %llu "
-				          "bytes in a message of %llu)",
-				          (unsigned long long)s->rhdr.chunk_len,
-				          (unsigned long long)s->rhdr.total_len);
+				tcp_sock_fail(s, KHOR_ERR_PROTOCOL,
+				              "malformed frame header (chunk of %llu "
+				              "bytes in a message of %llu)",
+				              (unsigned long long)s->rhdr.chunk_len,
+				              (unsigned long long)s->rhdr.total_len);
 				return true;
 			}
 			if (!recv_match(s))
@@ -1280,9 +619,13 @@ static bool recv_drive(struct tsock *s)
 					s->rd_ready = false;
 					break;
 				}
-				sock_fail(s, KHOR_ERR_REMOTE, n == 0 ? "connection closed by the peer "
-				          "while receiving a message (the peer process exited, crashed or "
-				          "closed the link)" : "receive: %s", errstr(errno));
+				tcp_sock_fail(s, KHOR_ERR_REMOTE,
+				              n == 0 ? "connection closed by the peer "
+				                       "while receiving a message (the peer "
+				                       "process exited, crashed or "
+				                       "closed the link)"
+				                     : "receive: %s",
+				              tcp_errstr(errno));
 				return true;
 			}
 			c->done += (uint64_t)n;
@@ -1311,7 +654,7 @@ static bool sock_drive(struct tsock *s)
 	if (s->state == SS_DEAD)
 		return false;
 	if (s->state != SS_DATA) {
-		moved = hs_drive(s);
+		moved = tcp_hs_drive(s);
 		if (s->state != SS_DATA)
 			return moved;
 	} else {
@@ -1353,6 +696,8 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	ctx = calloc(1, sizeof(*ctx));
 	if (ctx == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp transport: out of memory");
+	klist_init(&ctx->all);
+	klist_init(&ctx->dialing);
 	ctx->rank = opt->rank;
 	ctx->size = opt->size;
 	ctx->secret = strdup(opt->secret ? opt->secret : "");
@@ -1366,8 +711,6 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	ctx->hs_timeout_ms = opt->handshake_timeout_ms > 0 ? opt->handshake_timeout_ms : 30000;
 	ctx->meta = opt->meta;
 	ctx->spec_set = opt->ifname_spec != NULL && opt->ifname_spec[0] != '\0';
-	kmutex_init(&ctx->mu);
-	ctx->sl.wake_fd = -1;
 	ctx->incoming = calloc((size_t)opt->size, sizeof(tp_link *));
 	ctx->outgoing = calloc((size_t)opt->size, sizeof(tp_link *));
 	ctx->listen_fd = -1;
@@ -1377,7 +720,7 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 		goto fail_free;
 	}
 	if (ctx->epfd < 0) {
-		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_create1: %s", errstr(errno));
+		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_create1: %s", tcp_errstr(errno));
 		goto fail_free;
 	}
 	st = ksock_listen(&local, 1024, &ctx->listen_fd, err);
@@ -1392,14 +735,14 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 		ctx->nmine = 0;
 	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
 	if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->listen_fd, &ev) < 0) {
-		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(listener): %s", errstr(errno));
+		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(listener): %s", tcp_errstr(errno));
 		goto fail_free;
 	}
-	if ((st = ksleeper_init(&ctx->sl, err)) != KHOR_SUCCESS)
+	if ((st = tp_skel_init(&ctx->sk, err)) != KHOR_SUCCESS)
 		goto fail_free;
-	ev = (struct epoll_event){ .events = EPOLLIN, .data.ptr = &ctx->sl };
-	if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->sl.wake_fd, &ev) < 0) {
-		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(eventfd): %s", errstr(errno));
+	ev = (struct epoll_event){ .events = EPOLLIN, .data.ptr = &ctx->sk.sl };
+	if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->sk.sl.wake_fd, &ev) < 0) {
+		st = kerr_set(err, KHOR_ERR_SYSTEM, "epoll_ctl(eventfd): %s", tcp_errstr(errno));
 		goto fail_free;
 	}
 	/* The blob: every address with the listener's port, as many as fit; and, for the log,
@@ -1444,9 +787,7 @@ fail_free:
 		close(ctx->listen_fd);
 	if (ctx->epfd >= 0)
 		close(ctx->epfd);
-	if (ctx->sl.wake_fd >= 0)
-		ksleeper_destroy(&ctx->sl);
-	pthread_mutex_destroy(&ctx->mu.m);
+	tp_skel_destroy(&ctx->sk);
 	free(ctx->incoming);
 	free(ctx->outgoing);
 	free(ctx->secret);
@@ -1459,67 +800,7 @@ static const char *tcp_address(const tp_ctx *ctx)
 	return ctx->addr;
 }
 
-/* "198.19.10.1" of an address, without its port. */
-static const char *ip_str(const ksockaddr *a, char *buf, size_t len)
-{
-	char sub[64];
-
-	ksock_subnet_str(a, -1, sub, sizeof(sub)); /* the whole address: "ip/32" */
-	sub[strcspn(sub, "/")] = '\0';
-	kstrlcpy(buf, sub, len);
-	return buf;
-}
-
-/* The peer's addresses, in the order to dial them, each with why it is there. */
-static khor_status dial_plan(tp_ctx *ctx, int peer, const char *peer_addr, struct tcp_dial *d,
-                             kerr *err)
-{
-	ksockaddr got[KSOCK_MAX_CANDS];
-	int order[KSOCK_MAX_CANDS], via[KSOCK_MAX_CANDS];
-	enum ksock_reach kind[KSOCK_MAX_CANDS];
-	int n = ksock_parse_addr_list(peer_addr, got, KSOCK_MAX_CANDS);
-
-	if (n < 0) {
-		/* Not a list of numeric addresses: one "host:port" (a caller's own blob). */
-		char host[256];
-		uint16_t port;
-		if (!ksock_split_hostport(peer_addr, host, sizeof(host), &port))
-			return kerr_set(err, KHOR_ERR_PROTOCOL,
-			                "peer rank %d published a malformed address '%.64s'", peer,
-			                peer_addr);
-		khor_status st = ksock_resolve(host, port, &got[0], err);
-		if (st != KHOR_SUCCESS)
-			return st;
-		n = 1;
-	}
-	ksock_order_peer(got, n, ctx->mine, ctx->nmine, order, kind, via);
-	d->n = n;
-	for (int i = 0; i < n; i++) {
-		char ip[64];
-		const ksock_iface *m = via[i] >= 0 ? &ctx->mine[via[i]] : NULL;
-		d->addr[i] = got[order[i]];
-		ksock_addr_str(&d->addr[i], d->str[i], sizeof(d->str[i]));
-		switch (kind[i]) {
-		case KSOCK_REACH_LOCAL:
-			snprintf(d->why[i], sizeof(d->why[i]), "an address of this host");
-			break;
-		case KSOCK_REACH_SUBNET:
-			snprintf(d->why[i], sizeof(d->why[i]), "same subnet as %s/%d on %s",
-			         ip_str(&m->addr, ip, sizeof(ip)), m->prefix, m->name);
-			break;
-		case KSOCK_REACH_ROUTED:
-			snprintf(d->why[i], sizeof(d->why[i]), "on none of this host's subnets");
-			break;
-		case KSOCK_REACH_OWN:
-			snprintf(d->why[i], sizeof(d->why[i]), "also this host's own address on %s, "
-			         "tried last", m != NULL ? m->name : "?");
-			break;
-		}
-	}
-	return KHOR_SUCCESS;
-}
-
-static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr,
+static khor_status tcp_connect_locked(tp_ctx *ctx, int peer, const char *peer_addr,
                                   tp_link **link_out, kerr *err)
 {
 	khor_status st;
@@ -1535,7 +816,8 @@ static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr,
 	d = calloc(1, sizeof(*d));
 	if (d == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp connect: out of memory");
-	if ((st = dial_plan(ctx, peer, peer_addr, d, err)) != KHOR_SUCCESS) {
+	klist_init(&d->node);
+	if ((st = tcp_dial_plan(ctx, peer, peer_addr, d, err)) != KHOR_SUCCESS) {
 		free(d);
 		return st;
 	}
@@ -1551,19 +833,15 @@ static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr,
 	kstrlcpy(l->peer_addr, peer_addr, sizeof(l->peer_addr));
 	ctx->outgoing[peer] = l;
 	for (int i = 0; i < l->nsocks; i++) {
-		struct tsock *s = calloc(1, sizeof(*s));
+		struct tsock *s = sock_alloc(ctx);
 		if (s == NULL) {
-			link_fail(l, KHOR_ERR_NO_MEMORY, "out of memory for socket %d", i + 1);
+			tcp_link_fail(l, KHOR_ERR_NO_MEMORY, "out of memory for socket %d", i + 1);
 			break;
 		}
 		s->fd = -1;
-		s->ctx = ctx;
 		s->state = SS_DEAD;
-		s->hs_deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
 		s->link = l;
 		s->idx = i;
-		s->next_all = ctx->all;
-		ctx->all = s;
 		l->socks[i] = s;
 		uint64_t aux[4] = { [TCP_AUX_SOCK_IDX] = (uint64_t)i,
 		                    [TCP_AUX_NSOCKS] = (uint64_t)l->nsocks };
@@ -1571,32 +849,22 @@ static khor_status connect_locked(tp_ctx *ctx, int peer, const char *peer_addr,
 	}
 	if (l->err.status == KHOR_SUCCESS) {
 		d->deadline = kdeadline_in_ms(ctx->hs_timeout_ms);
-		d->next = ctx->dialing;
-		ctx->dialing = l;
-		int e = dial_start(l);
+		d->link = l;
+		klist_add_head(&ctx->dialing, &d->node);
+		int e = tcp_dial_start(l);
 		if (e != 0)
-			dial_next(l, errstr(e), false);
+			tcp_dial_next(l, tcp_errstr(e), false);
 	}
 	*link_out = l;
 	return KHOR_SUCCESS;
 }
 
-static khor_status tcp_connect(tp_ctx *ctx, int peer, const char *peer_addr, tp_link **link_out,
-                               kerr *err)
-{
-	kmutex_lock(&ctx->mu);
-	khor_status st = connect_locked(ctx, peer, peer_addr, link_out, err);
-	kmutex_unlock(&ctx->mu);
-	return st;
-}
-
-static khor_status tcp_accept(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
+static khor_status tcp_accept_locked(tp_ctx *ctx, int peer, tp_link **link_out, kerr *err)
 {
 	tp_link *l;
 
 	if (peer < 0 || peer >= ctx->size || peer == ctx->rank)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "tcp accept: bad peer rank %d", peer);
-	kmutex_lock(&ctx->mu);
 	l = ctx->incoming[peer];
 	if (l != NULL && l->nready == l->nsocks) {
 		l->claimed = true;
@@ -1604,16 +872,12 @@ static khor_status tcp_accept(tp_ctx *ctx, int peer, tp_link **link_out, kerr *e
 	} else {
 		*link_out = NULL;
 	}
-	kmutex_unlock(&ctx->mu);
 	return KHOR_SUCCESS;
 }
 
-static bool tcp_link_ready(const tp_link *l)
+static bool tcp_link_ready_locked(const tp_link *l)
 {
-	kmutex_lock(&l->ctx->mu);
-	bool ready = l->nready == l->nsocks && l->err.status == KHOR_SUCCESS;
-	kmutex_unlock(&l->ctx->mu);
-	return ready;
+	return l->nready == l->nsocks && l->err.status == KHOR_SUCCESS;
 }
 
 /*
@@ -1621,12 +885,11 @@ static bool tcp_link_ready(const tp_link *l)
  * why it was taken, "198.19.10.3:4100 (same subnet as 198.19.10.1/24 on eth0), 4 sockets",
  * with the addresses that failed before it; still looking: what was tried so far.
  */
-static void tcp_describe(const tp_link *l, char *buf, size_t len)
+static void tcp_describe_locked(const tp_link *l, char *buf, size_t len)
 {
 	const struct tcp_dial *d = l->dial;
 	size_t off;
 
-	kmutex_lock(&l->ctx->mu);
 	if (d == NULL) {
 		snprintf(buf, len, "%s (it connected to us), %d socket%s",
 		         l->peer_addr[0] ? l->peer_addr : "address unknown", l->nsocks,
@@ -1642,24 +905,17 @@ static void tcp_describe(const tp_link *l, char *buf, size_t len)
 			snprintf(buf + off, len - off, "), %d socket%s", l->nsocks,
 			         l->nsocks == 1 ? "" : "s");
 	}
-	kmutex_unlock(&l->ctx->mu);
-}
-
-/* Sockets take any memory as it is: nothing to register, nothing to flush. */
-static void tcp_caps(const tp_ctx *ctx, tp_caps *out)
-{
-	(void)ctx;
-	*out = (tp_caps){ .needs_reg = false, .reg_min = 0, .device_mem = false,
-	                  .one_sided = false, .needs_flush = false };
 }
 
 /* The queued unexpected frame of this tag that no receive has claimed yet. */
 static struct uframe *uq_find(struct tsock *s, tp_tag tag)
 {
-	for (struct uframe *u = s->uq_head; u != NULL; u = u->next)
+	for (klist *n = s->uq.next; n != &s->uq; n = n->next) {
+		struct uframe *u = UFRAME(n);
 		if (u->want == NULL && u->ch.hdr.comm == tag.comm && u->ch.hdr.seq == tag.seq &&
 		    u->ch.hdr.step == tag.step)
 			return u;
+	}
 	return NULL;
 }
 
@@ -1674,7 +930,7 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 		*err = l->err;
 		return l->err.status;
 	}
-	r = req_get(l->ctx);
+	r = tp_skel_req_get(&l->ctx->sk, sizeof(*r));
 	if (r == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "tcp: out of memory for a request");
 	stripe_plan(l, len, tag.step, &nchunks, &first);
@@ -1687,7 +943,7 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 		struct tsock *s = l->socks[(first + i) % l->nsocks];
 		uint64_t off;
 
-		c->next = NULL;
+		klist_init(&c->node);
 		c->req = r;
 		c->len = chunk_len(len, nchunks, i, &off);
 		c->buf = buf + off;
@@ -1701,11 +957,7 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 		                             .total_len = len, .chunk_len = c->len };
 		c->pad_left = is_send ? frame_pad(frame_payload(c)) : 0;
 		if (is_send) {
-			if (s->sq_tail != NULL)
-				s->sq_tail->next = c;
-			else
-				s->sq_head = c;
-			s->sq_tail = c;
+			sq_push(s, c);
 		} else if ((u = uq_find(s, tag)) != NULL) {
 			/* It came before us: take it from the queue (now, or once it is all in). */
 			if (!frame_fits(s, &u->ch.hdr, c))
@@ -1720,12 +972,10 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 				uframe_deliver(s, u);
 		} else if (s->parked && s->rhdr.comm == tag.comm && s->rhdr.seq == tag.seq &&
 		           s->rhdr.step == tag.step) {
-			c->next = s->rq_head;
-			s->rq_head = c;
+			klist_add_head(&s->rq, &c->node);
 			recv_match(s);
 		} else {
-			c->next = s->rq_head;
-			s->rq_head = c;
+			klist_add_head(&s->rq, &c->node);
 			/* A parked frame of another tag would hold this one up: read it aside. */
 			if (s->parked)
 				spill(s, false);
@@ -1738,20 +988,26 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 	if (!is_send && (tag.comm != l->ctx->recv_comm || tag.seq != l->ctx->recv_seq)) {
 		l->ctx->recv_comm = tag.comm;
 		l->ctx->recv_seq = tag.seq;
-		for (struct tsock *t = l->ctx->all; t != NULL; t = t->next_all) {
+		FOR_EACH_SOCK(t, l->ctx) {
 			if (t->parked && t->rhdr.comm == tag.comm && t->rhdr.seq == tag.seq &&
 			    tp_meta_conflict(l->ctx->meta, t->rhdr.meta, tag.meta))
 				recv_match(t);
-			for (u = t->uq_head; u != NULL && t->state == SS_DATA; u = u->next) {
+			for (klist *n = t->uq.next; n != &t->uq && t->state == SS_DATA;
+			     n = n->next) {
 				char b1[96], b2[96];
+				u = UFRAME(n);
 				if (u->ch.hdr.comm != tag.comm || u->ch.hdr.seq != tag.seq ||
 				    !tp_meta_conflict(l->ctx->meta, u->ch.hdr.meta, tag.meta))
 					continue;
-				sock_fail(t, KHOR_ERR_PROTOCOL, "message (comm %u, seq %u, step %u) was "
-				          "sent by %s but this rank posted %s for the same call: the ranks "
-				          "chose different algorithms", tag.comm, tag.seq, u->ch.hdr.step,
-				          tp_meta_describe(l->ctx->meta, u->ch.hdr.meta, b1, sizeof(b1)),
-				          tp_meta_describe(l->ctx->meta, tag.meta, b2, sizeof(b2)));
+				tcp_sock_fail(
+				    t, KHOR_ERR_PROTOCOL,
+				    "message (comm %u, seq %u, step %u) was "
+				    "sent by %s but this rank posted %s for the same call: the "
+				    "ranks "
+				    "chose different algorithms",
+				    tag.comm, tag.seq, u->ch.hdr.step,
+				    tp_meta_describe(l->ctx->meta, u->ch.hdr.meta, b1, sizeof(b1)),
+				    tp_meta_describe(l->ctx->meta, tag.meta, b2, sizeof(b2)));
 				break;
 			}
 		}
@@ -1767,22 +1023,18 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 	return KHOR_SUCCESS;
 }
 
-static khor_status tcp_isend(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
-                             tp_req **req_out, kerr *err)
+static khor_status tcp_isend_locked(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                                    tp_req **req_out, kerr *err)
 {
-	kmutex_lock(&l->ctx->mu);
-	khor_status st = post(l, (uint8_t *)buf, len, tag, true, req_out, err);
-	kmutex_unlock(&l->ctx->mu);
-	return st;
+	(void)mr;
+	return post(l, (uint8_t *)buf, len, tag, true, req_out, err);
 }
 
-static khor_status tcp_irecv(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
-                             tp_req **req_out, kerr *err)
+static khor_status tcp_irecv_locked(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                                    tp_req **req_out, kerr *err)
 {
-	kmutex_lock(&l->ctx->mu);
-	khor_status st = post(l, buf, len, tag, false, req_out, err);
-	kmutex_unlock(&l->ctx->mu);
-	return st;
+	(void)mr;
+	return post(l, buf, len, tag, false, req_out, err);
 }
 
 /* Takes a finished or failed request's chunks off the socket queues. */
@@ -1792,44 +1044,28 @@ static void req_unlink(tp_req *r)
 
 	for (int i = 0; i < r->nchunks; i++) {
 		struct chunk *c = &r->chunks[i];
+		klist_del(&c->node); /* from sq or rq, rts_wait or rdv_wait, wherever it is */
 		for (int k = 0; k < l->nsocks; k++) {
 			struct tsock *s = l->socks[k];
-			struct chunk **pp, *prev = NULL;
 			if (s == NULL)
 				continue;
-			pp = r->is_send ? &s->sq_head : &s->rq_head;
-			for (; *pp != NULL; prev = *pp, pp = &(*pp)->next) {
-				if (*pp == c) {
-					*pp = c->next;
-					if (r->is_send && s->sq_tail == c)
-						s->sq_tail = prev;
-					break;
-				}
-			}
 			if (s->rcur == c)
 				s->rcur = NULL;
-			for (struct uframe *u = s->uq_head; u != NULL; u = u->next)
-				if (u->want == c)
-					u->want = NULL;
-			for (struct chunk **q = r->is_send ? &s->rts_wait : &s->rdv_wait; *q != NULL;
-			     q = &(*q)->next) {
-				if (*q == c) {
-					*q = c->next;
-					break;
-				}
-			}
+			for (klist *n = s->uq.next; n != &s->uq; n = n->next)
+				if (UFRAME(n)->want == c)
+					UFRAME(n)->want = NULL;
 		}
 	}
 }
 
-static khor_status test_locked(tp_req *r, bool *done_out, kerr *err)
+static khor_status tcp_test_locked(tp_req *r, bool *done_out, kerr *err)
 {
 	tp_link *l = r->link;
 
 	if (r->chunks_done == r->nchunks) {
 		*done_out = true;
 		l->pending--;
-		req_put(l->ctx, r);
+		tp_skel_req_put(&l->ctx->sk, r);
 		return KHOR_SUCCESS;
 	}
 	if (l->err.status != KHOR_SUCCESS) {
@@ -1837,24 +1073,14 @@ static khor_status test_locked(tp_req *r, bool *done_out, kerr *err)
 		*err = l->err;
 		req_unlink(r);
 		l->pending--;
-		req_put(l->ctx, r);
+		tp_skel_req_put(&l->ctx->sk, r);
 		return l->err.status;
 	}
 	*done_out = false;
 	return KHOR_SUCCESS;
 }
 
-static khor_status tcp_test(tp_req *r, bool *done_out, kerr *err)
-{
-	tp_ctx *ctx = r->link->ctx;
-
-	kmutex_lock(&ctx->mu);
-	khor_status st = test_locked(r, done_out, err);
-	kmutex_unlock(&ctx->mu);
-	return st;
-}
-
-static void cancel_locked(tp_req *r)
+static void tcp_cancel_locked(tp_req *r)
 {
 	tp_link *l = r->link;
 
@@ -1865,32 +1091,26 @@ static void cancel_locked(tp_req *r)
 			struct tsock *t = l->socks[k];
 			started = t != NULL && t->rcur == c;
 			/* A CTS went out: the peer will send the payload to this buffer. */
-			for (struct chunk *w = t != NULL ? t->rdv_wait : NULL; w != NULL && !started;
-			     w = w->next)
-				started = w == c;
+			for (klist *n = t != NULL ? t->rdv_wait.next : NULL;
+			     n != NULL && n != &t->rdv_wait && !started; n = n->next)
+				started = CHUNK(n) == c;
 		}
 		if (started && (c->done < c->len ||
 		                (r->is_send && (c->hdr_done < sizeof(c->hdr) || c->pad_left > 0))))
-			link_fail(l, KHOR_ERR_INTERNAL, "a transfer was abandoned mid-message after an "
-			          "earlier error; the link is closed");
+			tcp_link_fail(l, KHOR_ERR_INTERNAL,
+			              "a transfer was abandoned mid-message after an "
+			              "earlier error; the link is closed");
 	}
 	req_unlink(r);
 	if (l->err.status != KHOR_SUCCESS)
 		for (int k = 0; k < l->nsocks; k++)
 			if (l->socks[k] != NULL)
-				sock_close_fd(l->socks[k]);
+				tcp_sock_close_fd(l->socks[k]);
 	l->pending--;
-	req_put(l->ctx, r);
+	tp_skel_req_put(&l->ctx->sk, r);
 }
 
-static void tcp_cancel(tp_req *r)
-{
-	tp_ctx *ctx = r->link->ctx;
-
-	kmutex_lock(&ctx->mu);
-	cancel_locked(r);
-	kmutex_unlock(&ctx->mu);
-}
+TP_SKEL_LOCKED_OPS(tcp)
 
 static void accept_new(tp_ctx *ctx)
 {
@@ -1900,7 +1120,7 @@ static void accept_new(tp_ctx *ctx)
 
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-				KLOG_WARN("accept on %s: %s", ctx->addr, errstr(errno));
+				KLOG_WARN("accept on %s: %s", ctx->addr, tcp_errstr(errno));
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
 			return;
@@ -1912,7 +1132,7 @@ static void accept_new(tp_ctx *ctx)
 			continue;
 		}
 		sock_peer_str(s);
-		hs_expect(s, sizeof(hs_hello));
+		tcp_hs_expect(s, sizeof(hs_hello));
 		s->hs_phase = 0;
 	}
 }
@@ -1920,10 +1140,10 @@ static void accept_new(tp_ctx *ctx)
 /* Drops handshakes that ran out of time; reaps closed acceptor sockets. */
 static void sweep(tp_ctx *ctx)
 {
-	struct tsock **pp = &ctx->all;
+	klist *n, *next;
 
-	while (*pp != NULL) {
-		struct tsock *s = *pp;
+	KLIST_FOREACH_SAFE(n, next, &ctx->all) {
+		struct tsock *s = TSOCK(n);
 		if ((s->state == SS_HS_ACC || s->state == SS_HS_CONN || s->state == SS_CONNECTING) &&
 		    kdeadline_passed(s->hs_deadline) &&
 		    !(s->link != NULL && s->link->dial != NULL && !s->link->dial->chosen)) {
@@ -1932,20 +1152,19 @@ static void sweep(tp_ctx *ctx)
 				          s->peer_str, (long long)ctx->hs_timeout_ms);
 				if (s->link != NULL)
 					s->link->socks[s->idx] = NULL;
-				sock_close_fd(s);
+				tcp_sock_close_fd(s);
 			} else {
-				sock_fail(s, KHOR_ERR_TIMEOUT, "handshake did not finish within %lld ms",
-				          (long long)ctx->hs_timeout_ms);
+				tcp_sock_fail(s, KHOR_ERR_TIMEOUT,
+				              "handshake did not finish within %lld ms",
+				              (long long)ctx->hs_timeout_ms);
 			}
 		}
 		/* Not while a thread sleeps in epoll_wait: it may hold an event naming s. */
-		if (s->state == SS_DEAD && s->link == NULL && !ctx->sl.asleep) {
-			*pp = s->next_all;
+		if (s->state == SS_DEAD && s->link == NULL && !ctx->sk.sl.asleep) {
+			klist_del(&s->node_all);
 			sock_free_uq(s);
 			free(s);
-			continue;
 		}
-		pp = &s->next_all;
 	}
 }
 
@@ -1953,58 +1172,51 @@ static bool drive_all(tp_ctx *ctx)
 {
 	bool moved = false;
 
-	if (ctx->dialing != NULL)
-		dial_tick(ctx);
-	for (struct tsock *s = ctx->all; s != NULL; s = s->next_all)
+	if (!klist_empty(&ctx->dialing))
+		tcp_dial_tick(ctx);
+	FOR_EACH_SOCK(s, ctx)
 		moved |= sock_drive(s);
 	return moved;
 }
 
 static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, kerr *err)
 {
+	tp_skel *sk = &ctx->sk;
 	struct epoll_event evs[64];
 	int n, e;
 	bool moved, sleeper = false;
 
-	if (timeout_ms == 0) {
-		/* A spinning caller: give way to a thread that waits for the lock (sleeper.h). */
-		if (!kmutex_trylock_polite(&ctx->mu)) {
-			if (moved_out != NULL)
-				*moved_out = kseen_changed(ctx, atomic_load(&ctx->completions));
-			return KHOR_SUCCESS;
-		}
-	} else {
-		kmutex_lock(&ctx->mu);
-	}
+	if (!tp_skel_progress_begin(sk, timeout_ms, moved_out))
+		return KHOR_SUCCESS;
 	moved = drive_all(ctx);
 	/* Another thread may have finished our transfers since we last looked. */
-	moved |= kseen_changed(ctx, atomic_load(&ctx->completions));
+	moved |= tp_skel_seen(sk);
 	if (!moved && timeout_ms != 0) {
-		if (!ksleeper_enter(&ctx->sl, &ctx->mu, timeout_ms)) {
+		if (!tp_skel_sleep_begin(sk, timeout_ms)) {
 			/* Another thread slept in the kernel for both of us and has returned. */
 			moved = drive_all(ctx);
-			moved |= kseen_changed(ctx, atomic_load(&ctx->completions));
-			kmutex_unlock(&ctx->mu);
+			tp_skel_progress_end(sk, false, moved_out);
 			if (moved_out != NULL)
-				*moved_out = moved;
+				*moved_out |= moved;
 			return KHOR_SUCCESS;
 		}
 		sleeper = true;
-		kmutex_unlock(&ctx->mu);
+		moved = tp_skel_seen(sk); /* a wake since our last look: don't sleep */
+		kmutex_unlock(&sk->mu);
 	}
 	n = epoll_wait(ctx->epfd, evs, 64, moved ? 0 : timeout_ms);
 	e = errno;
 	if (sleeper) {
-		kmutex_lock(&ctx->mu);
-		ksleeper_leave(&ctx->sl);
+		kmutex_lock(&sk->mu);
+		tp_skel_sleep_end(sk);
 	}
-	if (moved_out != NULL)
-		*moved_out = moved || n > 0;
 	if (n < 0) {
-		kmutex_unlock(&ctx->mu);
+		kmutex_unlock(&sk->mu);
+		if (moved_out != NULL)
+			*moved_out = moved;
 		if (e == EINTR)
 			return KHOR_SUCCESS;
-		return kerr_set(err, KHOR_ERR_SYSTEM, "epoll_wait: %s", errstr(e));
+		return kerr_set(err, KHOR_ERR_SYSTEM, "epoll_wait: %s", tcp_errstr(e));
 	}
 	for (int i = 0; i < n; i++) {
 		struct tsock *s = evs[i].data.ptr;
@@ -2012,8 +1224,8 @@ static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ke
 			accept_new(ctx);
 			continue;
 		}
-		if ((void *)s == (void *)&ctx->sl)
-			continue; /* a wake-up: ksleeper_leave drained it */
+		if ((void *)s == (void *)&sk->sl)
+			continue; /* a wake-up: tp_skel_sleep_end drained it */
 		if (evs[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
 			s->rd_ready = true;
 		if (evs[i].events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
@@ -2022,36 +1234,19 @@ static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ke
 	}
 	sweep(ctx);
 	/* What we moved may be what a thread asleep (in the kernel or on the cv) waits for. */
-	if ((moved || n > 0) && (ctx->sl.asleep || ctx->sl.waiting > 0))
-		ksleeper_moved(&ctx->sl);
-	if (moved_out != NULL && kseen_changed(ctx, atomic_load(&ctx->completions)))
-		*moved_out = true;
-	kmutex_unlock(&ctx->mu);
+	tp_skel_progress_end(sk, moved || n > 0, moved_out);
 	return KHOR_SUCCESS;
-}
-
-static khor_status tcp_link_error(tp_link *l, kerr *err_out)
-{
-	khor_status st;
-
-	kmutex_lock(&l->ctx->mu);
-	st = l->err.status;
-	if (st != KHOR_SUCCESS && err_out != NULL)
-		*err_out = l->err;
-	kmutex_unlock(&l->ctx->mu);
-	return st;
 }
 
 static void tcp_destroy(tp_ctx *ctx)
 {
-	struct tsock *s = ctx->all;
+	klist *n, *next;
 
-	while (s != NULL) {
-		struct tsock *next = s->next_all;
-		sock_close_fd(s);
+	KLIST_FOREACH_SAFE(n, next, &ctx->all) {
+		struct tsock *s = TSOCK(n);
+		tcp_sock_close_fd(s);
 		sock_free_uq(s);
 		free(s);
-		s = next;
 	}
 	for (int i = 0; i < ctx->size; i++) {
 		free(ctx->incoming[i]);
@@ -2060,28 +1255,13 @@ static void tcp_destroy(tp_ctx *ctx)
 		free(ctx->outgoing[i]);
 	}
 	free(ctx->mine);
-	while (ctx->free_reqs != NULL) {
-		tp_req *r = ctx->free_reqs;
-		ctx->free_reqs = r->next_free;
-		free(r);
-	}
 	close(ctx->listen_fd);
 	close(ctx->epfd);
-	ksleeper_destroy(&ctx->sl);
-	pthread_mutex_destroy(&ctx->mu.m);
+	tp_skel_destroy(&ctx->sk);
 	free(ctx->incoming);
 	free(ctx->outgoing);
 	free(ctx->secret);
 	free(ctx);
-}
-
-/* A wake counts as a completion, so that kseen_changed reports it to every thread once. */
-static void tcp_wake(tp_ctx *ctx)
-{
-	kmutex_lock(&ctx->mu);
-	atomic_fetch_add_explicit(&ctx->completions, 1, memory_order_relaxed);
-	ksleeper_moved(&ctx->sl);
-	kmutex_unlock(&ctx->mu);
 }
 
 const struct transport_ops tcp_transport_ops = {
@@ -2089,7 +1269,7 @@ const struct transport_ops tcp_transport_ops = {
 	.version = TP_VERSION,
 	.create = tcp_create,
 	.address = tcp_address,
-	.caps = tcp_caps,
+	.caps = tp_skel_caps_plain,
 	.connect = tcp_connect,
 	.accept = tcp_accept,
 	.link_ready = tcp_link_ready,
@@ -2104,6 +1284,6 @@ const struct transport_ops tcp_transport_ops = {
 	.progress = tcp_progress,
 	.cancel = tcp_cancel,
 	.link_error = tcp_link_error,
-	.wake = tcp_wake,
+	.wake = tp_skel_wake,
 	.destroy = tcp_destroy,
 };
