@@ -69,6 +69,7 @@ tp_ctx *pair_ctx(struct rank_env *env, const char *secret)
 	                .nsocks = 2,
 	                .min_stripe_bytes = 65536,
 	                .handshake_timeout_ms = 5000,
+	                .shm_cma = env->job->cma != NULL && strcmp(env->job->cma, "1") == 0,
 	                .meta = &coll_meta_rules};
 	tp_ctx *c = NULL;
 	kerr e;
@@ -105,9 +106,23 @@ tp_link *pair_link_up(struct rank_env *env, tp_ctx *c)
 	}
 	char d[128];
 	tp->describe(l, d, sizeof(d));
-	if (tp == &shm_transport_ops)
+	if (tp == &shm_transport_ops) {
 		CHECK(strncmp(d, "pid ", 4) == 0 && strstr(d, ", large messages by ") != NULL,
 		      "describe: %s", d);
+		/* The cma cases must really read by process_vm_readv where the kernel allows it
+		 * (Yama's ptrace_scope above 0 forbids it between sibling processes). */
+		const bool cma = env->job->cma != NULL && strcmp(env->job->cma, "1") == 0;
+		FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
+		int scope = 0;
+		if (f != NULL) {
+			if (fscanf(f, "%d", &scope) != 1)
+				scope = 1;
+			fclose(f);
+		}
+		if (!cma || scope == 0)
+			CHECK(strstr(d, cma ? "process_vm_readv" : "the ring") != NULL,
+			      "KHOR_SHM_CMA=%s, but describe says: %s", cma ? "1" : "0", d);
+	}
 	else if (tp == &tcp_transport_ops)
 		CHECK(strstr(d, ", 2 sockets") != NULL, "describe: %s", d);
 	else
@@ -189,8 +204,6 @@ static void rank_main(struct job *j, struct board *b, int rank)
 
 	atomic_store(&b->pid[rank], (int)getpid());
 	klog_init_from_env(); /* KHOR_LOG=debug shows each link's path and each failure */
-	if (j->cma != NULL)
-		setenv("KHOR_SHM_CMA", j->cma, 1);
 	pair_count_memfd(&fds, &maps);
 	CHECK(fds == 0 && maps == 0, "memfd before the job: %d fds, %d maps", fds, maps);
 	env->ctx = pair_ctx(env, j->secret[rank]);
