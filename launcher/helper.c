@@ -109,7 +109,14 @@ int helper_main(void)
 			char *e = strdup(buf);
 
 			/* The secret among them: only this process and the ranks hold it. */
-			if (e == NULL || strchr(e, '=') == NULL || putenv(e) != 0)
+			if (e == NULL) {
+				/* A rank without one of the job's variables would fail later, and less
+				 * clearly (the secret, the store's address): stop here instead. */
+				say("out of memory for the job's environment");
+				frame_sendf('F', "1");
+				goto out;
+			}
+			if (strchr(e, '=') == NULL || putenv(e) != 0)
 				free(e);
 			break;
 		}
