@@ -93,6 +93,13 @@ bool kparse_duration_ms(const char *s, int64_t *out)
 	return true;
 }
 
+bool kparse_is_true(const char *s)
+{
+	bool b;
+
+	return kparse_bool(s, &b) && b;
+}
+
 bool kparse_bool(const char *s, bool *out)
 {
 	static const char *const yes[] = { "1", "true", "yes", "on" };

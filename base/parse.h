@@ -15,5 +15,7 @@ bool kparse_size(const char *s, uint64_t *out);
 /* "30" (seconds), "30s", "500ms", "2m"; "-1"/"inf"/"none" mean no deadline (-1). */
 bool kparse_duration_ms(const char *s, int64_t *out);
 bool kparse_bool(const char *s, bool *out);
+/* Whether s is one of kparse_bool's "on" words (NULL and anything else: false). */
+bool kparse_is_true(const char *s);
 
 #endif

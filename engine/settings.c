@@ -10,7 +10,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 /* name's value, else its table default; *given says whether anyone set it. */
 static const char *value(const khor_config *cfg, const char *name, const char **from,
@@ -25,12 +24,6 @@ static const char *value(const khor_config *cfg, const char *name, const char **
 		*from = name;
 	}
 	return v;
-}
-
-static bool truthy(const char *v)
-{
-	return v != NULL && (strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0 ||
-	                     strcasecmp(v, "yes") == 0 || strcasecmp(v, "on") == 0);
 }
 
 static khor_status get_seconds(const khor_config *cfg, const char *name, double *out, kerr *err)
@@ -78,7 +71,7 @@ khor_status settings_read(const khor_config *cfg, eng_settings *s, kerr *err)
 	if (v != NULL && kstrlcpy(s->timeline, v, sizeof(s->timeline)) >= sizeof(s->timeline))
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s: path longer than %zu bytes", from,
 		                sizeof(s->timeline) - 1);
-	s->mark_cycles = truthy(value(cfg, "KHOR_TIMELINE_MARK_CYCLES", &from, NULL));
+	s->mark_cycles = kparse_is_true(value(cfg, "KHOR_TIMELINE_MARK_CYCLES", &from, NULL));
 	if ((st = get_seconds(cfg, "KHOR_STALL_CHECK_TIME", &s->stall_check_s, err)) !=
 	    KHOR_SUCCESS)
 		return st;
@@ -88,7 +81,7 @@ khor_status settings_read(const khor_config *cfg, eng_settings *s, kerr *err)
 	/* Horovod's switch to turn the inspector off (HOROVOD_STALL_CHECK_DISABLE). */
 	if (config_alias_off(cfg, "KHOR_STALL_CHECK_TIME"))
 		s->stall_check_s = 0;
-	s->autotune = truthy(value(cfg, "KHOR_AUTOTUNE", &from, NULL));
+	s->autotune = kparse_is_true(value(cfg, "KHOR_AUTOTUNE", &from, NULL));
 	v = value(cfg, "KHOR_AUTOTUNE_LOG", &from, NULL);
 	if (v != NULL)
 		kstrlcpy(s->autotune_log, v, sizeof(s->autotune_log));

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 
 const struct config_var config_vars[] = {
@@ -108,6 +107,7 @@ const char *config_lookup(const struct khor_config *cfg, const char *name)
 	return v != NULL && *v != '\0' ? v : NULL;
 }
 
+/* An environment variable, with an empty value taken as unset. */
 static const char *env(const char *name)
 {
 	const char *v = getenv(name);
@@ -128,19 +128,12 @@ const char *config_lookup_alias(const struct khor_config *cfg, const char *name,
 	return v;
 }
 
-/* Horovod's spelling of "on" for its switches. */
-static bool truthy(const char *v)
-{
-	return strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0 || strcasecmp(v, "yes") == 0 ||
-	       strcasecmp(v, "on") == 0;
-}
-
 bool config_alias_off(const struct khor_config *cfg, const char *name)
 {
 	const struct config_var *cv = config_var_of(name);
 	const char *v = cv != NULL && cv->alias_off != NULL ? getenv(cv->alias_off) : NULL;
 
-	return v != NULL && truthy(v) && config_lookup(cfg, name) == NULL;
+	return kparse_is_true(v) && config_lookup(cfg, name) == NULL;
 }
 
 static khor_status get_int(const struct khor_config *cfg, const char *name, const char *alt,
