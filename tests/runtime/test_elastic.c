@@ -76,6 +76,9 @@ static int worker(int i, struct shared *sh)
 		me->local_rank = khor_local_rank(c);
 		me->iters = 0;
 		me->gen = khor_generation(c);
+		khor_engine *eng;
+		if ((st = khor_engine_start(c, NULL, &eng)) != KHOR_SUCCESS)
+			return harness_fail(me->err, TEXT, i, 13, "engine: %s", khor_comm_error(c));
 		while (!sh->stop) {
 			for (size_t k = 0; k < count; k++)
 				buf[k] = 1.0f;
@@ -83,24 +86,41 @@ static int worker(int i, struct shared *sh)
 			if (st == KHOR_SUCCESS && buf[count - 1] != (float)khor_size(c))
 				return harness_fail(me->err, TEXT, i, 11, "allreduce gave %g at size %d",
 				                    buf[count - 1], khor_size(c));
-			/* A host update is acted on by every rank at the same step: one allreduce. */
-			int32_t up = khor_hosts_updated(c);
-			if (st == KHOR_SUCCESS)
-				st = khor_allreduce(c, &up, &up, 1, KHOR_INT32, KHOR_MAX);
+			/*
+			 * A host update is acted on by every rank at the same step: one allreduce,
+			 * through the engine as the Python layer makes it (a pending handle must fail
+			 * with the loss too).
+			 */
+			int32_t up = khor_hosts_updated(c), out = 0;
+			int64_t one = 1;
+			khor_handle *h = NULL;
+			const char *text = khor_comm_error(c);
+			if (st == KHOR_SUCCESS &&
+			    (st = khor_enqueue_allreduce(eng, 0, "hosts_updated", &up, &out, KHOR_INT32,
+			                                 1, &one, KHOR_MAX, 1.0, 1.0, &h)) ==
+			        KHOR_SUCCESS) {
+				st = khor_handle_wait(h);
+				text = khor_handle_error(h);
+			}
+			up = out;
 			if (st != KHOR_SUCCESS) {
 				if (me->status == 0) {
 					me->failed_at = harness_now();
-					snprintf(me->err, TEXT, "%s", khor_comm_error(c));
+					snprintf(me->err, TEXT, "%s", text);
 				}
 				me->status = st;
+				if (h != NULL)
+					khor_handle_free(h);
 				break;
 			}
+			khor_handle_free(h);
 			me->iters++;
 			if (up != 0) {
 				me->hosts_seen = up;
 				break;
 			}
 		}
+		khor_engine_stop(eng);
 		khor_finalize(c);
 		if (sh->stop)
 			return 0;
