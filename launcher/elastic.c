@@ -804,7 +804,7 @@ static void plan_next(struct elastic *e)
 	int *keep = calloc((size_t)cap, sizeof(*keep));
 	bool *drop = calloc((size_t)e->j->nstarted + 1, sizeof(*drop));
 	char **drops = calloc((size_t)e->j->nstarted + 1, sizeof(*drops));
-	char *text = NULL, num[16], slots[512];
+	char *text = NULL, num[32], slots[512];
 	int n, nl, nd = 0, g = e->gen + 1;
 
 	if (s == NULL || lw == NULL || idx == NULL || keep == NULL || drop == NULL || drops == NULL) {
@@ -873,14 +873,18 @@ static void plan_next(struct elastic *e)
 	e->wait_since = -1;
 	e->gen_beat_at = 0;
 	ep_describe_slots(&e->st, e->plan, n, slots, sizeof(slots));
+	if (nd > 0)
+		snprintf(num, sizeof(num), "; %d dropped", nd);
+	else
+		num[0] = '\0';
 	if (g == 1)
 		KLOG_INFO("khorrun: elastic: generation 1: %d rank%s on %d host%s (%s)", n,
 		          n == 1 ? "" : "s", ep_count_hosts(e->plan, n),
 		          ep_count_hosts(e->plan, n) == 1 ? "" : "s", slots);
 	else
-		say("elastic: generation %d: %d rank%s on %d host%s (%s)%s%d dropped", g, n,
-		    n == 1 ? "" : "s", ep_count_hosts(e->plan, n),
-		    ep_count_hosts(e->plan, n) == 1 ? "" : "s", slots, nd > 0 ? "; " : "", nd);
+		say("elastic: generation %d: %d rank%s on %d host%s (%s)%s", g, n, n == 1 ? "" : "s",
+		    ep_count_hosts(e->plan, n), ep_count_hosts(e->plan, n) == 1 ? "" : "s", slots,
+		    num);
 	start_workers(e, keep);
 out:
 	free(text);
