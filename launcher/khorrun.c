@@ -348,8 +348,10 @@ int main(int argc, char **argv)
 		goto out_free_path;
 	if (j->o.elastic) {
 		rc = elastic_prepare(j, &old_mask, &el);
-		if (rc >= 0)
+		if (rc >= 0) {
+			loop_sweep_leftovers(j); /* what a hung discovery script started */
 			goto out_close_sfd;
+		}
 		rc = 1;
 		remote = elastic_remote_host(el);
 	} else {

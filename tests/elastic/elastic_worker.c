@@ -13,7 +13,8 @@
  * (so a test ends the job when it has seen what it came for).
  *
  * It prints one line per event, each with its worker id, for the tests to read:
- *   up W pid P | join W gen G rank R size S local L/LS step K | lost W gen G: TEXT
+ *   up W pid P rank R size S host H elastic E | join W gen G rank R size S local L/LS step K
+ *   lost W gen G: TEXT
  *   hosts W gen G updated F | removed W: TEXT | done W gen G rank R size S steps N
  * and "FAIL W ..." (exit 2) when something is wrong that the tests must see.
  */
@@ -65,8 +66,10 @@ int main(int argc, char **argv)
 	}
 	if (ex != NULL && strncmp(ex, id, strlen(id)) == 0 && ex[strlen(id)] == '@')
 		exit_at = atol(ex + strlen(id) + 1);
-	printf("up %s pid %d rank %s size %s\n", id, (int)getpid(), getenv("HOROVOD_RANK"),
-	       getenv("HOROVOD_SIZE"));
+	/* What it was started with, as horovodrun's scripts read it. */
+	printf("up %s pid %d rank %s size %s host %s elastic %s\n", id, (int)getpid(),
+	       getenv("HOROVOD_RANK"), getenv("HOROVOD_SIZE"), getenv("HOROVOD_HOSTNAME"),
+	       getenv("HOROVOD_ELASTIC"));
 	for (;;) {
 		khor_comm *c;
 		khor_status st = khor_init(NULL, err, sizeof(err), &c);

@@ -10,3 +10,9 @@ set_tests_properties(test_elastic_plan PROPERTIES TIMEOUT 30)
 # A real elastic worker on the public C API only, for the driver's cases.
 add_executable(elastic_worker elastic/elastic_worker.c)
 target_link_libraries(elastic_worker PRIVATE khor)
+# The driver with those workers: losses, fencing, discovery, limits, a host over ssh.
+khor_test(test_elastic_driver elastic/test_elastic_driver.c 120)
+target_link_libraries(test_elastic_driver PRIVATE khor_testproc)
+add_dependencies(test_elastic_driver khorrun elastic_worker)
+set_tests_properties(test_elastic_driver PROPERTIES ENVIRONMENT
+  "KHORRUN=$<TARGET_FILE:khorrun>;ELASTIC_WORKER=$<TARGET_FILE:elastic_worker>")
