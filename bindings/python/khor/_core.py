@@ -171,7 +171,7 @@ def init(comm=None, process_sets=None, config=None):
             _lib.khor_finalize(world)
             raise KhorError(msg, st)
         _state.comm, _state.engine = world, eng
-        _state.elastic = _lib.khor_generation is not None and _lib.khor_generation(world) > 0
+        _state.elastic = _lib.khor_is_elastic is not None and _lib.khor_is_elastic(world) == 1
         _state.sets = {0: global_process_set}
         _state.order = []
         global_process_set.process_set_id = 0
@@ -571,7 +571,8 @@ def is_elastic():
 
 
 def generation():
-    """The job's generation: 1, 2, ... in an elastic job, 0 in a fixed one."""
+    """The generation joined: the driver's number in an elastic job (1, 2, ...), this
+    process's count of inits in a fixed one."""
     require_init()
     return int(_elastic_fn("khor_generation")(_state.comm))
 

@@ -183,7 +183,8 @@ def _proto_optional(name, restype, *argtypes):
 # and only the elastic calls say so (elastic_missing names what is missing).
 _proto_optional("khor_generation", c_int, c_void_p)
 _proto_optional("khor_hosts_updated", c_int, c_void_p)
-elastic_missing = [n for n in ("khor_generation", "khor_hosts_updated")
+_proto_optional("khor_is_elastic", c_int, c_void_p)
+elastic_missing = [n for n in ("khor_generation", "khor_hosts_updated", "khor_is_elastic")
                    if globals()[n] is None]
 
 NULL_ALLOC = ALLOC_FN()
