@@ -166,9 +166,25 @@ def run_fn(func, reset):
                 skip_sync = False
             except HostsUpdatedInterrupt as e:
                 skip_sync = e.skip_sync
-            reset()
+            if not _reset_until_joined(reset):
+                skip_sync = False   # that generation failed too: who is in the next is new
             state.on_reset()
     return wrapper
+
+
+def _reset_until_joined(reset):
+    """reset() until a generation forms around this worker: one that fails while the
+    survivors register their process sets again (another loss) is left for the next one.
+    False when it took more than one."""
+    first = True
+    while True:
+        try:
+            reset()
+            return first
+        except HorovodInternalError:
+            if not _core.is_elastic():
+                raise
+            first = False
 
 
 def reset():
