@@ -64,7 +64,8 @@ struct ew {
 	int rank;             /* its rank in generation e->gen; -1: none */
 	bool dropped;         /* a plan dropped it: it should exit 0 */
 	bool fenced;          /* khorrun killed it (its heartbeat stalled, or its id is wanted) */
-	int64_t fenced_at;
+	int64_t killed_at;    /* when khorrun sent it SIGKILL (fenced, or dropped and stopped) */
+	bool abandoned;       /* its host did not answer: khorrun closed the ssh connection */
 	int64_t hb, hb_at;    /* the last heartbeat count seen in generation e->gen, and when */
 	int64_t stop_at;      /* dropped: when to signal it if it has not exited */
 	int stop_sigs;        /* signals sent to it since it was dropped */
@@ -379,7 +380,7 @@ static void fence(struct elastic *e, int i, int64_t stalled_ms)
 
 	procs_signal_rank(e->j, &e->j->ranks[i], SIGKILL);
 	e->w[i].fenced = true;
-	e->w[i].fenced_at = now_ms();
+	e->w[i].killed_at = now_ms();
 	snprintf(why, sizeof(why), "its heartbeat stopped for %.1f s (KHOR_HEARTBEAT_TIMEOUT %.1f s); "
 	         "khorrun killed it", (double)stalled_ms / 1000.0, (double)e->hb_timeout_ms / 1000.0);
 	lost(e, i, why);
@@ -637,8 +638,51 @@ static void stop_dropped(struct elastic *e, int64_t now)
 			say("elastic: worker %s was dropped but has not exited; stopping it",
 			    rk->worker);
 		procs_signal_rank(e->j, rk, w->stop_sigs == 0 ? SIGTERM : SIGKILL);
+		if (w->stop_sigs == 1)
+			w->killed_at = now;
 		w->stop_sigs++;
 		w->stop_at = now + e->j->o.grace_ms;
+	}
+}
+
+/*
+ * A worker khorrun killed that has not ended KILL_WAIT_MS later is on a host that does not
+ * answer (its link is down): the SIGKILL waits in the ssh connection, which ssh gives up
+ * on only after ServerAlive's 30 s or so. Once the job is finishing nothing else waits for
+ * such workers, so a host whose running workers are all of that kind has its connection
+ * closed: they end here as lost (said when they were fenced or dropped), and its helper
+ * stops them there when the end of the session reaches it.
+ */
+static void abandon_silent(struct elastic *e, int64_t now)
+{
+	struct job *j = e->j;
+
+	for (int h = 0; h < j->nhosts; h++) {
+		struct host *hp = &j->hosts[h];
+		int silent = -1;
+		bool other = false;
+
+		if (hp->local || !hp->ssh_running)
+			continue;
+		for (int r = hp->first; r < hp->first + hp->n && !other; r++) {
+			const struct ew *w = &e->w[r];
+
+			if (!j->ranks[r].running)
+				continue;
+			if (w->killed_at > 0 && now - w->killed_at >= KILL_WAIT_MS && !w->abandoned)
+				silent = r;
+			else
+				other = true;
+		}
+		if (silent < 0 || other)
+			continue;
+		say("elastic: %s does not answer: worker %s did not end %.1f s after khorrun killed "
+		    "it; closing the ssh connection to %s (its helper stops what is left there when "
+		    "the connection's end reaches it)", hp->name, j->ranks[silent].worker,
+		    (double)(now - e->w[silent].killed_at) / 1000.0, hp->name);
+		for (int r = hp->first; r < hp->first + hp->n; r++)
+			e->w[r].abandoned = true;
+		(void)kill(-hp->ssh_pid, SIGKILL);
 	}
 }
 
@@ -766,11 +810,11 @@ static bool id_taken(struct elastic *e, const struct ep_slot *s, int n, const in
 			if (!w->fenced) {
 				procs_signal_rank(e->j, &e->j->ranks[i], SIGKILL);
 				w->fenced = true;
-				w->fenced_at = now;
+				w->killed_at = now;
 			}
 			/* One that SIGKILL does not end (a host gone silent) is not waited for
 			 * forever; its helper kills it when the host is reached again. */
-			if (now - w->fenced_at < KILL_WAIT_MS)
+			if (now - w->killed_at < KILL_WAIT_MS)
 				wait = true;
 		}
 	}
@@ -970,6 +1014,8 @@ static void drive(struct elastic *e, short disc_revents)
 			check_heartbeats(e, now);
 	}
 	stop_dropped(e, now);
+	if (e->finishing)
+		abandon_silent(e, now);
 	if (e->need_gen && !e->ending && settled(e, now))
 		plan_next(e);
 	if (e->finishing && j->nrunning == 0 && !e->ending) {
