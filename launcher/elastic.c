@@ -325,13 +325,17 @@ static bool all_blacklisted(const struct elastic *e)
 /*
  * Worker i is lost (why: how). Its generation ends for everyone at once; on several hosts
  * its host is blacklisted (its other workers are dropped by the next plan), on one host
- * its slot gets a fresh worker.
+ * its slot gets a fresh worker, unless it could not even be started there (ssh refused):
+ * a fresh one would fail the same way, generation after generation, so that host is
+ * blacklisted too.
  */
 static void lost(struct elastic *e, int i, const char *why)
 {
 	struct ew *w = &e->w[i];
 	struct rank *rk = &e->j->ranks[i];
+	const struct host *jh = &e->j->hosts[rk->host];
 	const char *host = e->st.hosts[w->host].name;
+	bool never_started = rk->lost && jh->failed && !jh->ready;
 	char text[1024], tail[160];
 
 	if (e->finishing) {
@@ -348,7 +352,7 @@ static void lost(struct elastic *e, int i, const char *why)
 	}
 	if (e->lost_at == 0)
 		e->lost_at = now_ms();
-	if (ep_count_hosts(e->plan, e->nplan) > 1) {
+	if (ep_count_hosts(e->plan, e->nplan) > 1 || never_started) {
 		if (e->st.hosts[w->host].blacklisted) {
 			snprintf(tail, sizeof(tail), "; host %s is blacklisted already", host);
 		} else {

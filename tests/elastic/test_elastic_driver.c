@@ -406,3 +406,48 @@ Test(elastic_driver, worker_over_ssh_is_fenced_through_its_helper)
 	cr_assert(pid_gone(remote), "the stopped worker %d was not killed", (int)remote);
 	proc_free(&p);
 }
+
+/*
+ * A job on one other host whose ssh starts refusing (its sshd died): after a loss there
+ * the fresh worker cannot be started, and another would fail the same way, generation
+ * after generation. That host is blacklisted like a failed host of a larger job, and the
+ * job ends with the host and ssh's error named.
+ */
+Test(elastic_driver, one_host_whose_ssh_refuses_is_a_named_failure)
+{
+	char ssh[160], down[160];
+	const char *args[] = { "--ssh-command", ssh, "-H", "192.0.2.1:2", "--min-np", "1", "-np",
+		               "2", "-x", stop_x, worker(), "1000000", "5", NULL };
+	FILE *f;
+	struct proc p;
+
+	/*
+	 * A stand-in for ssh (not named ssh, which would get ssh's options) that runs the
+	 * remote command here, until DIR/down exists.
+	 */
+	snprintf(ssh, sizeof(ssh), "%s/fake-ssh", dir);
+	snprintf(down, sizeof(down), "%s/down", dir);
+	f = fopen(ssh, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "#!/bin/sh\nif [ -e %s ]; then\n"
+	           "\techo \"ssh: connect to host $1 port 22: Connection refused\" >&2\n"
+	           "\texit 255\nfi\nexec /bin/sh -c \"$2\"\n", down);
+	fclose(f);
+	cr_assert_eq(chmod(ssh, 0755), 0);
+	proc_start(&p, args, job_env);
+	wait_for(&p, " gen 1 rank ", 2, 20);
+	write_file(down, "");
+	cr_assert_eq(kill(pid_of(&p, "192.0.2.1:1", 1), SIGKILL), 0);
+	proc_finish(&p, 30);
+	expect_status(&p, 1);
+	expect(&p, 1, "khorrun: elastic: generation 1: rank 1 on 192.0.2.1 (worker 192.0.2.1:1) was "
+	              "lost: killed by signal 9 (SIGKILL); a fresh worker takes its slot\n");
+	expect(&p, 1, "khorrun: elastic: generation 2: rank 1 on 192.0.2.1 (worker 192.0.2.1:1) was "
+	              "lost: it could not be started there: ssh: connect to host 192.0.2.1 port 22: "
+	              "Connection refused; host 192.0.2.1 blacklisted\n");
+	expect(&p, 1, "khorrun: elastic: every host of generation 2 is blacklisted; the job cannot "
+	              "go on\n");
+	cr_assert_eq(count_str(p.b[0].data, "] up "), 2, "a worker was started again:\n%s",
+	             p.b[0].data);
+	proc_free(&p);
+}
