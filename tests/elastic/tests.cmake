@@ -18,7 +18,8 @@ set_tests_properties(test_elastic_driver PROPERTIES ENVIRONMENT
   "KHORRUN=$<TARGET_FILE:khorrun>;ELASTIC_WORKER=$<TARGET_FILE:elastic_worker>")
 # The fault matrix on this machine: tests/elastic/train_matrix.py (numpy, no framework)
 # under the driver, one self-injected fault or more per case (tests/elastic/matrix.py).
-if(KHOR_PYTHON)
+# Not in sanitizer builds: python3 cannot load an instrumented libkhor (tests/python).
+if(KHOR_PYTHON AND NOT KHOR_SANITIZE)
   foreach(c none kill_worker kill_rank0 exit_worker stop_worker kill_in_sync kill_twice
             reset_limit all_fail host_blacklisted every_host_blacklisted min_np_never)
     add_test(NAME elastic_matrix_${c} COMMAND ${KHOR_PYTHON}
@@ -26,4 +27,11 @@ if(KHOR_PYTHON)
     set_tests_properties(elastic_matrix_${c} PROPERTIES TIMEOUT 240
       ENVIRONMENT "KHOR_LIBRARY_PATH=$<TARGET_FILE:khor>")
   endforeach()
+  # The matrix across 4 network-namespace hosts over real ssh, every case in one set of
+  # hosts, faults injected from outside (tests/elastic/matrix_hosts.sh; exit 77, a skip,
+  # without root, sshd or network namespaces).
+  add_test(NAME elastic_matrix_hosts COMMAND ${CMAKE_CURRENT_LIST_DIR}/matrix_hosts.sh
+    $<TARGET_FILE:khorrun> ${KHOR_PYTHON})
+  set_tests_properties(elastic_matrix_hosts PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+    LABELS hosts RUN_SERIAL TRUE ENVIRONMENT "KHOR_LIBRARY_PATH=$<TARGET_FILE:khor>")
 endif()

@@ -2,9 +2,13 @@
 
 Full-batch least squares: every step's gradient is a sum over the whole data set, split over
 the ranks there are, so the loss curve is the same at every size and after every reset (up to
-the summation order). The state (step, weights) is committed every COMMIT steps; each commit
-is logged as one JSON line per worker, for the test to check that commits only move forward
-and that none is lost. A fault is injected by the worker itself, once per job, from
+the summation order). The state (step, weights) is committed every COMMIT steps and each
+worker logs one JSON line per event, with its pid, for the test to check that commits only
+move forward and that none is lost: "save" when the state is copied, "commit" once
+state.commit() has returned (its allreduce done, so every rank of the generation has saved
+that step), "sync" when a sync begins (it then waits TM_SYNC_PAUSE seconds, default 0, so
+that a test injecting faults from outside can kill a worker inside it: matrix_hosts.py,
+soak.py). A fault is injected by the worker itself, once per job, from
 TM_FAULT = "KIND@WORKER_ID@STEP,..." (KIND: kill, exit, stop, kill_sync; WORKER_ID * = all):
  kill      SIGKILL itself at that step            exit   raise (exit status 1)
  stop      SIGSTOP itself (the driver must fence it: no heartbeat)
@@ -21,10 +25,12 @@ import numpy as np
 
 import khor
 import khor.elastic as elastic
+from khor import _core
 
 STEPS = int(os.environ.get("TM_STEPS", "40"))
 COMMIT = int(os.environ.get("TM_COMMIT", "2"))
 STEP_SLEEP = float(os.environ.get("TM_STEP_SLEEP", "0.02"))
+SYNC_PAUSE = float(os.environ.get("TM_SYNC_PAUSE", "0"))
 LOG = os.environ["TM_LOG"]
 WORKER = os.environ.get("KHOR_WORKER_ID", "?")
 
@@ -52,18 +58,26 @@ def fire_once(index):
 
 def log(event, **kw):
     kw.update(event=event, worker=WORKER, pid=os.getpid(), rank=khor.rank(), size=khor.size(),
-              t=time.time())
+              gen=_core.generation(), t=time.time())
     with open(LOG, "a") as f:
         f.write(json.dumps(kw) + "\n")
 
 
 class State(elastic.ObjectState):
     def sync(self):
+        log("sync", step=self.step)
         for i, kind, who, at in FAULTS:
             if kind == "kill_sync" and WORKER == who and self.step >= at and fire_once(i):
                 log("fault", kind=kind, step=self.step)
                 os.kill(os.getpid(), signal.SIGKILL)
+        if SYNC_PAUSE > 0:
+            time.sleep(SYNC_PAUSE)
         super().sync()
+
+    def save(self):
+        super().save()
+        if self.step > 0:
+            log("save", step=self.step)
 
 
 def step_fault(step):
