@@ -67,6 +67,13 @@ struct ew {
 	int64_t killed_at;    /* when khorrun sent it SIGKILL (fenced, or dropped and stopped) */
 	bool abandoned;       /* its host did not answer: khorrun closed the ssh connection */
 	int64_t hb, hb_at;    /* the last heartbeat count seen in generation e->gen, and when */
+	/*
+	 * A survivor kept into generation e->gen, until it joins it: its rank in the generation
+	 * before (-1: none to watch), the heartbeat count last seen there and when it last
+	 * moved (or the plan was written), so that one stopped between generations is fenced.
+	 */
+	int prev_rank;
+	int64_t prev_hb, alive_at;
 	int64_t stop_at;      /* dropped: when to signal it if it has not exited */
 	int stop_sigs;        /* signals sent to it since it was dropped */
 };
@@ -377,16 +384,23 @@ static void lost(struct elastic *e, int i, const char *why)
 	want_gen(e);
 }
 
-/* Kills worker i, whose heartbeat stalled, before anyone hears of it (fencing). */
-static void fence(struct elastic *e, int i, int64_t stalled_ms)
+/*
+ * Kills worker i, whose heartbeat stalled (in generation e->gen, or between the one it
+ * left and this one it has not joined), before anyone hears of it (fencing).
+ */
+static void fence(struct elastic *e, int i, int64_t stalled_ms, bool joining)
 {
-	char why[160];
+	char why[256], where[96] = "";
 
 	procs_signal_rank(e->j, &e->j->ranks[i], SIGKILL);
 	e->w[i].fenced = true;
 	e->w[i].killed_at = now_ms();
-	snprintf(why, sizeof(why), "its heartbeat stopped for %.1f s (KHOR_HEARTBEAT_TIMEOUT %.1f s); "
-	         "khorrun killed it", (double)stalled_ms / 1000.0, (double)e->hb_timeout_ms / 1000.0);
+	if (joining)
+		snprintf(where, sizeof(where), " since it left generation %d, and it has not joined "
+		         "generation %d", e->gen - 1, e->gen);
+	snprintf(why, sizeof(why), "its heartbeat stopped for %.1f s%s (KHOR_HEARTBEAT_TIMEOUT "
+	         "%.1f s); khorrun killed it", (double)stalled_ms / 1000.0, where,
+	         (double)e->hb_timeout_ms / 1000.0);
 	lost(e, i, why);
 }
 
@@ -594,6 +608,46 @@ static void check_want(struct elastic *e)
 	want_gen(e);
 }
 
+/*
+ * A survivor kept into this generation that has not joined it yet (no host/<rank> key of
+ * its bootstrap): until it does, its heartbeat is the one of the generation it left, which
+ * stops at its khor_finalize, and from there to its join it has no heartbeat at all. Its
+ * init needs no time but the bootstrap's, so one whose old heartbeat has not moved for
+ * the heartbeat timeout (counted from the plan at the earliest) is stopped or hung: left
+ * alone, every generation would wait for it until KHOR_INIT_TIMEOUT, and plan it again.
+ * True when it is fenced.
+ */
+static bool join_stalled(struct elastic *e, int i, int64_t now)
+{
+	struct ew *w = &e->w[i];
+	char key[32], *val;
+
+	if (w->prev_rank < 0 || w->hb > 0)
+		return false;
+	snprintf(key, sizeof(key), "host/%d", w->rank);
+	val = peek(e, e->gen, key);
+	if (val != NULL) {
+		free(val);
+		w->prev_rank = -1; /* it joined: from here on, its heartbeat in this generation */
+		return false;
+	}
+	snprintf(key, sizeof(key), "hb/%d", w->prev_rank);
+	val = peek(e, e->gen - 1, key);
+	if (val != NULL) {
+		int64_t v = strtoll(val, NULL, 10);
+
+		free(val);
+		if (v != w->prev_hb) {
+			w->prev_hb = v;
+			w->alive_at = now;
+		}
+	}
+	if (now - w->alive_at <= e->hb_timeout_ms)
+		return false;
+	fence(e, i, now - w->alive_at, true);
+	return true;
+}
+
 /* Each rank's heartbeat in this generation; a stalled one is fenced. */
 static void check_heartbeats(struct elastic *e, int64_t now)
 {
@@ -603,6 +657,8 @@ static void check_heartbeats(struct elastic *e, int64_t now)
 		int64_t v, since;
 
 		if (w->rank < 0 || w->dropped || w->fenced || !e->j->ranks[i].running)
+			continue;
+		if (join_stalled(e, i, now))
 			continue;
 		/* Read, never added to: khor_finalize removes the counter, and it must stay gone. */
 		snprintf(key, sizeof(key), "hb/%d", w->rank);
@@ -625,7 +681,7 @@ static void check_heartbeats(struct elastic *e, int64_t now)
 		 */
 		since = w->hb > 0 ? w->hb_at : e->gen_beat_at;
 		if (since > 0 && now - since > e->hb_timeout_ms)
-			fence(e, i, now - since);
+			fence(e, i, now - since, false);
 	}
 }
 
@@ -772,7 +828,7 @@ static void start_workers(struct elastic *e, const int *keep)
 		}
 		for (int k = 0; k < n; k++)
 			e->w[first + k] = (struct ew){ .host = h, .slot = br[k].slot,
-				                       .rank = br[k].rank };
+				                       .rank = br[k].rank, .prev_rank = -1 };
 	}
 	free(br);
 }
@@ -936,8 +992,14 @@ static void plan_next(struct elastic *e)
 		if (!put(e, 0, key, text) || !put(e, 0, "el/gen", num))
 			goto out;
 	}
-	for (int i = 0; i < e->j->nstarted; i++)
-		e->w[i].rank = -1;
+	for (int i = 0; i < e->j->nstarted; i++) {
+		struct ew *w = &e->w[i];
+
+		w->prev_rank = w->rank;
+		w->prev_hb = w->hb;
+		w->alive_at = now_ms();
+		w->rank = -1;
+	}
 	for (int k = 0; k < nl; k++) {
 		struct ew *w = &e->w[idx[k]];
 

@@ -451,3 +451,34 @@ Test(elastic_driver, one_host_whose_ssh_refuses_is_a_named_failure)
 	             p.b[0].data);
 	proc_free(&p);
 }
+
+/*
+ * A survivor stopped between generations (after its khor_finalize, before it joins the
+ * next): it has no heartbeat in either, and every generation would wait for it until
+ * KHOR_INIT_TIMEOUT and plan it again. Its old heartbeat stopped: fenced like a stalled
+ * rank, within the heartbeat timeout of the plan.
+ */
+Test(elastic_driver, survivor_stopped_between_generations_is_fenced)
+{
+	const char *args[] = { "--min-np", "2", "-np", "3", "-x", stop_x, "-x",
+		               "KHOR_HEARTBEAT_TIMEOUT=2s", "-x", "EW_STOP_REJOIN=localhost:2",
+		               worker(), "1000000", "5", NULL };
+	struct proc p;
+	pid_t stopped;
+
+	proc_start(&p, args, job_env);
+	wait_for(&p, " gen 1 rank ", 3, 20);
+	stopped = pid_of(&p, "localhost:2", 1);
+	cr_assert_eq(kill(pid_of(&p, "localhost:1", 1), SIGKILL), 0);
+	wait_for(&p, "between localhost:2: stopping", 1, 20);
+	wait_for(&p, "join localhost:2 gen 3 rank 2 size 3", 1, 20);
+	finish(&p);
+	expect_status(&p, 0);
+	expect(&p, 1, "khorrun: elastic: generation 2: rank 2 on localhost (worker localhost:2) was "
+	              "lost: its heartbeat stopped for ");
+	expect(&p, 1, " s since it left generation 1, and it has not joined generation 2 "
+	              "(KHOR_HEARTBEAT_TIMEOUT 2.0 s); khorrun killed it; a fresh worker takes its "
+	              "slot\n");
+	cr_assert(pid_gone(stopped), "the stopped worker %d was not killed", (int)stopped);
+	proc_free(&p);
+}
