@@ -13,6 +13,9 @@ TM_FAULT = "KIND@WORKER_ID@STEP,..." (KIND: kill, exit, stop, kill_sync; WORKER_
  kill      SIGKILL itself at that step            exit   raise (exit status 1)
  stop      SIGSTOP itself (the driver must fence it: no heartbeat)
  kill_sync SIGKILL itself inside the next state.sync() after that step
+From outside: SIGUSR1 makes the worker raise (exit status 1) at its next step; once the file
+TM_STOP names exists, every rank ends the run at the same step (the flag travels in the
+step's allreduce), which the final line names.
 Only numpy and khor: no framework, so each run starts in a fraction of a second.
 """
 import json
@@ -31,6 +34,7 @@ STEPS = int(os.environ.get("TM_STEPS", "40"))
 COMMIT = int(os.environ.get("TM_COMMIT", "2"))
 STEP_SLEEP = float(os.environ.get("TM_STEP_SLEEP", "0.02"))
 SYNC_PAUSE = float(os.environ.get("TM_SYNC_PAUSE", "0"))
+STOP = os.environ.get("TM_STOP")
 LOG = os.environ["TM_LOG"]
 WORKER = os.environ.get("KHOR_WORKER_ID", "?")
 
@@ -80,7 +84,13 @@ class State(elastic.ObjectState):
             log("save", step=self.step)
 
 
+EXIT_ASKED = []
+signal.signal(signal.SIGUSR1, lambda sig, frame: EXIT_ASKED.append(sig))
+
+
 def step_fault(step):
+    if EXIT_ASKED:
+        raise RuntimeError("asked to exit 1 (SIGUSR1) at step %d on %s" % (step, WORKER))
     for i, kind, who, at in FAULTS:
         if step != at or kind == "kill_sync" or (who != WORKER and who != "*"):
             continue
@@ -98,7 +108,8 @@ def step_fault(step):
 def loss_and_grad(w):
     idx = np.arange(khor.rank(), N, khor.size())
     r = X[idx] @ w - y[idx]
-    out = np.concatenate([2.0 * X[idx].T @ r / N, [float(r @ r) / N]])
+    stop = 1.0 if STOP and os.path.exists(STOP) else 0.0
+    out = np.concatenate([2.0 * X[idx].T @ r / N, [float(r @ r) / N, stop]])
     return khor.allreduce(out, op=khor.Sum, name="grad")
 
 
@@ -108,9 +119,11 @@ def train(state):
     while state.step < STEPS:
         step_fault(state.step)
         g = loss_and_grad(state.w)
-        state.w = state.w - 0.05 * g[:-1]
-        state.loss = float(g[-1])
+        state.w = state.w - 0.05 * g[:-2]
+        state.loss = float(g[-2])
         state.step += 1
+        if g[-1] > 0:
+            break
         time.sleep(STEP_SLEEP)
         if state.step % COMMIT == 0:
             state.commit()
