@@ -99,11 +99,11 @@ def check_commits(evs, why, steps=STEPS, commit=COMMIT, exact=True):
     seen = set()
     top = 0
     for e in sorted(evs, key=lambda e: e["t"]):
-        who = e["worker"] + "#" + str(e.get("pid", ""))
         if e["event"] == "save":
             seen.add(e["step"])
         if e["event"] != "commit":
             continue
+        who = e["worker"] + "#" + str(e.get("pid", ""))
         seen.add(e["step"])
         done = by_worker.setdefault(who, [])
         if done and (e["step"] - done[-1] != commit if exact else e["step"] <= done[-1]):
@@ -133,6 +133,18 @@ def check_recovery(evs, bound, why):
             why.append("recovery took %.1f s, more than %d s" % (took, bound))
 
 
+def check_exit(rc, want_rc, cap, out, patterns, why):
+    """khorrun's exit status (None: still running after cap s) and its lines naming what
+    happened (regular expressions)."""
+    if rc is None:
+        why.append("hung: still running after %d s" % cap)
+    elif rc != want_rc:
+        why.append("exit status %s, want %d" % (rc, want_rc))
+    for pat in patterns:
+        if not re.search(pat, out):
+            why.append("no line matching %r" % pat)
+
+
 def main():
     khorrun, python, case = sys.argv[1:4]
     flags, faults, extra, want_rc, patterns, bound = CASES[case]
@@ -151,13 +163,7 @@ def main():
         rc, out, took = run(khorrun, python, flags, faults, extra, log)
         print(out)
         print("matrix: %s: exit %s after %.1f s" % (case, rc, took))
-        if rc is None:
-            why.append("hung: still running after %d s" % CAP)
-        elif rc != want_rc:
-            why.append("exit status %s, want %d" % (rc, want_rc))
-        for pat in patterns:
-            if not re.search(pat, out):
-                why.append("no line matching %r" % pat)
+        check_exit(rc, want_rc, CAP, out, patterns, why)
         evs = events(log)
         if want_rc == 0:
             check_commits(evs, why)

@@ -141,13 +141,7 @@ def check(c, cap, want_rc, patterns, bound, left_bound=10):
     print(out)
     print("matrix_hosts: %s: exit %s after %.1f s" % (c.name, rc, c.job.took))
     why = c.why
-    if rc is None:
-        why.append("hung: still running after %d s" % cap)
-    elif rc != want_rc:
-        why.append("exit status %s, want %d" % (rc, want_rc))
-    for pat in patterns:
-        if not re.search(pat, out):
-            why.append("no line matching %r" % pat)
+    matrix.check_exit(rc, want_rc, cap, out, patterns, why)
     evs = c.job.events()
     if want_rc == 0:
         matrix.check_commits(evs, why, c.steps, COMMIT, exact=False)
@@ -174,25 +168,25 @@ def lost_line(rank, host, worker, cause):
     return r"rank %s on %s \(worker %s\) was lost: .*%s" % (rank, esc(host), esc(worker), cause)
 
 
+def kill_one(ctx, name, rank, host, slot):
+    """kill -9 of the worker at host:slot (rank) of a job on three hosts at step 10."""
+    c = Case(ctx, name, ["-np", "6", "--min-np", "2", "-H", "%s:2,%s:2,%s:2" % (H0, H1, H2)])
+    worker = "%s:%d" % (host, slot)
+    if c.at_commit(10):
+        c.kill(worker)
+    return check(c, 60, 0, [lost_line(rank, host, worker, r"signal 9.*host %s blacklisted" %
+                                      esc(host))], BOUND)
+
+
 def kill_worker(ctx):
     """kill -9 of a worker on one host: the host is blacklisted, its other worker dropped,
     the job goes on on the other two."""
-    c = Case(ctx, "kill_worker", ["-np", "6", "--min-np", "2", "-H",
-                                  "%s:2,%s:2,%s:2" % (H0, H1, H2)])
-    if c.at_commit(10):
-        c.kill(H2 + ":1")
-    return check(c, 60, 0, [lost_line(5, H2, H2 + ":1", r"signal 9.*host %s blacklisted" %
-                                      esc(H2))], BOUND)
+    return kill_one(ctx, "kill_worker", 5, H2, 1)
 
 
 def kill_rank0(ctx):
     """kill -9 of rank 0: its host goes, rank 0 of the next generation is on another."""
-    c = Case(ctx, "kill_rank0", ["-np", "6", "--min-np", "2", "-H",
-                                 "%s:2,%s:2,%s:2" % (H0, H1, H2)])
-    if c.at_commit(10):
-        c.kill(H0 + ":0")
-    return check(c, 60, 0, [lost_line(0, H0, H0 + ":0", r"signal 9.*host %s blacklisted" %
-                                      esc(H0))], BOUND)
+    return kill_one(ctx, "kill_rank0", 0, H0, 0)
 
 
 def stop_rank(ctx):
