@@ -215,12 +215,12 @@ def main(argv):
         print(__doc__)
         return 2
     khorrun, python, scenario = argv[1], argv[2], argv[3]
-    if subprocess.run([python, "-c", "import torch"], capture_output=True).returncode:
-        print("run_elastic: skipped: %s lacks torch" % python)
-        return 77
     usage = subprocess.run([khorrun, "--help"], capture_output=True, text=True)
     if "--min-np" not in usage.stdout + usage.stderr:
         print("run_elastic: skipped: %s has no elastic driver (--min-np)" % khorrun)
+        return 77
+    if subprocess.run([python, "-c", "import torch"], capture_output=True).returncode:
+        print("run_elastic: skipped: %s lacks torch" % python)
         return 77
     d = tempfile.mkdtemp(prefix="khor-elastic-")
     try:
