@@ -48,6 +48,7 @@ def env_for(alias=False):
     env["PYTHONPATH"] = os.pathsep.join(py + [env["PYTHONPATH"]] if env.get("PYTHONPATH")
                                         else py)
     env.setdefault("KHOR_TIMEOUT", "20s")
+    env.setdefault("KHOR_HEARTBEAT_INTERVAL", "200ms")   # host changes noticed sooner
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
