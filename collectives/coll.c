@@ -613,6 +613,9 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 		return st;
 deadline:
 	if (kdeadline_passed(w->dl)) {
+		st = coll_wait_alive(cc, coll_wait_what(w), xs, nxs, w->started_ns, &w->dl, err);
+		if (st != KHOR_ERR_TIMEOUT)
+			return st;
 		char peers[256] = "";
 		size_t off = 0;
 		int first = -1;
@@ -639,6 +642,45 @@ deadline:
 		return cc->check_abort(cc->owner, err);
 	}
 	return KHOR_SUCCESS;
+}
+
+/* Whether x waits for its peer, not for this rank's device. */
+static bool on_wire(const coll_xfer *x)
+{
+	return x->req != NULL && x->stage != STAGE_PRE && x->stage != STAGE_D2H &&
+	       x->stage != STAGE_FLUSH;
+}
+
+khor_status coll_wait_alive(coll_comm *cc, const char *what, const coll_xfer *xs, int nxs,
+                            uint64_t started_ns, kdeadline *dl, kerr *err)
+{
+	int few[32], *peers = few, n = 0;
+	int64_t again;
+	khor_status st;
+
+	if (cc->check_alive == NULL)
+		return KHOR_ERR_TIMEOUT;
+	if (nxs > 32 && (peers = malloc((size_t)nxs * sizeof(int))) == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: out of memory", what);
+	for (int i = 0; i < nxs; i++) {
+		int k = 0;
+		if (!on_wire(&xs[i]))
+			continue;
+		while (k < n && peers[k] != xs[i].peer)
+			k++;
+		if (k == n)
+			peers[n++] = xs[i].peer;
+	}
+	st = KHOR_ERR_TIMEOUT;
+	if (n > 0) {
+		st = cc->check_alive(cc->owner, what, peers, n,
+		                     (int64_t)((kclock_ns() - started_ns) / 1000000), &again, err);
+		if (st == KHOR_SUCCESS)
+			*dl = kdeadline_in_ms(again);
+	}
+	if (peers != few)
+		free(peers);
+	return st;
 }
 
 void coll_drain(coll_comm *cc, coll_xfer *xs, int nxs)

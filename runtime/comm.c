@@ -27,6 +27,7 @@
  * instead of at their own deadline.
  */
 #include "comm.h"
+#include "liveness.h"
 #include "nccl.h"
 
 #include "base/dtype.h"
@@ -604,6 +605,7 @@ khor_status comm_create(kctx *x, const khor_comm *parent, const int *members, in
 	c->cc.slice_bytes = s->slice_bytes;
 	c->cc.max_lanes = s->pipeline_depth;
 	c->cc.timeout_ms = s->timeout_ms;
+	c->cc.check_alive = liveness_on(x) ? liveness_comm_check : NULL;
 	c->cc.rd_max_bytes = s->rd_max_bytes;
 	c->cc.algo = c->tune_algo;
 	c->cc.spin_ns = s->spin_us * 1000;
@@ -702,6 +704,7 @@ void comm_destroy(khor_comm *c)
 /* Tears down a context whose comms are gone (or were never made). */
 static void ctx_destroy(kctx *x)
 {
+	liveness_free(x);
 	if (x->store != NULL)
 		store_close(x->store);
 	for (int i = 0; i < x->ntps; i++) {
@@ -1038,6 +1041,7 @@ static khor_status make_link(khor_comm *owner, int peer, kdeadline dl, tp_link *
 	tp_link *l = c->links[peer];
 	khor_status st;
 	int tpi = 0;
+	const uint64_t t0 = kclock_ns();
 
 	st = choose_transport(c, peer, dl, &tpi, err);
 	if (st != KHOR_SUCCESS)
@@ -1079,6 +1083,18 @@ static khor_status make_link(khor_comm *owner, int peer, kdeadline dl, tp_link *
 			*link_out = l;
 			*tp_out = tpi;
 			return KHOR_SUCCESS;
+		}
+		if (kdeadline_passed(dl) && owner->cc.check_alive != NULL) {
+			/* A peer that is alive comes when it is done with what it does first. */
+			int64_t again;
+			char what[64];
+			snprintf(what, sizeof(what), "%s rank %d over %s", c->rank < peer ?
+			         "connecting to" : "waiting for a connection from", peer, ops->name);
+			st = owner->cc.check_alive(owner, what, &peer, 1,
+			                           (int64_t)((kclock_ns() - t0) / 1000000), &again, err);
+			if (st != KHOR_SUCCESS)
+				return st;
+			dl = kdeadline_in_ms(again);
 		}
 		if (kdeadline_passed(dl)) {
 			/* What tcp tried so far (each address of the peer and why it failed), when we

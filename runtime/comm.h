@@ -86,6 +86,7 @@ typedef struct kctx {
 	uint32_t local_ids;   /* comm ids of a one-rank job, which has no store */
 	struct cg_count *cg;  /* create_group calls per (parent, list) so far (split.c) */
 	int ncg, cg_cap;
+	_Atomic(struct liveness *) live; /* the peers' heartbeats as waits here read them */
 } kctx;
 
 /*
