@@ -6,6 +6,9 @@
 #include "env.h"
 
 #include "base/err.h"
+#include "base/parse.h"
+#include "runtime/config.h"
+#include "say.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -64,24 +67,27 @@ bool env_add_fixed(char **fixed, size_t *nfixed, const char *fmt, ...)
 	return true;
 }
 
+/* Variable name as the ranks will see it: the last -x, else khorrun's environment. */
+static const char *rank_value(const struct opts *o, const char *name)
+{
+	size_t n = strlen(name);
+
+	for (int i = o->nxvars - 1; i >= 0; i--) {
+		if (strncmp(o->xvars[i], name, n) == 0 && o->xvars[i][n] == '=')
+			return o->xvars[i] + n + 1;
+	}
+	return getenv(name);
+}
+
 /*
  * The host name the ranks go by, for HOROVOD_HOSTNAME: KHOR_HOSTNAME as the ranks will see
- * it (the last -x, else khorrun's environment; empty means unset), else gethostname(), which
- * is what runtime/config.c groups ranks into hosts by.
+ * it (empty means unset), else gethostname(), which is what runtime/config.c groups ranks
+ * into hosts by.
  */
 void env_rank_hostname(const struct opts *o, char *out, size_t len)
 {
-	const char *v = NULL;
-	bool from_x = false;
+	const char *v = rank_value(o, "KHOR_HOSTNAME");
 
-	for (int i = o->nxvars - 1; i >= 0 && !from_x; i--) {
-		if (same_name(o->xvars[i], "KHOR_HOSTNAME=")) {
-			v = o->xvars[i] + strlen("KHOR_HOSTNAME=");
-			from_x = true;
-		}
-	}
-	if (!from_x)
-		v = getenv("KHOR_HOSTNAME");
 	if (v != NULL && *v != '\0') {
 		kstrlcpy(out, v, len);
 		return;
@@ -89,6 +95,31 @@ void env_rank_hostname(const struct opts *o, char *out, size_t len)
 	memset(out, 0, len);
 	if (gethostname(out, len - 1) != 0)
 		kstrlcpy(out, "localhost", len);
+}
+
+bool env_heartbeat(const struct opts *o, int64_t *timeout_ms, int64_t *interval_ms)
+{
+	static const char *const names[2] = { "KHOR_HEARTBEAT_TIMEOUT", "KHOR_HEARTBEAT_INTERVAL" };
+	int64_t *out[2] = { timeout_ms, interval_ms };
+
+	for (int i = 0; i < 2; i++) {
+		const char *v = rank_value(o, names[i]);
+		if (v == NULL || *v == '\0')
+			v = config_default(names[i]);
+		if (v == NULL || !kparse_duration_ms(v, out[i])) {
+			say("%s='%s': expected a duration such as 10s or 500ms (-1: off)", names[i],
+			    v != NULL ? v : "");
+			return false;
+		}
+	}
+	if (*interval_ms <= 0) {
+		say("KHOR_HEARTBEAT_INTERVAL must be positive");
+		return false;
+	}
+	/* As runtime/config.c does: at least five beats in a timeout. */
+	if (*timeout_ms > 0 && *interval_ms > *timeout_ms / 5)
+		*interval_ms = *timeout_ms / 5 > 0 ? *timeout_ms / 5 : 1;
+	return true;
 }
 
 /*

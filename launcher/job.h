@@ -73,6 +73,7 @@ struct rank {
 	int id; /* its rank in the job (the helper keeps only its own ranks) */
 	int host; /* index into job.hosts */
 	int lrank, lsize, xrank, xsize; /* local and cross rank and size */
+	int64_t fenced_ms; /* > 0: killed by khorrun, its heartbeat silent this long */
 	char prefix[24];
 	size_t prefix_len;
 	struct stream out[2];
@@ -135,6 +136,15 @@ struct job {
 	/* Ranks all exited but something they started still holds their pipes open. */
 	bool draining;
 	kdeadline drain_until;
+
+	/*
+	 * The ranks' heartbeats (watch.h; NULL when KHOR_HEARTBEAT_TIMEOUT is off). A rank
+	 * that stops answering is killed at once (fencing), and the others get --grace to fail
+	 * on their own, naming it, before the stop begins (fence_stop).
+	 */
+	struct watch *watch;
+	bool fencing;
+	kdeadline fence_stop;
 
 	enum cause cause;
 	int first_fail; /* rank index, for CAUSE_FAILURE */

@@ -54,6 +54,39 @@ static void host_signal(struct host *h, int sig)
 	}
 }
 
+/* Queues "kill rank r with sig" for a host's helper (fencing one rank). */
+static void host_signal_rank(struct host *h, int r, int sig)
+{
+	char buf[32];
+
+	if (h->to_fd < 0)
+		return;
+	snprintf(buf, sizeof(buf), "%d %d", r, sig);
+	if (!frame_puts(&h->out, 'k', buf) || !frame_buf_flush(&h->out, h->to_fd)) {
+		close(h->to_fd);
+		h->to_fd = -1;
+	}
+}
+
+void procs_fence(struct job *j, struct rank *rk, int64_t silent_ms)
+{
+	rk->fenced_ms = silent_ms > 0 ? silent_ms : 1;
+	if (rk->pid > 0) {
+		if (kill(-rk->pid, SIGKILL) != 0)
+			(void)kill(rk->pid, SIGKILL);
+	} else {
+		host_signal_rank(&j->hosts[rk->host], rk->id, SIGKILL);
+	}
+	if (j->cause == CAUSE_NONE) {
+		j->cause = CAUSE_FAILURE;
+		j->first_fail = (int)(rk - j->ranks);
+	}
+	if (!j->stopping && !j->fencing) {
+		j->fencing = true;
+		j->fence_stop = kdeadline_in_ms(j->o.grace_ms);
+	}
+}
+
 /*
  * Finds the processes whose parent is khorrun but which are not running ranks: what ranks
  * left behind, re-parented to us because we are a subreaper. The live ones are listed in
