@@ -284,6 +284,7 @@ static bool device_step(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
 		if (!done)
 			break;
 		x->req = NULL;
+		cc->completed++;
 		put_reg(cc, x);
 		x->stage = STAGE_NONE;
 		if (x->is_send || s != KHOR_SUCCESS) {
@@ -350,6 +351,7 @@ bool coll_done(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
 	s = cc->tps[x->tpi].ops->test(x->req, &done, err);
 	if (done) {
 		x->req = NULL;
+		cc->completed++;
 		if (s == KHOR_SUCCESS)
 			done = flush_after(cc, x, &s, err);
 		if (done)
@@ -675,8 +677,10 @@ khor_status coll_wait_alive(coll_comm *cc, const char *what, const coll_xfer *xs
 	}
 	st = KHOR_ERR_TIMEOUT;
 	if (n > 0) {
-		st = cc->check_alive(cc->owner, what, peers, n,
-		                     (int64_t)((kclock_ns() - started_ns) / 1000000), &again, err);
+		coll_alive_ask q = { .what = what, .peers = peers, .n = n,
+		                     .waited_ms = (int64_t)((kclock_ns() - started_ns) / 1000000),
+		                     .progress = cc->completed };
+		st = cc->check_alive(cc->owner, &q, &again, err);
 		if (st == KHOR_SUCCESS)
 			*dl = kdeadline_in_ms(again);
 	}

@@ -110,6 +110,17 @@ typedef struct coll_reg_call {
 	} buf[2];
 } coll_reg_call;
 
+/* What a wait past its deadline asks the liveness hook (coll_comm.check_alive). */
+typedef struct coll_alive_ask {
+	const char *what;  /* "allreduce seq 7"; NULL: judge quietly, for a guard behind a wait
+	                    * that warns itself */
+	const int *peers;  /* the world ranks it still needs; NULL: every other rank of the comm */
+	int n;
+	int64_t waited_ms; /* since the wait began */
+	uint64_t progress; /* moves whenever the wait gets on (completed transfers); the same
+	                    * value while it is stuck */
+} coll_alive_ask;
+
 typedef struct coll_comm {
 	int rank, size;
 	uint32_t comm_id;
@@ -134,13 +145,14 @@ typedef struct coll_comm {
 	int max_lanes;        /* slices in flight per collective */
 	int64_t timeout_ms;   /* per collective; < 0 = none */
 	/*
-	 * A wait passed timeout_ms (waited_ms in all, what: "allreduce seq 7") and still needs
-	 * world ranks peers[0..n) (n 0: every other rank of the comm): KHOR_SUCCESS while they
-	 * are alive, and the wait goes on for *again_ms more; else the error naming the one
-	 * that is not. NULL: no heartbeats to judge by, and timeout_ms is final.
+	 * A wait passed timeout_ms (q says what it is and whom it still needs): KHOR_SUCCESS
+	 * while they are alive, and the wait goes on for *again_ms more; else the error naming
+	 * the one that is not, or that waits for this rank in turn. NULL: no heartbeats to
+	 * judge by, and timeout_ms is final.
 	 */
-	khor_status (*check_alive)(void *owner, const char *what, const int *peers, int n,
-	                           int64_t waited_ms, int64_t *again_ms, kerr *err);
+	khor_status (*check_alive)(void *owner, const coll_alive_ask *q, int64_t *again_ms,
+	                           kerr *err);
+	uint64_t completed;   /* transfers completed (coll_done): a wait that adds none is stuck */
 	size_t rd_max_bytes;  /* auto: recursive doubling up to this many bytes */
 	int algo;             /* enum allreduce_algo forced by KHOR_ALGO */
 	uint64_t spin_ns;     /* busy-poll this long before sleeping in epoll */

@@ -723,11 +723,10 @@ static khor_status wait_alive(khor_handle *h, uint64_t t0, kdeadline *dl)
 
 	snprintf(what, sizeof(what), "waiting for '%s' (%s)", h->key,
 	         h->in_cycle ? "in its collective" : "for every rank to submit it");
-	const bool quiet = h->in_cycle;
+	coll_alive_ask q = { .what = h->in_cycle ? NULL : what,
+	                     .waited_ms = (int64_t)((kclock_ns() - t0) / 1000000) };
 	pthread_mutex_unlock(&e->mu);
-	khor_status st = e->comm->cc.check_alive(e->comm, quiet ? NULL : what, NULL, 0,
-	                                         (int64_t)((kclock_ns() - t0) / 1000000), &again,
-	                                         &err);
+	khor_status st = e->comm->cc.check_alive(e->comm, &q, &again, &err);
 	pthread_mutex_lock(&e->mu);
 	if (st == KHOR_SUCCESS)
 		*dl = kdeadline_in_ms(again);

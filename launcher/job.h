@@ -145,6 +145,7 @@ struct job {
 	struct watch *watch;
 	bool fencing;
 	kdeadline fence_stop;
+	char fence_host[64]; /* the first fenced rank's host, as it named itself */
 
 	enum cause cause;
 	int first_fail; /* rank index, for CAUSE_FAILURE */

@@ -144,7 +144,7 @@ static int report(struct job *j)
 		if (rk->fenced_ms > 0) {
 			say("rank %d on %s failed first: it stopped answering (no heartbeat for %.1f s, "
 			    "KHOR_HEARTBEAT_TIMEOUT) and khorrun killed it", j->first_fail,
-			    j->hosts[rk->host].name, (double)rk->fenced_ms / 1e3);
+			    j->fence_host, (double)rk->fenced_ms / 1e3);
 			return 128 + SIGKILL;
 		}
 		say_status(rk->wstatus, what, sizeof(what));

@@ -147,6 +147,9 @@ static void watch_ranks(struct job *j)
 		         "for %.1f s (stopped or hung); killed it", s[i].rank,
 		         s[i].host[0] ? s[i].host : j->hosts[rk->host].name,
 		         (double)s[i].silent_ms / 1e3);
+		if (j->fence_host[0] == '\0')
+			snprintf(j->fence_host, sizeof(j->fence_host), "%s",
+			         s[i].host[0] ? s[i].host : j->hosts[rk->host].name);
 		watch_abort(j->watch, s[i].gen, text);
 		say("%s", text + strlen("khorrun: "));
 		procs_fence(j, rk, s[i].silent_ms);

@@ -1250,8 +1250,9 @@ static khor_status make_link(khor_comm *owner, int peer, kdeadline dl, tp_link *
 			char what[64];
 			snprintf(what, sizeof(what), "%s rank %d over %s", c->rank < peer ?
 			         "connecting to" : "waiting for a connection from", peer, ops->name);
-			st = owner->cc.check_alive(owner, what, &peer, 1,
-			                           (int64_t)((kclock_ns() - t0) / 1000000), &again, err);
+			coll_alive_ask q = { .what = what, .peers = &peer, .n = 1,
+			                     .waited_ms = (int64_t)((kclock_ns() - t0) / 1000000) };
+			st = owner->cc.check_alive(owner, &q, &again, err);
 			if (st != KHOR_SUCCESS)
 				return st;
 			dl = kdeadline_in_ms(again);

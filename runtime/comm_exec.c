@@ -872,9 +872,9 @@ khor_status comm_wait(khor_comm *c, struct khor_request *r)
 			kerr e;
 			pthread_mutex_unlock(&c->mu);
 			st = KHOR_ERR_TIMEOUT;
+			coll_alive_ask q = { .waited_ms = (int64_t)((kclock_ns() - t0) / 1000000) };
 			if (c->cc.check_alive != NULL)
-				st = c->cc.check_alive(c, NULL, NULL, 0,
-				                       (int64_t)((kclock_ns() - t0) / 1000000), &again, &e);
+				st = c->cc.check_alive(c, &q, &again, &e);
 			pthread_mutex_lock(&c->mu);
 			if (st == KHOR_SUCCESS || r->done) {
 				if (st == KHOR_SUCCESS)

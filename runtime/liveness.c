@@ -14,6 +14,16 @@
  *     interval, which decides within one beat for a live peer.
  * The table lives as long as the context, so a later wait starts from what earlier ones saw.
  * Reads are gets of one key each, made only by waits that passed KHOR_TIMEOUT.
+ *
+ * Alive is not enough when the live peer waits for this rank in turn: two ranks in
+ * different calls (one in a split, the other in an allreduce; create_group lists that
+ * differ) wait for each other for ever. So a wait judged alive also publishes what it is
+ * under "waits/<rank>": how often it has done so, how long it has got nowhere (no transfer
+ * completed, by this rank's clock) and whom it waits for. A peer that published again since
+ * this rank last looked, still waits for this rank and has got nowhere for KHOR_TIMEOUT,
+ * while this wait got nowhere for as long, is deadlocked with it: the two fail. The one
+ * thing that looks the same is a single transfer that takes longer than KHOR_TIMEOUT to
+ * complete, or a link that carries nothing any more, which is worth an error too.
  */
 #include "liveness.h"
 
@@ -30,15 +40,29 @@ struct seen {
 	uint64_t before_ns; /* the read before that one (the beat came after it); 0: none */
 	uint64_t read_ns;   /* the last read */
 	char host[64];      /* "" until read from "host/<rank>" */
+	int64_t wcount;     /* its wait record's count when last read; -1: never read */
+	bool left;          /* its counter was there and is gone: it left with khor_finalize */
 };
 
 struct liveness {
 	pthread_mutex_t mu; /* over the table and the reads that fill it */
 	int n;
+	/* This rank's wait as it last published it; one at a time (threads take turns). */
+	uint64_t token;     /* what it is and how far it got */
+	uint64_t token_ns;  /* the first check that saw token: stuck since then at least */
+	int64_t count;      /* how often "waits/<rank>" was written */
+	int64_t warned_ms;  /* the wait's length at its last warning */
 	struct seen r[];
 };
 
-enum verdict { UNKNOWN, ALIVE, DEAD };
+/* A peer's wait record, as published by publish(). */
+struct record {
+	int64_t count, stuck_ms;
+	bool lists_me;
+	char what[96];
+};
+
+enum verdict { UNKNOWN, ALIVE, DEAD, LEFT };
 
 bool liveness_on(const kctx *x)
 {
@@ -58,6 +82,8 @@ static struct liveness *table(kctx *x)
 		return NULL;
 	pthread_mutex_init(&l->mu, NULL);
 	l->n = x->size;
+	for (int r = 0; r < l->n; r++)
+		l->r[r].wcount = -1;
 	if (!atomic_compare_exchange_strong(&x->live, &none, l)) {
 		pthread_mutex_destroy(&l->mu);
 		free(l);
@@ -94,6 +120,7 @@ static khor_status observe(kctx *x, struct seen *p, int peer, kerr *err)
 		return st;
 	}
 	uint64_t now = kclock_ns();
+	p->left = p->moved_ns != 0 && p->count >= 0 && count < 0; /* alive_stop removes it */
 	if (p->moved_ns == 0 || count != p->count) {
 		p->before_ns = p->moved_ns != 0 ? p->read_ns : 0;
 		p->moved_ns = now;
@@ -116,6 +143,8 @@ static khor_status observe(kctx *x, struct seen *p, int peer, kerr *err)
  */
 static enum verdict judge(const struct seen *p, uint64_t now, uint64_t hb_ns, uint64_t *age_ns)
 {
+	if (p->left)
+		return LEFT;
 	if (now - p->moved_ns >= hb_ns) {
 		*age_ns = now - p->moved_ns;
 		return DEAD;
@@ -143,24 +172,127 @@ static void name_ranks(const struct liveness *l, const int *peers, int n, char *
 		snprintf(buf + off, len - off, " and %d more", n - 4);
 }
 
-static khor_status check_locked(kctx *x, struct liveness *l, const char *what, const int *peers,
-                                int n, int64_t waited_ms, int64_t *again_ms, kerr *err)
+/* FNV-1a of what, with the wait's progress folded in. */
+static uint64_t wait_token(const coll_alive_ask *q)
+{
+	uint64_t h = 1469598103934665603ull;
+
+	for (const char *p = q->what; *p != '\0'; p++)
+		h = (h ^ (uint8_t)*p) * 1099511628211ull;
+	return h ^ (q->progress * 0x9e3779b97f4a7c15ull);
+}
+
+/* Writes this rank's wait as "<count> <stuck ms> <peer,peer,...> <what>". */
+static void publish(kctx *x, struct liveness *l, const coll_alive_ask *q, int64_t stuck_ms)
+{
+	char v[512], key[32];
+	size_t off;
+	kerr e;
+
+	off = (size_t)snprintf(v, sizeof(v), "%lld %lld ", (long long)++l->count,
+	                       (long long)stuck_ms);
+	for (int i = 0; i < q->n && i < 32 && off < sizeof(v) - 120; i++)
+		off += (size_t)snprintf(v + off, sizeof(v) - off, "%s%d", i ? "," : "", q->peers[i]);
+	snprintf(v + off, sizeof(v) - off, " %.96s", q->what);
+	snprintf(key, sizeof(key), "waits/%d", x->rank);
+	(void)store_set(x->store, key, v, strlen(v), &e);
+}
+
+/* Peer's wait record; false when it has none (or it does not parse). */
+static bool read_record(kctx *x, int peer, struct record *rec)
+{
+	char key[32];
+	void *v;
+	size_t len;
+	int used = 0;
+	long long count, stuck;
+	kerr e;
+
+	snprintf(key, sizeof(key), "waits/%d", peer);
+	if (store_get(x->store, key, kdeadline_in_ms(0), &v, &len, &e) != KHOR_SUCCESS)
+		return false;
+	bool ok = sscanf(v, "%lld %lld %n", &count, &stuck, &used) == 2 && used > 0;
+	if (ok) {
+		const char *p = (const char *)v + used, *end = p + strcspn(p, " ");
+		rec->count = count;
+		rec->stuck_ms = stuck;
+		rec->lists_me = false;
+		while (p < end) {
+			if (atoi(p) == x->rank)
+				rec->lists_me = true;
+			p += strcspn(p, ",");
+			p += *p == ',';
+		}
+		snprintf(rec->what, sizeof(rec->what), "%s", *end == ' ' ? end + 1 : "?");
+	}
+	free(v);
+	return ok;
+}
+
+/*
+ * This wait, judged alive, publishes itself and looks at its peers' records: the peer
+ * deadlocked with it (KHOR_ERR_REMOTE), or KHOR_SUCCESS and *mutual when some peer waits
+ * for this rank too (then both look again soon).
+ */
+static khor_status look_for_deadlock(kctx *x, struct liveness *l, const coll_alive_ask *q,
+                                     bool *mutual, kerr *err)
+{
+	const uint64_t now = kclock_ns(), token = wait_token(q);
+	const int64_t t = x->cfg.timeout_ms;
+
+	if (token != l->token) {
+		l->token = token;
+		l->token_ns = now;
+	}
+	int64_t stuck_ms = (int64_t)((now - l->token_ns) / 1000000);
+	publish(x, l, q, stuck_ms);
+	for (int i = 0; i < q->n; i++) {
+		int r = q->peers[i];
+		struct seen *p = &l->r[r];
+		struct record rec;
+		if (r < 0 || r >= l->n || r == x->rank || !read_record(x, r, &rec))
+			continue;
+		bool fresh = p->wcount >= 0 && rec.count > p->wcount;
+		p->wcount = rec.count;
+		if (!rec.lists_me)
+			continue;
+		*mutual = true;
+		if (fresh && rec.stuck_ms >= t && stuck_ms >= t) {
+			kerr_set(err, KHOR_ERR_REMOTE, "%s: rank %d on %s waits for this rank in turn (in "
+			         "%s), and neither has got on for %.1f s (KHOR_TIMEOUT %.1f s): a "
+			         "deadlock, the two being in different calls (another collective or "
+			         "comm, another order, create_group lists that differ), or a link "
+			         "between them that carries nothing", q->what, r,
+			         p->host[0] ? p->host : "?", rec.what,
+			         (double)(stuck_ms < rec.stuck_ms ? stuck_ms : rec.stuck_ms) / 1e3,
+			         (double)t / 1e3);
+			err->peer = r;
+			return KHOR_ERR_REMOTE;
+		}
+	}
+	return KHOR_SUCCESS;
+}
+
+/* known: the wait named whom it needs (not the whole job or comm): it may be deadlocked. */
+static khor_status check_locked(kctx *x, struct liveness *l, const coll_alive_ask *q,
+                                bool known, int64_t *again_ms, kerr *err)
 {
 	const uint64_t hb_ns = (uint64_t)x->cfg.hb_timeout_ms * 1000000ull;
+	const char *what = q->what != NULL ? q->what : "a wait";
 	uint64_t oldest = 0;
 	int worst = -1, unknown = 0;
+	bool mutual = false;
 	khor_status st;
 	kerr e;
 
-	for (int i = 0; i < n; i++) {
-		int r = peers[i];
+	for (int i = 0; i < q->n; i++) {
+		int r = q->peers[i];
 		if (r < 0 || r >= l->n || r == x->rank)
 			continue;
 		if ((st = observe(x, &l->r[r], r, &e)) != KHOR_SUCCESS) {
 			kerr_set(err, KHOR_ERR_REMOTE, "%s: waited %lld ms (KHOR_TIMEOUT %lld ms) and "
-			         "cannot read the heartbeats of the ranks it waits for: %s",
-			         what != NULL ? what : "a wait", (long long)waited_ms,
-			         (long long)x->cfg.timeout_ms, e.text);
+			         "cannot read the heartbeats of the ranks it waits for: %s", what,
+			         (long long)q->waited_ms, (long long)x->cfg.timeout_ms, e.text);
 			return KHOR_ERR_REMOTE;
 		}
 		uint64_t age, now = kclock_ns();
@@ -169,11 +301,19 @@ static khor_status check_locked(kctx *x, struct liveness *l, const char *what, c
 			const struct seen *p = &l->r[r];
 			kerr_set(err, KHOR_ERR_REMOTE, "%s: rank %d on %s is not alive: no heartbeat for "
 			         "%.1f s (stopped, hung or cut off%s); waited %.1f s for it (KHOR_TIMEOUT "
-			         "%.1f s, KHOR_HEARTBEAT_TIMEOUT %.1f s)", what != NULL ? what : "a wait",
-			         r, p->host[0] ? p->host : "?", (double)age / 1e9,
+			         "%.1f s, KHOR_HEARTBEAT_TIMEOUT %.1f s)", what, r,
+			         p->host[0] ? p->host : "?", (double)age / 1e9,
 			         p->count < 0 ? "; it never beat, or it left with khor_finalize" : "",
-			         (double)waited_ms / 1e3, (double)x->cfg.timeout_ms / 1e3,
+			         (double)q->waited_ms / 1e3, (double)x->cfg.timeout_ms / 1e3,
 			         (double)x->cfg.hb_timeout_ms / 1e3);
+			err->peer = r;
+			return KHOR_ERR_REMOTE;
+		}
+		if (v == LEFT) {
+			kerr_set(err, KHOR_ERR_REMOTE, "%s: rank %d on %s left the job (khor_finalize) "
+			         "while this rank waits for it, %.1f s so far: it did not make the same "
+			         "calls", what, r, l->r[r].host[0] ? l->r[r].host : "?",
+			         (double)q->waited_ms / 1e3);
 			err->peer = r;
 			return KHOR_ERR_REMOTE;
 		}
@@ -188,68 +328,78 @@ static khor_status check_locked(kctx *x, struct liveness *l, const char *what, c
 		*again_ms = x->cfg.hb_interval_ms;
 		return KHOR_SUCCESS;
 	}
-	*again_ms = x->cfg.timeout_ms;
-	if (what != NULL) {
+	if (known && q->what != NULL &&
+	    (st = look_for_deadlock(x, l, q, &mutual, err)) != KHOR_SUCCESS)
+		return st;
+	*again_ms = mutual ? x->cfg.hb_interval_ms : x->cfg.timeout_ms;
+	if (q->what != NULL &&
+	    (q->waited_ms < l->warned_ms || q->waited_ms - l->warned_ms >= x->cfg.timeout_ms)) {
 		char names[400];
-		name_ranks(l, peers, n, names, sizeof(names));
+		l->warned_ms = q->waited_ms;
+		name_ranks(l, q->peers, q->n, names, sizeof(names));
 		KLOG_WARN("%s: waited %.1f s (KHOR_TIMEOUT %.1f s) on %s: alive (heartbeat %lld ms "
 		          "ago%s); waiting on: a slow rank is not killed, only one silent for "
-		          "KHOR_HEARTBEAT_TIMEOUT (%.1f s)", what, (double)waited_ms / 1e3,
+		          "KHOR_HEARTBEAT_TIMEOUT (%.1f s)", what, (double)q->waited_ms / 1e3,
 		          (double)x->cfg.timeout_ms / 1e3, names, (long long)(oldest / 1000000),
-		          n > 1 ? ", the oldest of them" : "", (double)x->cfg.hb_timeout_ms / 1e3);
+		          q->n > 1 ? ", the oldest of them" : "", (double)x->cfg.hb_timeout_ms / 1e3);
 	}
 	return KHOR_SUCCESS;
 }
 
-khor_status liveness_check(kctx *x, const char *what, const int *peers, int n,
-                           int64_t waited_ms, int64_t *again_ms, kerr *err)
+/* liveness_check, with whom the wait needs made explicit: known as above. */
+static khor_status check(kctx *x, const coll_alive_ask *q, bool known, int64_t *again_ms,
+                         kerr *err)
 {
+	const char *what = q->what != NULL ? q->what : "a wait";
+	coll_alive_ask all = *q;
 	struct liveness *l;
-	int *all = NULL;
+	int *every = NULL;
 	khor_status st;
 
 	if (!liveness_on(x))
-		return kerr_set(err, KHOR_ERR_INTERNAL, "%s: no heartbeats to judge by",
-		                what != NULL ? what : "a wait");
+		return kerr_set(err, KHOR_ERR_INTERNAL, "%s: no heartbeats to judge by", what);
 	if ((l = table(x)) == NULL)
-		return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: out of memory for the heartbeats",
-		                what != NULL ? what : "a wait");
-	if (peers == NULL) {
-		if ((all = malloc((size_t)x->size * sizeof(int))) == NULL)
-			return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: out of memory",
-			                what != NULL ? what : "a wait");
-		n = 0;
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: out of memory for the heartbeats", what);
+	if (q->peers == NULL) {
+		if ((every = malloc((size_t)x->size * sizeof(int))) == NULL)
+			return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: out of memory", what);
+		all.n = 0;
 		for (int r = 0; r < x->size; r++)
 			if (r != x->rank)
-				all[n++] = r;
-		peers = all;
+				every[all.n++] = r;
+		all.peers = every;
 	}
 	pthread_mutex_lock(&l->mu);
-	st = check_locked(x, l, what, peers, n, waited_ms, again_ms, err);
+	st = check_locked(x, l, &all, known, again_ms, err);
 	pthread_mutex_unlock(&l->mu);
-	free(all);
+	free(every);
 	return st;
 }
 
-khor_status liveness_comm_check(void *owner, const char *what, const int *peers, int n,
-                                int64_t waited_ms, int64_t *again_ms, kerr *err)
+khor_status liveness_check(kctx *x, const coll_alive_ask *q, int64_t *again_ms, kerr *err)
+{
+	return check(x, q, q->peers != NULL, again_ms, err);
+}
+
+khor_status liveness_comm_check(void *owner, const coll_alive_ask *q, int64_t *again_ms,
+                                kerr *err)
 {
 	khor_comm *c = owner;
+	coll_alive_ask mine = *q;
 	int *members = NULL;
 	khor_status st;
 
-	if (n == 0 && c->world_ranks != NULL) {
+	if (q->peers == NULL && c->world_ranks != NULL) {
 		if ((members = malloc((size_t)c->size * sizeof(int))) == NULL)
 			return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: out of memory",
-			                what != NULL ? what : "a wait");
+			                q->what != NULL ? q->what : "a wait");
+		mine.n = 0;
 		for (int r = 0; r < c->size; r++)
 			if (c->world_ranks[r] != c->ctx->rank)
-				members[n++] = c->world_ranks[r];
-		peers = members;
-	} else if (n == 0) {
-		peers = NULL; /* the world */
+				members[mine.n++] = c->world_ranks[r];
+		mine.peers = members;
 	}
-	st = liveness_check(c->ctx, what, peers, n, waited_ms, again_ms, err);
+	st = check(c->ctx, &mine, q->peers != NULL, again_ms, err);
 	free(members);
 	return st;
 }
@@ -259,17 +409,25 @@ khor_status liveness_store_get(kctx *x, const char *what, const char *key, const
 {
 	const uint64_t t0 = kclock_ns();
 	kdeadline dl = kdeadline_in_ms(x->cfg.timeout_ms);
+	char call[128];
 
+	/* The key in the wait's name: another call of the same kind is another wait. */
+	snprintf(call, sizeof(call), "%s (waiting for %s)", what, key);
 	for (;;) {
 		khor_status st = store_get(x->store, key, dl, val_out, len_out, err);
 		if (st != KHOR_ERR_TIMEOUT || !liveness_on(x))
 			return st;
 		int64_t again;
+		coll_alive_ask q = { .what = call, .peers = peers, .n = n,
+		                     .waited_ms = (int64_t)((kclock_ns() - t0) / 1000000) };
 		kerr_clear(err);
-		st = liveness_check(x, what, peers, n, (int64_t)((kclock_ns() - t0) / 1000000),
-		                    &again, err);
-		if (st != KHOR_SUCCESS)
+		if ((st = liveness_check(x, &q, &again, err)) != KHOR_SUCCESS)
 			return st;
-		dl = kdeadline_in_ms(again);
+		/* Waiting on past KHOR_TIMEOUT, look for the job's end as a collective does. */
+		khor_comm *w = x->world;
+		if (w != NULL && w->cc.check_abort != NULL &&
+		    (st = w->cc.check_abort(w, err)) != KHOR_SUCCESS)
+			return st;
+		dl = kdeadline_in_ms(again < 1000 ? again : 1000);
 	}
 }
