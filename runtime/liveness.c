@@ -120,7 +120,8 @@ static khor_status observe(kctx *x, struct seen *p, int peer, kerr *err)
 		return st;
 	}
 	uint64_t now = kclock_ns();
-	p->left = p->moved_ns != 0 && p->count >= 0 && count < 0; /* alive_stop removes it */
+	/* alive_stop removes the counter, and a context's rank never beats again. */
+	p->left = p->left || (p->moved_ns != 0 && p->count >= 0 && count < 0);
 	if (p->moved_ns == 0 || count != p->count) {
 		p->before_ns = p->moved_ns != 0 ? p->read_ns : 0;
 		p->moved_ns = now;
