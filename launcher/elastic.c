@@ -102,6 +102,7 @@ struct elastic {
 	char *path;           /* the program here, once looked up */
 
 	int64_t hb_timeout_ms; /* -1: no heartbeat check */
+	int64_t hb_every_ms, next_hb;
 	int64_t elastic_timeout_ms;
 	const char *elastic_timeout_arg; /* KHOR_ELASTIC_TIMEOUT for the ranks; NULL: theirs */
 	char timeout_arg[32];
@@ -330,6 +331,10 @@ static void lost(struct elastic *e, int i, const char *why)
 	struct rank *rk = &e->j->ranks[i];
 	const char *host = e->st.hosts[w->host].name;
 	char text[1024], tail[160];
+	const struct host *h = &e->j->hosts[rk->host];
+	/* A host its workers cannot even start on is out, on one host too: starting them
+	 * again and again would only fail again. */
+	bool unstartable = rk->lost && h->failed && !h->ready;
 
 	if (e->finishing) {
 		fail_job(e, rk->lost ? 255 : status_to_exit(rk->wstatus),
@@ -343,7 +348,7 @@ static void lost(struct elastic *e, int i, const char *why)
 		write_abort(e, e->gen, text);
 		e->gen_over = true;
 	}
-	if (ep_count_hosts(e->plan, e->nplan) > 1) {
+	if (ep_count_hosts(e->plan, e->nplan) > 1 || unstartable) {
 		if (e->st.hosts[w->host].blacklisted) {
 			snprintf(tail, sizeof(tail), "; host %s is blacklisted already", host);
 		} else {
@@ -922,8 +927,10 @@ static void drive(struct elastic *e, short disc_revents)
 		e->next_poll = now + POLL_MS;
 		if (!e->gen_over && !e->finishing)
 			check_want(e);
-		if (!e->gen_over && !e->finishing && e->hb_timeout_ms > 0)
+		if (!e->gen_over && !e->finishing && e->hb_timeout_ms > 0 && now >= e->next_hb) {
+			e->next_hb = now + e->hb_every_ms;
 			check_heartbeats(e, now);
+		}
 	}
 	stop_dropped(e, now);
 	if (e->need_gen && !e->ending)
@@ -1076,6 +1083,9 @@ int elastic_prepare(struct job *j, const sigset_t *child_mask, struct elastic **
 	if (!rank_duration(&j->o, "KHOR_HEARTBEAT_TIMEOUT", NULL, DEF_HEARTBEAT_TIMEOUT,
 	                   &e->hb_timeout_ms))
 		return 2;
+	/* A stall is seen within an eighth of the timeout, at a store round trip per rank. */
+	e->hb_every_ms = e->hb_timeout_ms / 8 < POLL_MS ? POLL_MS
+	                 : e->hb_timeout_ms / 8 > 1000 ? 1000 : e->hb_timeout_ms / 8;
 	if (j->o.elastic_timeout_ms >= 0) {
 		e->elastic_timeout_ms = j->o.elastic_timeout_ms;
 		/* The ranks wait in khor_init as long as the driver waits for slots, unless told. */

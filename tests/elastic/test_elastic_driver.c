@@ -406,3 +406,25 @@ Test(elastic_driver, worker_over_ssh_is_fenced_through_its_helper)
 	cr_assert(pid_gone(remote), "the stopped worker %d was not killed", (int)remote);
 	proc_free(&p);
 }
+
+/* A host whose workers cannot even start (ssh refused) is blacklisted; the rest goes on. */
+Test(elastic_driver, host_that_cannot_be_reached_is_left_out)
+{
+	const char *args[] = { "--ssh-command",
+		               "/bin/sh -c 'echo \"ssh: connect to host $0 port 22: Connection "
+		               "refused\" >&2; exit 255'",
+		               "-H", "localhost:1,192.0.2.1:1", "--min-np", "1", "-np", "2", "-x",
+		               stop_x, worker(), "1000000", "5", NULL };
+	struct proc p;
+
+	proc_start(&p, args, job_env);
+	wait_for(&p, "join localhost:0 gen 2 rank 0 size 1", 1, 20);
+	finish(&p);
+	expect_status(&p, 0);
+	expect(&p, 1, "khorrun: cannot start worker 192.0.2.1:0 on 192.0.2.1: ssh: connect to host "
+	              "192.0.2.1 port 22: Connection refused\n");
+	expect(&p, 1, "khorrun: elastic: generation 1: rank 1 on 192.0.2.1 (worker 192.0.2.1:0) was "
+	              "lost: it could not be started there: ssh: connect to host 192.0.2.1 port 22: "
+	              "Connection refused; host 192.0.2.1 blacklisted\n");
+	proc_free(&p);
+}
