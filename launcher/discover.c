@@ -45,7 +45,7 @@ void discover_free(struct discover *d)
 bool discover_start(struct job *j, struct discover *d, const sigset_t *child_mask, char *why,
                     size_t wlen)
 {
-	char *argv[] = {"/bin/sh", "-c", (char *)d->cmd, NULL};
+	char *argv[] = { "/bin/sh", "-c", (char *)d->cmd, NULL };
 	posix_spawn_file_actions_t fa;
 	posix_spawnattr_t attr;
 	sigset_t def;

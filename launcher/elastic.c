@@ -369,8 +369,8 @@ static void lost(struct elastic *e, int i, const char *why)
 	    host, rk->worker, why, tail);
 	if (all_blacklisted(e)) {
 		fail_job(e, 1,
-		         "elastic: every host of generation %d is blacklisted; the job cannot "
-		         "go on",
+		         "elastic: every host of generation %d is blacklisted; the job "
+		         "cannot go on",
 		         e->gen);
 		return;
 	}
@@ -410,8 +410,7 @@ static void ends(struct elastic *e)
 		if (!rk->lost && WIFEXITED(rk->wstatus) && WEXITSTATUS(rk->wstatus) == 0) {
 			if (!e->finishing)
 				KLOG_INFO("khorrun: elastic: worker %s (rank %d of generation %d) "
-				          "exited 0: "
-				          "the job is finishing, no new generation",
+				          "exited 0: the job is finishing, no new generation",
 				          rk->worker, w->rank, e->gen);
 			e->finishing = true;
 			e->need_gen = false;
@@ -446,9 +445,8 @@ static bool note_new_hosts(struct elastic *e)
 	for (int i = e->nhere; i < e->st.nhosts; i++) {
 		h[i] = place_host_is_here(e->st.hosts[i].name);
 		if (!h[i] && e->env != NULL && e->env->store_loopback) {
-			say("elastic: host %s cannot reach the store, which listens on %s only; it "
-			    "is "
-			    "left out (give --bind-store with an address every host reaches)",
+			say("elastic: host %s cannot reach the store, which listens on %s only; "
+			    "it is left out (give --bind-store with an address every host reaches)",
 			    e->st.hosts[i].name, e->env->store_host);
 			ep_exclude(&e->st, i);
 		}
@@ -519,8 +517,8 @@ static void discovery(struct elastic *e, short revents)
 		if (now < e->disc_next)
 			return;
 		if (!discover_start(e->j, &e->disc, e->child_mask, why, sizeof(why))) {
-			say("elastic: cannot run the host discovery script: %s; trying again in 1 "
-			    "s",
+			say("elastic: cannot run the host discovery script: %s; trying again "
+			    "in 1 s",
 			    why);
 			e->disc_next = now + DISCOVER_EVERY_MS;
 		}
@@ -545,8 +543,7 @@ static void discovery(struct elastic *e, short revents)
 	/* Horovod's rule: after the first run, a failure is said and the hosts stay. */
 	if (strcmp(why, e->disc_err) != 0)
 		say("elastic: the host discovery script failed: %s; the hosts stay as they were, "
-		    "and "
-		    "it runs again every second",
+		    "and it runs again every second",
 		    why);
 	kstrlcpy(e->disc_err, why, sizeof(e->disc_err));
 }
@@ -584,18 +581,16 @@ static void check_want(struct elastic *e)
 		return;
 	e->gen_over = true;
 	if (e->updates != 0) {
-		KLOG_INFO(
-		    "khorrun: elastic: the ranks of generation %d asked for a new one after the "
-		    "host update",
-		    e->gen);
+		KLOG_INFO("khorrun: elastic: the ranks of generation %d asked for a new one after "
+		          "the host update",
+		          e->gen);
 		want_gen(e);
 		return;
 	}
 	why = asked_why(e, &who);
 	if (who >= 0)
 		snprintf(text, sizeof(text),
-		         "generation %d ended: rank %d on %s (worker %s) asked for "
-		         "a new one: %s",
+		         "generation %d ended: rank %d on %s (worker %s) asked for a new one: %s",
 		         e->gen, e->w[who].rank, e->st.hosts[e->w[who].host].name,
 		         e->j->ranks[who].worker, why);
 	else
@@ -711,9 +706,9 @@ static void start_workers(struct elastic *e, const int *keep)
 			const struct ep_slot *s = &e->plan[q];
 
 			if (keep[q] < 0)
-				br[n++] = (struct batch_rank){s->rank,       s->local_rank,
-				                              s->local_size, s->cross_rank,
-				                              s->cross_size, s->local_rank};
+				br[n++] = (struct batch_rank){ s->rank,       s->local_rank,
+					                       s->local_size, s->cross_rank,
+					                       s->cross_size, s->local_rank };
 		}
 		if (n == 0)
 			continue;
@@ -731,17 +726,17 @@ static void start_workers(struct elastic *e, const int *keep)
 			fail_job(e, 1, "elastic: out of memory building the ranks' environment");
 			break;
 		}
-		b = (struct batch){.host = e->st.hosts[h].name,
-		                   .here = e->here[h],
-		                   .r = br,
-		                   .n = n,
-		                   .fixed = fixed,
-		                   .nfixed = nfixed,
-		                   .ncommon = ncommon,
-		                   .path = e->path,
-		                   .self_path = e->env->self_path,
-		                   .cwd = e->env->cwd,
-		                   .child_mask = e->child_mask};
+		b = (struct batch){ .host = e->st.hosts[h].name,
+			            .here = e->here[h],
+			            .r = br,
+			            .n = n,
+			            .fixed = fixed,
+			            .nfixed = nfixed,
+			            .ncommon = ncommon,
+			            .path = e->path,
+			            .self_path = e->env->self_path,
+			            .cwd = e->env->cwd,
+			            .child_mask = e->child_mask };
 		first = batch_start(e->j, &b);
 		for (size_t i = 0; i < nfixed; i++)
 			free(fixed[i]);
@@ -752,7 +747,7 @@ static void start_workers(struct elastic *e, const int *keep)
 		}
 		for (int k = 0; k < n; k++)
 			e->w[first + k] =
-			    (struct ew){.host = h, .slot = br[k].slot, .rank = br[k].rank};
+			    (struct ew){ .host = h, .slot = br[k].slot, .rank = br[k].rank };
 	}
 	free(br);
 }
@@ -767,7 +762,7 @@ static int live_workers(const struct elastic *e, struct ep_worker *lw, int *idx)
 
 		if (!e->j->ranks[i].running || w->dropped || w->fenced)
 			continue;
-		lw[n] = (struct ep_worker){w->host, w->slot};
+		lw[n] = (struct ep_worker){ w->host, w->slot };
 		idx[n++] = i;
 	}
 	return n;
@@ -1000,7 +995,7 @@ int elastic_run(struct elastic *e, const struct elastic_env *env)
 	e->disc_next = now_ms() + DISCOVER_EVERY_MS;
 	drive(e, 0);
 	for (;;) {
-		struct pollfd extra = {.fd = e->disc.fd, .events = POLLIN};
+		struct pollfd extra = { .fd = e->disc.fd, .events = POLLIN };
 		int nextra = e->have_script && e->disc.fd >= 0 ? 1 : 0;
 		int timeout = POLL_MS;
 
@@ -1035,8 +1030,8 @@ static int first_discovery(struct elastic *e, struct ep_list *out)
 		return 1;
 	}
 	while (d->running) {
-		struct pollfd p[2] = {{.fd = j->sfd, .events = POLLIN},
-		                      {.fd = d->fd, .events = POLLIN}};
+		struct pollfd p[2] = { { .fd = j->sfd, .events = POLLIN },
+			               { .fd = d->fd, .events = POLLIN } };
 		struct signalfd_siginfo si;
 		int st;
 
@@ -1061,16 +1056,14 @@ static int first_discovery(struct elastic *e, struct ep_list *out)
 			break;
 	}
 	if (!ok) {
-		say("elastic: the host discovery script failed on its first run, so the job does "
-		    "not "
-		    "start: %s",
+		say("elastic: the host discovery script failed on its first run, so the job "
+		    "does not start: %s",
 		    why);
 		return 1;
 	}
 	if (!ep_parse_hosts(d->out, d->len, j->o.slots_per_host, out, why, sizeof(why))) {
-		say("elastic: the host discovery script's first output is not a list of hosts, so "
-		    "the "
-		    "job does not start: %s",
+		say("elastic: the host discovery script's first output is not a list of hosts, "
+		    "so the job does not start: %s",
 		    why);
 		return 1;
 	}
@@ -1081,7 +1074,7 @@ static int first_discovery(struct elastic *e, struct ep_list *out)
 static int fixed_hosts(struct elastic *e)
 {
 	struct job *j = e->j;
-	struct hostlist l = {0};
+	struct hostlist l = { 0 };
 	bool slurm;
 
 	if (!place_gather_hosts(&j->o, &l, &slurm)) {
@@ -1107,7 +1100,7 @@ static int fixed_hosts(struct elastic *e)
 int elastic_prepare(struct job *j, const sigset_t *child_mask, struct elastic **out)
 {
 	struct elastic *e = calloc(1, sizeof(*e));
-	struct ep_list first = {0};
+	struct ep_list first = { 0 };
 	int rc;
 
 	if (e == NULL) {

@@ -76,8 +76,7 @@ static bool parse_line(const char *p, size_t n, int default_slots, struct ep_lis
 		if (isspace((unsigned char)p[i]) || iscntrl((unsigned char)p[i]) ||
 		    strchr("'\"[]", p[i]) != NULL || (i == 0 && p[i] == '-')) {
 			snprintf(why, wlen,
-			         "'%.*s' is not a host name (one host a line: HOST or "
-			         "HOST:SLOTS)",
+			         "'%.*s' is not a host name (one host a line: HOST or HOST:SLOTS)",
 			         (int)(n < 80 ? n : 80), p);
 			return false;
 		}
@@ -352,7 +351,8 @@ int ep_assign(const struct ep_state *st, struct ep_slot *out, int cap)
 				return -1;
 			}
 			out[rank] = (struct ep_slot){
-			    .host = h, .rank = rank, .local_rank = k, .cross_rank = seen[k]++};
+				.host = h, .rank = rank, .local_rank = k, .cross_rank = seen[k]++
+			};
 			count[k]++;
 			rank++;
 		}

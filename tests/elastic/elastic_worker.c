@@ -33,7 +33,7 @@ static const char *id;
 
 static void nap(int ms)
 {
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
 
 	nanosleep(&ts, NULL);
 }
@@ -102,10 +102,9 @@ int main(int argc, char **argv)
 
 			if (stop != NULL && access(stop, F_OK) == 0)
 				flags |= 256;
-			/* The commit's check: every rank learns of a host change at the same step.
-			 */
-			if ((st = khor_allreduce(c, &flags, &any, 1, KHOR_INT32, KHOR_MAX)) !=
-			    KHOR_SUCCESS)
+			/* The commit's check: every rank learns of a host change at one step. */
+			st = khor_allreduce(c, &flags, &any, 1, KHOR_INT32, KHOR_MAX);
+			if (st != KHOR_SUCCESS)
 				break;
 			if (any & 256) {
 				steps = step;
@@ -118,18 +117,17 @@ int main(int argc, char **argv)
 			}
 			for (int i = 0; i < N; i++)
 				send[i] = (float)(rank + 1 + i);
-			if ((st = khor_allreduce(c, send, recv, N, KHOR_FLOAT32, KHOR_SUM)) !=
-			    KHOR_SUCCESS)
+			st = khor_allreduce(c, send, recv, N, KHOR_FLOAT32, KHOR_SUM);
+			if (st != KHOR_SUCCESS)
 				break;
 			for (int i = 0; i < N; i++) {
-				float want =
-				    (float)size * (float)(size + 1) / 2.0f + (float)size * (float)i;
+				float want = (float)size * (float)(size + 1) / 2.0f +
+				             (float)size * (float)i;
 
 				if (recv[i] != want) {
-					printf(
-					    "FAIL %s gen %d step %lld: element %d is %g, not %g\n",
-					    id, khor_generation(c), (long long)step, i, recv[i],
-					    want);
+					printf("FAIL %s gen %d step %lld: element %d is %g, "
+					       "not %g\n", id, khor_generation(c), (long long)step, i,
+					       recv[i], want);
 					return 2;
 				}
 			}

@@ -24,8 +24,8 @@
 
 /* Short waits, no cost measuring at init: the tests are about membership. */
 static const char *const job_env[] = {
-    "KHOR_TIMEOUT=20s",       "KHOR_COST_ALPHA_US=5",       "KHOR_COST_BETA_GBPS=2",
-    "KHOR_COST_GAMMA_GBPS=4", "KHOR_HEARTBEAT_TIMEOUT=10s", NULL,
+	"KHOR_TIMEOUT=20s", "KHOR_COST_ALPHA_US=5", "KHOR_COST_BETA_GBPS=2",
+	"KHOR_COST_GAMMA_GBPS=4", "KHOR_HEARTBEAT_TIMEOUT=10s", NULL,
 };
 
 static char dir[64], stop_file[128], stop_x[160];
@@ -106,8 +106,8 @@ static void expect_status(const struct proc *p, int want)
 /* A worker killed on a one-host job: a fresh one takes its slot, the survivor goes on. */
 Test(elastic_driver, one_host_kill9_starts_a_fresh_worker)
 {
-	const char *args[] = {"--min-np", "2",      "-np",     "2", "-x",
-	                      stop_x,     worker(), "1000000", "5", NULL};
+	const char *args[] = { "--min-np", "2", "-np", "2", "-x", stop_x, worker(), "1000000", "5",
+		               NULL };
 	struct proc p;
 	pid_t old;
 
@@ -122,15 +122,13 @@ Test(elastic_driver, one_host_kill9_starts_a_fresh_worker)
 	cr_assert_neq(pid_of(&p, "localhost:1", 2), old);
 	finish(&p);
 	expect_status(&p, 0);
-	expect(&p, 1,
-	       "khorrun: elastic: generation 1: rank 1 on localhost (worker localhost:1) was "
-	       "lost: killed by signal 9 (SIGKILL); a fresh worker takes its slot\n");
+	expect(&p, 1, "khorrun: elastic: generation 1: rank 1 on localhost (worker localhost:1) "
+	              "was lost: killed by signal 9 (SIGKILL); a fresh worker takes its slot\n");
 	expect(&p, 1, "khorrun: elastic: generation 2: 2 ranks on 1 host (localhost:2)\n");
 	/* The survivor heard it from the driver, with who, where and why. */
 	expect(&p, 0, "lost localhost:0 gen 1: ");
-	expect(&p, 0,
-	       "rank 1 on localhost (worker localhost:1) was lost in generation 1: killed by "
-	       "signal 9 (SIGKILL)");
+	expect(&p, 0, "rank 1 on localhost (worker localhost:1) was lost in generation 1: killed "
+	              "by signal 9 (SIGKILL)");
 	expect(&p, 0, "done localhost:0 gen 2 rank 0 size 2");
 	expect(&p, 0, "done localhost:1 gen 2 rank 1 size 2");
 	proc_free(&p);
@@ -139,12 +137,8 @@ Test(elastic_driver, one_host_kill9_starts_a_fresh_worker)
 /* Two hosts of this machine: the failed worker's host is out, the job goes on halved. */
 Test(elastic_driver, two_hosts_kill9_blacklists_the_host)
 {
-	const char *args[] = {"-H",       "localhost:2,127.0.0.1:2",
-	                      "--min-np", "2",
-	                      "-np",      "4",
-	                      "-x",       stop_x,
-	                      worker(),   "1000000",
-	                      "5",        NULL};
+	const char *args[] = { "-H", "localhost:2,127.0.0.1:2", "--min-np", "2", "-np", "4", "-x",
+		               stop_x, worker(), "1000000", "5", NULL };
 	struct proc p;
 
 	proc_start(&p, args, job_env);
@@ -157,11 +151,10 @@ Test(elastic_driver, two_hosts_kill9_blacklists_the_host)
 	wait_for(&p, "removed 127.0.0.1:1: ", 1, 20);
 	finish(&p);
 	expect_status(&p, 0);
-	expect(&p, 1,
-	       "khorrun: elastic: generation 1: rank 2 on 127.0.0.1 (worker 127.0.0.1:0) was "
-	       "lost: killed by signal 9 (SIGKILL); host 127.0.0.1 blacklisted\n");
-	expect(&p, 1,
-	       "khorrun: elastic: generation 2: 2 ranks on 1 host (localhost:2); 1 dropped\n");
+	expect(&p, 1, "khorrun: elastic: generation 1: rank 2 on 127.0.0.1 (worker 127.0.0.1:0) "
+	              "was lost: killed by signal 9 (SIGKILL); host 127.0.0.1 blacklisted\n");
+	expect(&p, 1, "khorrun: elastic: generation 2: 2 ranks on 1 host (localhost:2); "
+	              "1 dropped\n");
 	cr_assert_eq(count_str(p.b[0].data, "] up "), 4, "no worker was started again:\n%s",
 	             p.b[0].data);
 	proc_free(&p);
@@ -170,9 +163,8 @@ Test(elastic_driver, two_hosts_kill9_blacklists_the_host)
 /* A worker that exits 1 is lost as a killed one is. */
 Test(elastic_driver, worker_exiting_1)
 {
-	const char *args[] = {"--min-np", "2",       "-np", "2",
-	                      "-x",       stop_x,    "-x",  "EW_EXIT=localhost:0@20",
-	                      worker(),   "1000000", "5",   NULL};
+	const char *args[] = { "--min-np", "2", "-np", "2", "-x", stop_x, "-x",
+		               "EW_EXIT=localhost:0@20", worker(), "1000000", "5", NULL };
 	struct proc p;
 
 	proc_start(&p, args, job_env);
@@ -181,9 +173,8 @@ Test(elastic_driver, worker_exiting_1)
 	wait_for(&p, "join localhost:1 gen 2 rank 1 size 2", 1, 20);
 	finish(&p);
 	expect_status(&p, 0);
-	expect(&p, 1,
-	       "khorrun: elastic: generation 1: rank 0 on localhost (worker localhost:0) was "
-	       "lost: exited with status 1; a fresh worker takes its slot\n");
+	expect(&p, 1, "khorrun: elastic: generation 1: rank 0 on localhost (worker localhost:0) "
+	              "was lost: exited with status 1; a fresh worker takes its slot\n");
 	expect(&p, 0, "was lost in generation 1: exited with status 1");
 	proc_free(&p);
 }
@@ -191,9 +182,8 @@ Test(elastic_driver, worker_exiting_1)
 /* A stopped worker: its heartbeat stalls, khorrun kills it and the generation ends. */
 Test(elastic_driver, stopped_worker_is_fenced)
 {
-	const char *args[] = {"--min-np", "2",       "-np", "3",
-	                      "-x",       stop_x,    "-x",  "KHOR_HEARTBEAT_TIMEOUT=2s",
-	                      worker(),   "1000000", "5",   NULL};
+	const char *args[] = { "--min-np", "2", "-np", "3", "-x", stop_x, "-x",
+		               "KHOR_HEARTBEAT_TIMEOUT=2s", worker(), "1000000", "5", NULL };
 	struct proc p;
 	pid_t stopped;
 	double t0, took;
@@ -210,12 +200,10 @@ Test(elastic_driver, stopped_worker_is_fenced)
 	expect_status(&p, 0);
 	/* The contract's bound: fenced within the heartbeat timeout and 2 s. */
 	cr_assert_lt(took, 4.0, "fenced %.2f s after SIGSTOP", took);
-	expect(&p, 1,
-	       "khorrun: elastic: generation 1: rank 1 on localhost (worker localhost:1) was "
-	       "lost: its heartbeat stopped for ");
-	expect(&p, 1,
-	       "(KHOR_HEARTBEAT_TIMEOUT 2.0 s); khorrun killed it; a fresh worker takes its "
-	       "slot\n");
+	expect(&p, 1, "khorrun: elastic: generation 1: rank 1 on localhost (worker localhost:1) "
+	              "was lost: its heartbeat stopped for ");
+	expect(&p, 1, "(KHOR_HEARTBEAT_TIMEOUT 2.0 s); khorrun killed it; a fresh worker takes its "
+	              "slot\n");
 	cr_assert(pid_gone(stopped), "the stopped worker %d was not killed", (int)stopped);
 	proc_free(&p);
 }
@@ -224,9 +212,8 @@ Test(elastic_driver, stopped_worker_is_fenced)
 Test(elastic_driver, discovery_adds_and_removes_a_host)
 {
 	char hosts[160], script[200];
-	const char *args[] = {
-	    "--min-np", "2", "--host-discovery-script", script, "-x", stop_x, worker(), "1000000",
-	    "5",        NULL};
+	const char *args[] = { "--min-np", "2", "--host-discovery-script", script, "-x", stop_x,
+		               worker(), "1000000", "5", NULL };
 	struct proc p;
 
 	snprintf(hosts, sizeof(hosts), "%s/hosts", dir);
@@ -244,23 +231,21 @@ Test(elastic_driver, discovery_adds_and_removes_a_host)
 	wait_for(&p, "join localhost:0 gen 3 rank 0 size 2", 1, 20);
 	finish(&p);
 	expect_status(&p, 0);
-	expect(&p, 1,
-	       "khorrun: elastic: hosts added during generation 1; the ranks go to a new "
-	       "generation at their next commit (localhost:2, 127.0.0.1:1)\n");
-	expect(&p, 1,
-	       "khorrun: elastic: generation 2: 3 ranks on 2 hosts (localhost:2, "
-	       "127.0.0.1:1)\n");
+	expect(&p, 1, "khorrun: elastic: hosts added during generation 1; the ranks go to a new "
+	              "generation at their next commit (localhost:2, 127.0.0.1:1)\n");
+	expect(&p, 1, "khorrun: elastic: generation 2: 3 ranks on 2 hosts (localhost:2, "
+	              "127.0.0.1:1)\n");
 	expect(&p, 1, "khorrun: elastic: hosts removed during generation 2");
-	expect(&p, 1,
-	       "khorrun: elastic: generation 3: 2 ranks on 1 host (localhost:2); 1 dropped\n");
+	expect(&p, 1, "khorrun: elastic: generation 3: 2 ranks on 1 host (localhost:2); "
+	              "1 dropped\n");
 	proc_free(&p);
 }
 
 /* --reset-limit 1: the second loss would need a third generation. Horovod's message. */
 Test(elastic_driver, reset_limit_exceeded)
 {
-	const char *args[] = {"--min-np", "2",       "-np", "2", "--reset-limit", "1", "-x", stop_x,
-	                      worker(),   "1000000", "5",   NULL};
+	const char *args[] = { "--min-np", "2", "-np", "2", "--reset-limit", "1", "-x", stop_x,
+		               worker(), "1000000", "5", NULL };
 	struct proc p;
 	pid_t pids[3];
 
@@ -274,9 +259,8 @@ Test(elastic_driver, reset_limit_exceeded)
 	cr_assert_eq(kill(pids[1], SIGKILL), 0);
 	proc_finish(&p, 30);
 	expect_status(&p, 3);
-	expect(&p, 1,
-	       "khorrun: Horovod was shutdown because number of resets during elastic job "
-	       "exceeded limit: 1\n");
+	expect(&p, 1, "khorrun: Horovod was shutdown because number of resets during elastic job "
+	              "exceeded limit: 1\n");
 	assert_all_gone(pids, 3);
 	proc_free(&p);
 }
@@ -284,18 +268,9 @@ Test(elastic_driver, reset_limit_exceeded)
 /* Fewer slots than --min-np for --elastic-timeout: the job fails saying what there is. */
 Test(elastic_driver, min_np_never_reached)
 {
-	const char *args[] = {"-H",
-	                      "localhost:1,127.0.0.1:1",
-	                      "--min-np",
-	                      "2",
-	                      "--elastic-timeout",
-	                      "2",
-	                      "-x",
-	                      stop_x,
-	                      worker(),
-	                      "1000000",
-	                      "5",
-	                      NULL};
+	const char *args[] = { "-H", "localhost:1,127.0.0.1:1", "--min-np", "2",
+		               "--elastic-timeout", "2", "-x", stop_x, worker(), "1000000", "5",
+		               NULL };
 	struct proc p;
 	pid_t survivor;
 
@@ -305,15 +280,13 @@ Test(elastic_driver, min_np_never_reached)
 	cr_assert_eq(kill(pid_of(&p, "127.0.0.1:0", 1), SIGKILL), 0);
 	proc_finish(&p, 30);
 	expect_status(&p, 1);
-	expect(&p, 1,
-	       "khorrun: elastic: generation 2 waits for 2 slots: 1 slot available "
-	       "(localhost:1), 2 needed; blacklisted: 127.0.0.1 (for good) (at most 2 s, "
-	       "--elastic-timeout)\n");
-	expect(&p, 1,
-	       "khorrun: elastic: timed out after 2 s (--elastic-timeout) waiting for the "
-	       "slots of generation 2: 1 slot available (localhost:1), 2 needed; "
-	       "blacklisted: 127.0.0.1 (for good). Check that there are enough hosts to run "
-	       "at least 2 processes\n");
+	expect(&p, 1, "khorrun: elastic: generation 2 waits for 2 slots: 1 slot available "
+	              "(localhost:1), 2 needed; blacklisted: 127.0.0.1 (for good) (at most 2 s, "
+	              "--elastic-timeout)\n");
+	expect(&p, 1, "khorrun: elastic: timed out after 2 s (--elastic-timeout) waiting for the "
+	              "slots of generation 2: 1 slot available (localhost:1), 2 needed; "
+	              "blacklisted: 127.0.0.1 (for good). Check that there are enough hosts to run "
+	              "at least 2 processes\n");
 	assert_all_gone(&survivor, 1);
 	proc_free(&p);
 }
@@ -321,21 +294,14 @@ Test(elastic_driver, min_np_never_reached)
 /* The script's first run fails: nothing starts. */
 Test(elastic_driver, discovery_fails_at_its_first_run)
 {
-	const char *args[] = {"--min-np",
-	                      "1",
-	                      "--host-discovery-script",
-	                      "echo no inventory >&2; exit 3",
-	                      worker(),
-	                      "10",
-	                      "5",
-	                      NULL};
+	const char *args[] = { "--min-np", "1", "--host-discovery-script",
+		               "echo no inventory >&2; exit 3", worker(), "10", "5", NULL };
 	struct proc p = run(args, 20);
 
 	expect_status(&p, 1);
 	expect(&p, 1, "no inventory\n");
-	expect(&p, 1,
-	       "khorrun: elastic: the host discovery script failed on its first run, so the "
-	       "job does not start: it exited with status 3\n");
+	expect(&p, 1, "khorrun: elastic: the host discovery script failed on its first run, so the "
+	              "job does not start: it exited with status 3\n");
 	cr_assert_eq(p.b[0].len, 0, "something started:\n%s", p.b[0].data);
 	proc_free(&p);
 }
@@ -344,16 +310,8 @@ Test(elastic_driver, discovery_fails_at_its_first_run)
 Test(elastic_driver, discovery_hangs_at_its_first_run)
 {
 	char script[200], pidfile[160], buf[32] = "";
-	const char *args[] = {"--min-np",
-	                      "1",
-	                      "--host-discovery-timeout",
-	                      "500ms",
-	                      "--host-discovery-script",
-	                      script,
-	                      worker(),
-	                      "10",
-	                      "5",
-	                      NULL};
+	const char *args[] = { "--min-np", "1", "--host-discovery-timeout", "500ms",
+		               "--host-discovery-script", script, worker(), "10", "5", NULL };
 	struct proc p;
 	FILE *f;
 
@@ -361,10 +319,9 @@ Test(elastic_driver, discovery_hangs_at_its_first_run)
 	snprintf(script, sizeof(script), "sleep 100 & echo $! > %s; wait", pidfile);
 	p = run(args, 20);
 	expect_status(&p, 1);
-	expect(&p, 1,
-	       "khorrun: elastic: the host discovery script failed on its first run, so the "
-	       "job does not start: it did not finish within 0.5 s "
-	       "(--host-discovery-timeout)\n");
+	expect(&p, 1, "khorrun: elastic: the host discovery script failed on its first run, so the "
+	              "job does not start: it did not finish within 0.5 s "
+	              "(--host-discovery-timeout)\n");
 	f = fopen(pidfile, "r");
 	cr_assert_not_null(f);
 	cr_assert_not_null(fgets(buf, sizeof(buf), f));
@@ -377,17 +334,15 @@ Test(elastic_driver, discovery_hangs_at_its_first_run)
 Test(elastic_driver, discovery_fails_later)
 {
 	char script[400], flag[160], runs[160];
-	const char *args[] = {
-	    "--min-np", "2", "--host-discovery-script", script, "-x", stop_x, worker(), "1000000",
-	    "5",        NULL};
+	const char *args[] = { "--min-np", "2", "--host-discovery-script", script, "-x", stop_x,
+		               worker(), "1000000", "5", NULL };
 	struct proc p;
 
 	snprintf(flag, sizeof(flag), "%s/broken", dir);
 	snprintf(runs, sizeof(runs), "%s/runs", dir);
 	snprintf(script, sizeof(script),
 	         "echo run >> %s; if [ -e %s ]; then echo no inventory >&2; exit 4; fi; "
-	         "echo localhost:2",
-	         runs, flag);
+	         "echo localhost:2", runs, flag);
 	proc_start(&p, args, job_env);
 	wait_for(&p, " gen 1 rank ", 2, 20);
 	write_file(flag, "");
@@ -417,9 +372,8 @@ Test(elastic_driver, discovery_fails_later)
 	wait_for_in(&p, 1, "khorrun: elastic: the host discovery script works again\n", 1, 20);
 	finish(&p);
 	expect_status(&p, 0);
-	expect(&p, 1,
-	       "khorrun: elastic: the host discovery script failed: it exited with status 4; "
-	       "the hosts stay as they were, and it runs again every second\n");
+	expect(&p, 1, "khorrun: elastic: the host discovery script failed: it exited with status "
+	              "4; the hosts stay as they were, and it runs again every second\n");
 	cr_assert_eq(count_str(p.b[1].data, "failed: it exited with status 4"), 1, "%s",
 	             p.b[1].data);
 	cr_assert_eq(count_str(p.b[0].data, " gen 2 "), 0, "the failure changed the job:\n%s",
@@ -434,22 +388,9 @@ Test(elastic_driver, discovery_fails_later)
  */
 Test(elastic_driver, worker_over_ssh_is_fenced_through_its_helper)
 {
-	const char *args[] = {"--ssh-command",
-	                      "/bin/sh -c 'exec /bin/sh -c \"$1\"'",
-	                      "-H",
-	                      "localhost:1,192.0.2.1:1",
-	                      "--min-np",
-	                      "1",
-	                      "-np",
-	                      "2",
-	                      "-x",
-	                      stop_x,
-	                      "-x",
-	                      "KHOR_HEARTBEAT_TIMEOUT=2s",
-	                      worker(),
-	                      "1000000",
-	                      "5",
-	                      NULL};
+	const char *args[] = { "--ssh-command", "/bin/sh -c 'exec /bin/sh -c \"$1\"'", "-H",
+		               "localhost:1,192.0.2.1:1", "--min-np", "1", "-np", "2", "-x", stop_x,
+		               "-x", "KHOR_HEARTBEAT_TIMEOUT=2s", worker(), "1000000", "5", NULL };
 	struct proc p;
 	pid_t remote;
 
@@ -462,9 +403,8 @@ Test(elastic_driver, worker_over_ssh_is_fenced_through_its_helper)
 	wait_for(&p, "join localhost:0 gen 2 rank 0 size 1", 1, 20);
 	finish(&p);
 	expect_status(&p, 0);
-	expect(&p, 1,
-	       "khorrun: elastic: generation 1: rank 1 on 192.0.2.1 (worker 192.0.2.1:0) was "
-	       "lost: its heartbeat stopped for ");
+	expect(&p, 1, "khorrun: elastic: generation 1: rank 1 on 192.0.2.1 (worker 192.0.2.1:0) "
+	              "was lost: its heartbeat stopped for ");
 	expect(&p, 1, "khorrun killed it; host 192.0.2.1 blacklisted\n");
 	cr_assert(pid_gone(remote), "the stopped worker %d was not killed", (int)remote);
 	proc_free(&p);
@@ -473,33 +413,21 @@ Test(elastic_driver, worker_over_ssh_is_fenced_through_its_helper)
 /* A host whose workers cannot even start (ssh refused) is blacklisted; the rest goes on. */
 Test(elastic_driver, host_that_cannot_be_reached_is_left_out)
 {
-	const char *args[] = {"--ssh-command",
-	                      "/bin/sh -c 'echo \"ssh: connect to host $0 port 22: Connection "
-	                      "refused\" >&2; exit 255'",
-	                      "-H",
-	                      "localhost:1,192.0.2.1:1",
-	                      "--min-np",
-	                      "1",
-	                      "-np",
-	                      "2",
-	                      "-x",
-	                      stop_x,
-	                      worker(),
-	                      "1000000",
-	                      "5",
-	                      NULL};
+	const char *args[] = { "--ssh-command",
+		               "/bin/sh -c 'echo \"ssh: connect to host $0 port 22: Connection "
+		               "refused\" >&2; exit 255'",
+		               "-H", "localhost:1,192.0.2.1:1", "--min-np", "1", "-np", "2", "-x",
+		               stop_x, worker(), "1000000", "5", NULL };
 	struct proc p;
 
 	proc_start(&p, args, job_env);
 	wait_for(&p, "join localhost:0 gen 2 rank 0 size 1", 1, 20);
 	finish(&p);
 	expect_status(&p, 0);
-	expect(&p, 1,
-	       "khorrun: cannot start worker 192.0.2.1:0 on 192.0.2.1: ssh: connect to host "
-	       "192.0.2.1 port 22: Connection refused\n");
-	expect(&p, 1,
-	       "khorrun: elastic: generation 1: rank 1 on 192.0.2.1 (worker 192.0.2.1:0) was "
-	       "lost: it could not be started there: ssh: connect to host 192.0.2.1 port 22: "
-	       "Connection refused; host 192.0.2.1 blacklisted\n");
+	expect(&p, 1, "khorrun: cannot start worker 192.0.2.1:0 on 192.0.2.1: ssh: connect to host "
+	              "192.0.2.1 port 22: Connection refused\n");
+	expect(&p, 1, "khorrun: elastic: generation 1: rank 1 on 192.0.2.1 (worker 192.0.2.1:0) "
+	              "was lost: it could not be started there: ssh: connect to host 192.0.2.1 "
+	              "port 22: Connection refused; host 192.0.2.1 blacklisted\n");
 	proc_free(&p);
 }

@@ -25,11 +25,11 @@ static struct ep_list parse_ok(const char *text, int def)
 
 static void parse_bad(const char *text, const char *want)
 {
-	struct ep_list l = {0};
+	struct ep_list l = { 0 };
 	char why[256] = "";
 
-	cr_assert_not(ep_parse_hosts(text, strlen(text), 1, &l, why, sizeof(why)), "'%s' was taken",
-	              text);
+	cr_assert_not(ep_parse_hosts(text, strlen(text), 1, &l, why, sizeof(why)),
+	              "'%s' was taken", text);
 	cr_assert_not_null(strstr(why, want), "'%s': %s", text, why);
 	cr_assert_eq(l.n, 0);
 }
@@ -119,8 +119,9 @@ Test(elastic_plan, assignment)
 	struct ep_state st = state(1, 5, "a:2\nb:3\nc:2\n", 0);
 	struct ep_slot s[8];
 	int n = ep_assign(&st, s, 8);
-	const int host[] = {0, 0, 1, 1, 1}, local[] = {0, 1, 0, 1, 2}, lsize[] = {2, 2, 3, 3, 3},
-	          xrank[] = {0, 0, 1, 1, 0}, xsize[] = {2, 2, 2, 2, 1};
+	const int host[] = { 0, 0, 1, 1, 1 }, local[] = { 0, 1, 0, 1, 2 },
+		  lsize[] = { 2, 2, 3, 3, 3 }, xrank[] = { 0, 0, 1, 1, 0 },
+		  xsize[] = { 2, 2, 2, 2, 1 };
 
 	cr_assert_eq(n, 5, "--max-np 5 stops the filling");
 	for (int r = 0; r < n; r++) {
@@ -166,7 +167,8 @@ Test(elastic_plan, cooldown_doubles_within_its_range)
 	cr_assert_not(st.hosts[1].blacklisted);
 	cr_assert_eq(ep_blacklist(&st, 1, 30000, 0.5), 45000, "2nd time: 10 s * 4 + 5 s");
 	cr_assert_eq(update(&st, "a:1\nb:1\n", 75000), (int)EP_ADDED);
-	cr_assert_eq(ep_blacklist(&st, 1, 80000, 0.5), 85000, "3rd time: 10 s * 8 + 5 s = 85 s");
+	cr_assert_eq(ep_blacklist(&st, 1, 80000, 0.5), 85000,
+	             "3rd time: 10 s * 8 + 5 s = 85 s");
 	cr_assert_eq(update(&st, "a:1\nb:1\n", 180000), (int)EP_ADDED);
 	cr_assert_eq(ep_blacklist(&st, 1, 200000, 0.5), 100000, "4th: 165 s, cut to the max");
 	/* A host that cooled down but is not listed stays out until it is. */
@@ -211,7 +213,7 @@ Test(elastic_plan, survivors_keep_their_slot_new_ones_start_the_rest_drop)
 	struct ep_state st = state(1, 0, "a:2\nb:2\nc:1\n", 0);
 	struct ep_slot s[8];
 	/* Running: a:0, a:1, b:0, b:1, c:0; b fails and is blacklisted. */
-	struct ep_worker w[] = {{0, 0}, {0, 1}, {1, 0}, {1, 1}, {2, 0}};
+	struct ep_worker w[] = { { 0, 0 }, { 0, 1 }, { 1, 0 }, { 1, 1 }, { 2, 0 } };
 	int keep[8], n;
 	bool drop[5];
 
@@ -234,8 +236,8 @@ Test(elastic_plan, survivors_keep_their_slot_new_ones_start_the_rest_drop)
 
 Test(elastic_plan, host_checks)
 {
-	struct ep_slot a[] = {{.host = 0}, {.host = 1}}, b[] = {{.host = 2}},
-	               c[] = {{.host = 1, .local_rank = 0}, {.host = 2}};
+	struct ep_slot a[] = { { .host = 0 }, { .host = 1 } }, b[] = { { .host = 2 } },
+		       c[] = { { .host = 1, .local_rank = 0 }, { .host = 2 } };
 
 	cr_assert(ep_keeps_a_host(NULL, 0, b, 1), "the first generation has nothing to keep");
 	cr_assert_not(ep_keeps_a_host(a, 2, b, 1));
@@ -249,7 +251,7 @@ Test(elastic_plan, plan_text)
 {
 	struct ep_state st = state(1, 0, "node1:2\nnode2:2\n", 0);
 	struct ep_slot s[4];
-	char *drops[] = {"node3:0"};
+	char *drops[] = { "node3:0" };
 	int n = ep_assign(&st, s, 4);
 	char *t = ep_plan_text(&st, 3, s, n, drops, 1), buf[64];
 

@@ -76,7 +76,7 @@ bool proc_pump(struct proc *p, int ms)
 
 	for (int k = 0; k < 2; k++) {
 		if (!p->b[k].eof) {
-			pfd[n] = (struct pollfd){.fd = p->fd[k], .events = POLLIN};
+			pfd[n] = (struct pollfd){ .fd = p->fd[k], .events = POLLIN };
 			map[n++] = k;
 		}
 	}
