@@ -111,8 +111,9 @@ static void usage(FILE *f)
 	        "command line, 127 when the program is not found, 126 when it cannot be run,\n"
 	        "1 when a host cannot be reached or does not start its ranks in time.\n"
 	        "Elastic jobs: 0 when every rank of the last generation exited 0; 1 when the job\n"
-	        "cannot go on (every host blacklisted, no --min-np slots within --elastic-timeout,\n"
-	        "the discovery script's first run failed, no host of the last generation left);\n"
+	        "cannot go on (every host blacklisted, every rank of a generation lost, no\n"
+	        "--min-np slots within --elastic-timeout, the discovery script's first run\n"
+	        "failed, no host of the last generation left);\n"
 	        "3 when --reset-limit is exceeded; a rank's own status (as above) when it fails\n"
 	        "after another exited 0.\n");
 }
