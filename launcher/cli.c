@@ -113,8 +113,9 @@ static void usage(FILE *f)
 	        "command line, 127 when the program is not found, 126 when it cannot be run,\n"
 	        "1 when a host cannot be reached or does not start its ranks in time.\n"
 	        "Elastic jobs: 0 when every rank of the last generation exited 0; 1 when the job\n"
-	        "cannot go on (every host blacklisted, no --min-np slots within --elastic-timeout,\n"
-	        "the discovery script's first run failed, no host of the last generation left);\n"
+	        "cannot go on (every host blacklisted, every rank of a generation lost, no\n"
+	        "--min-np slots within --elastic-timeout, the discovery script's first run\n"
+	        "failed, no host of the last generation left);\n"
 	        "3 when --reset-limit is exceeded; a rank's own status (as above) when it fails\n"
 	        "after another exited 0.\n");
 }
@@ -277,6 +278,8 @@ static int check_elastic(struct opts *o)
 	if (o->discovery != NULL && (o->nhost_args > 0 || o->hostfile != NULL))
 		return cli_bad_usage("--host-discovery-script and %s both name the hosts; give one "
 		                     "of them", o->hostfile != NULL ? "--hostfile" : "-H");
+	bool np_given = o->np > 0;
+
 	if (o->np == 0 && o->min_np == 0)
 		return cli_bad_usage("an elastic job needs -np N or --min-np N");
 	if (o->min_np == 0)
@@ -287,7 +290,7 @@ static int check_elastic(struct opts *o)
 		return cli_bad_usage("-np %d is less than --min-np %d", o->np, o->min_np);
 	if (o->max_np > 0 && o->max_np < o->np)
 		return cli_bad_usage("--max-np %d is less than -np %d%s", o->max_np, o->np,
-		                     o->np == o->min_np ? " (-np defaults to --min-np)" : "");
+		                     np_given ? "" : " (-np defaults to --min-np)");
 	if (o->bind == CPUBIND_CORES)
 		return cli_bad_usage("--bind cores is for fixed jobs: an elastic job's ranks per "
 		                     "host change from one generation to the next");

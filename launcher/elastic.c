@@ -54,20 +54,17 @@
 #define POLL_MS 100
 /* Horovod's discovery period. */
 #define DISCOVER_EVERY_MS 1000
-/* Settings' defaults for when runtime/config.c's table has none. */
-#define DEF_HEARTBEAT_TIMEOUT "10s"
-#define DEF_ELASTIC_TIMEOUT "600s"
 
 /* What the driver knows of one worker; e->w[i] is j->ranks[i]. */
 struct ew {
-	int host, slot;       /* index into st.hosts; its slot there */
-	int rank;             /* its rank in generation e->gen; -1: none */
-	bool dropped;         /* a plan dropped it: it should exit 0 */
-	bool fenced;          /* khorrun killed it (its heartbeat stalled, or its id is wanted) */
+	int host, slot; /* index into st.hosts; its slot there */
+	int rank;       /* its rank in generation e->gen; -1: none */
+	bool dropped;   /* a plan dropped it: it should exit 0 */
+	bool fenced;    /* khorrun killed it (its heartbeat stalled, or its id is wanted) */
 	int64_t fenced_at;
-	int64_t hb, hb_at;    /* the last heartbeat count seen in generation e->gen, and when */
-	int64_t stop_at;      /* dropped: when to signal it if it has not exited */
-	int stop_sigs;        /* signals sent to it since it was dropped */
+	int64_t hb, hb_at; /* the last heartbeat count seen in generation e->gen, and when */
+	int64_t stop_at;   /* dropped: when to signal it if it has not exited */
+	int stop_sigs;     /* signals sent to it since it was dropped */
 };
 
 struct elastic {
@@ -75,13 +72,14 @@ struct elastic {
 	const struct elastic_env *env;
 	const sigset_t *child_mask;
 	struct ep_state st;
-	bool *here;           /* per host of st: this host (no ssh) */
+	bool *here; /* per host of st: this host (no ssh) */
 	int nhere;
 	bool have_script;
 	struct discover disc;
 	struct ep_list fixed; /* the hosts, without a script */
 	int64_t disc_next;
-	char disc_err[512];   /* the last failure said, so a failing script is not said every second */
+	/* The last failure said, so that a script failing every second is said once. */
+	char disc_err[512];
 	store *s;
 	struct ew *w;
 	int nw;
@@ -89,21 +87,22 @@ struct elastic {
 	int gen;              /* the newest generation planned; 0: none yet */
 	struct ep_slot *plan; /* its ranks */
 	int nplan;
-	bool gen_over;        /* it has ended (a loss, or its workers asked for a new one) */
-	unsigned updates;     /* el/update/<gen> as said so far */
+	bool gen_over;    /* it has ended (a loss, or its workers asked for a new one) */
+	unsigned updates; /* el/update/<gen> as said so far */
 	bool need_gen;
 	int64_t wait_since;   /* waiting for slots since then; -1: not waiting */
 	int64_t gen_beat_at;  /* the first heartbeat of any rank of gen; 0: none yet */
 	int64_t lost_at;      /* the first loss in gen; 0: none */
 	int64_t settle_check; /* when settled() may ask the store again */
 	int64_t next_poll;
-	bool finishing;       /* a worker of gen exited 0: no new generation */
-	bool done_said;       /* el/done written */
+	bool finishing; /* a worker of gen exited 0: no new generation */
+	bool done_said; /* el/done written */
 	bool ending;
 	int rc;
-	char *path;           /* the program here, once looked up */
+	char *path; /* the program here, once looked up */
 
 	int64_t hb_timeout_ms; /* -1: no heartbeat check */
+	int64_t hb_every_ms, next_hb;
 	int64_t elastic_timeout_ms;
 	const char *elastic_timeout_arg; /* KHOR_ELASTIC_TIMEOUT for the ranks; NULL: theirs */
 	char timeout_arg[32];
@@ -126,10 +125,9 @@ static double draw(struct elastic *e)
 
 /*
  * A duration the ranks read too: -x VAR=..., else khorrun's environment (then the Horovod
- * alias), else the settings table's default. False with the reason said.
+ * alias), else the settings table's default (runtime/config.c). False with the reason said.
  */
-static bool rank_duration(const struct opts *o, const char *name, const char *alias,
-                          const char *fallback, int64_t *out)
+static bool rank_duration(const struct opts *o, const char *name, const char *alias, int64_t *out)
 {
 	const char *v = env_rank_value(o, name), *from = name;
 
@@ -138,11 +136,12 @@ static bool rank_duration(const struct opts *o, const char *name, const char *al
 		from = alias;
 	}
 	if (v == NULL || *v == '\0') {
-		v = config_default(name) != NULL ? config_default(name) : fallback;
+		v = config_default(name);
 		from = name;
 	}
-	if (!kparse_duration_ms(v, out)) {
-		say("%s=%s: wants a duration like 10s, 500ms or 2m", from, v);
+	if (v == NULL || !kparse_duration_ms(v, out)) {
+		say("%s=%s: wants a duration like 10s, 500ms or 2m", from,
+		    v != NULL ? v : "(no default)");
 		return false;
 	}
 	return true;
@@ -168,7 +167,7 @@ static bool ew_room(struct elastic *e)
 
 /* The job cannot go on: say why, tell the workers waiting in init, stop the others. */
 static void fail_job(struct elastic *e, int rc, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 
 static void tell_done(struct elastic *e)
 {
@@ -273,10 +272,11 @@ static void end_text(const struct elastic *e, int i, char *buf, size_t len)
 
 	if (rk->lost) {
 		if (h->failed && !h->ready)
-			snprintf(buf, len, "it could not be started there%s%s", h->last_err[0] ? ": " : "",
-			         h->last_err);
+			snprintf(buf, len, "it could not be started there%s%s",
+			         h->last_err[0] ? ": " : "", h->last_err);
 		else
-			snprintf(buf, len, "the ssh connection to %s ended before its exit was known%s%s",
+			snprintf(buf, len,
+			         "the ssh connection to %s ended before its exit was known%s%s",
 			         h->name, h->last_err[0] ? ": " : "", h->last_err);
 	} else if (WIFEXITED(st)) {
 		snprintf(buf, len, "exited with status %d", WEXITSTATUS(st));
@@ -304,8 +304,10 @@ static void want_gen(struct elastic *e)
 	if (e->need_gen || e->ending || e->finishing)
 		return;
 	if (e->gen > 0 && !ep_take_reset(&e->st)) {
-		fail_job(e, 3, "Horovod was shutdown because number of resets during elastic job "
-		         "exceeded limit: %d", e->st.reset_limit);
+		fail_job(e, 3,
+		         "Horovod was shutdown because number of resets during elastic job "
+		         "exceeded limit: %d",
+		         e->st.reset_limit);
 		return;
 	}
 	e->need_gen = true;
@@ -332,11 +334,16 @@ static void lost(struct elastic *e, int i, const char *why)
 	struct rank *rk = &e->j->ranks[i];
 	const char *host = e->st.hosts[w->host].name;
 	char text[1024], tail[160];
+	const struct host *h = &e->j->hosts[rk->host];
+	/* A host its workers cannot even start on is out, on one host too: starting them
+	 * again and again would only fail again. */
+	bool unstartable = rk->lost && h->failed && !h->ready;
 
 	if (e->finishing) {
-		fail_job(e, rk->lost ? 255 : status_to_exit(rk->wstatus),
-		         "elastic: rank %d on %s (worker %s) failed after the job began to finish: %s",
-		         w->rank, host, rk->worker, why);
+		fail_job(
+		    e, rk->lost ? 255 : status_to_exit(rk->wstatus),
+		    "elastic: rank %d on %s (worker %s) failed after the job began to finish: %s",
+		    w->rank, host, rk->worker, why);
 		return;
 	}
 	snprintf(text, sizeof(text), "rank %d on %s (worker %s) was lost in generation %d: %s",
@@ -347,7 +354,7 @@ static void lost(struct elastic *e, int i, const char *why)
 	}
 	if (e->lost_at == 0)
 		e->lost_at = now_ms();
-	if (ep_count_hosts(e->plan, e->nplan) > 1) {
+	if (ep_count_hosts(e->plan, e->nplan) > 1 || unstartable) {
 		if (e->st.hosts[w->host].blacklisted) {
 			snprintf(tail, sizeof(tail), "; host %s is blacklisted already", host);
 		} else {
@@ -356,8 +363,8 @@ static void lost(struct elastic *e, int i, const char *why)
 			if (cd < 0)
 				snprintf(tail, sizeof(tail), "; host %s blacklisted", host);
 			else
-				snprintf(tail, sizeof(tail), "; host %s blacklisted for %lld s", host,
-				         (long long)((cd + 999) / 1000));
+				snprintf(tail, sizeof(tail), "; host %s blacklisted for %lld s",
+				         host, (long long)((cd + 999) / 1000));
 		}
 	} else {
 		snprintf(tail, sizeof(tail), "; a fresh worker takes its slot");
@@ -365,8 +372,10 @@ static void lost(struct elastic *e, int i, const char *why)
 	say("elastic: generation %d: rank %d on %s (worker %s) was lost: %s%s", e->gen, w->rank,
 	    host, rk->worker, why, tail);
 	if (all_blacklisted(e)) {
-		fail_job(e, 1, "elastic: every host of generation %d is blacklisted; the job cannot "
-		         "go on", e->gen);
+		fail_job(e, 1,
+		         "elastic: every host of generation %d is blacklisted; the job "
+		         "cannot go on",
+		         e->gen);
 		return;
 	}
 	want_gen(e);
@@ -380,8 +389,10 @@ static void fence(struct elastic *e, int i, int64_t stalled_ms)
 	procs_signal_rank(e->j, &e->j->ranks[i], SIGKILL);
 	e->w[i].fenced = true;
 	e->w[i].fenced_at = now_ms();
-	snprintf(why, sizeof(why), "its heartbeat stopped for %.1f s (KHOR_HEARTBEAT_TIMEOUT %.1f s); "
-	         "khorrun killed it", (double)stalled_ms / 1000.0, (double)e->hb_timeout_ms / 1000.0);
+	snprintf(why, sizeof(why),
+	         "its heartbeat stopped for %.1f s (KHOR_HEARTBEAT_TIMEOUT %.1f s); "
+	         "khorrun killed it",
+	         (double)stalled_ms / 1000.0, (double)e->hb_timeout_ms / 1000.0);
 	lost(e, i, why);
 }
 
@@ -402,9 +413,9 @@ static void ends(struct elastic *e)
 			continue; /* expected, or said when it was fenced */
 		if (!rk->lost && WIFEXITED(rk->wstatus) && WEXITSTATUS(rk->wstatus) == 0) {
 			if (!e->finishing)
-				KLOG_INFO("khorrun: elastic: worker %s (rank %d of generation %d) exited 0: "
-				          "the job is finishing, no new generation", rk->worker, w->rank,
-				          e->gen);
+				KLOG_INFO("khorrun: elastic: worker %s (rank %d of generation %d) "
+				          "exited 0: the job is finishing, no new generation",
+				          rk->worker, w->rank, e->gen);
 			e->finishing = true;
 			e->need_gen = false;
 			tell_done(e);
@@ -438,8 +449,8 @@ static bool note_new_hosts(struct elastic *e)
 	for (int i = e->nhere; i < e->st.nhosts; i++) {
 		h[i] = place_host_is_here(e->st.hosts[i].name);
 		if (!h[i] && e->env != NULL && e->env->store_loopback) {
-			say("elastic: host %s cannot reach the store, which listens on %s only; it is "
-			    "left out (give --bind-store with an address every host reaches)",
+			say("elastic: host %s cannot reach the store, which listens on %s only; "
+			    "it is left out (give --bind-store with an address every host reaches)",
 			    e->st.hosts[i].name, e->env->store_host);
 			ep_exclude(&e->st, i);
 		}
@@ -488,7 +499,8 @@ static void take_hosts(struct elastic *e, const struct ep_list *l)
 		return;
 	update_words((unsigned)flags, words, sizeof(words));
 	say("elastic: hosts %s during generation %d; the ranks go to a new generation at their "
-	    "next commit (%s)", words, e->gen, slots[0] ? slots : "no slots");
+	    "next commit (%s)",
+	    words, e->gen, slots[0] ? slots : "no slots");
 }
 
 /* The discovery script, or the fixed hosts again (a cooldown may have ended). */
@@ -509,7 +521,9 @@ static void discovery(struct elastic *e, short revents)
 		if (now < e->disc_next)
 			return;
 		if (!discover_start(e->j, &e->disc, e->child_mask, why, sizeof(why))) {
-			say("elastic: cannot run the host discovery script: %s; trying again in 1 s", why);
+			say("elastic: cannot run the host discovery script: %s; trying again "
+			    "in 1 s",
+			    why);
 			e->disc_next = now + DISCOVER_EVERY_MS;
 		}
 		return;
@@ -532,8 +546,9 @@ static void discovery(struct elastic *e, short revents)
 	}
 	/* Horovod's rule: after the first run, a failure is said and the hosts stay. */
 	if (strcmp(why, e->disc_err) != 0)
-		say("elastic: the host discovery script failed: %s; the hosts stay as they were, and "
-		    "it runs again every second", why);
+		say("elastic: the host discovery script failed: %s; the hosts stay as they were, "
+		    "and it runs again every second",
+		    why);
 	kstrlcpy(e->disc_err, why, sizeof(e->disc_err));
 }
 
@@ -570,15 +585,17 @@ static void check_want(struct elastic *e)
 		return;
 	e->gen_over = true;
 	if (e->updates != 0) {
-		KLOG_INFO("khorrun: elastic: the ranks of generation %d asked for a new one after the "
-		          "host update", e->gen);
+		KLOG_INFO("khorrun: elastic: the ranks of generation %d asked for a new one after "
+		          "the host update",
+		          e->gen);
 		want_gen(e);
 		return;
 	}
 	why = asked_why(e, &who);
 	if (who >= 0)
-		snprintf(text, sizeof(text), "generation %d ended: rank %d on %s (worker %s) asked for "
-		         "a new one: %s", e->gen, e->w[who].rank, e->st.hosts[e->w[who].host].name,
+		snprintf(text, sizeof(text),
+		         "generation %d ended: rank %d on %s (worker %s) asked for a new one: %s",
+		         e->gen, e->w[who].rank, e->st.hosts[e->w[who].host].name,
 		         e->j->ranks[who].worker, why);
 	else
 		snprintf(text, sizeof(text), "generation %d ended: a rank asked for a new one",
@@ -599,11 +616,13 @@ static void check_heartbeats(struct elastic *e, int64_t now)
 
 		if (w->rank < 0 || w->dropped || w->fenced || !e->j->ranks[i].running)
 			continue;
-		/* Read, never added to: khor_finalize removes the counter, and it must stay gone. */
+		/* Read, never added to: khor_finalize removes the counter, and it must stay gone.
+		 */
 		snprintf(key, sizeof(key), "hb/%d", w->rank);
 		val = peek(e, e->gen, key);
 		if (val == NULL && w->hb > 0)
-			continue; /* it beat, then left the generation (finalize): going, not stalled */
+			continue; /* it beat, then left the generation (finalize): going, not
+			             stalled */
 		v = val != NULL ? strtoll(val, NULL, 10) : 0;
 		free(val);
 		if (v != w->hb) {
@@ -691,8 +710,9 @@ static void start_workers(struct elastic *e, const int *keep)
 			const struct ep_slot *s = &e->plan[q];
 
 			if (keep[q] < 0)
-				br[n++] = (struct batch_rank){ s->rank, s->local_rank, s->local_size,
-					                       s->cross_rank, s->cross_size, s->local_rank };
+				br[n++] = (struct batch_rank){ s->rank,       s->local_rank,
+					                       s->local_size, s->cross_rank,
+					                       s->cross_size, s->local_rank };
 		}
 		if (n == 0)
 			continue;
@@ -710,9 +730,16 @@ static void start_workers(struct elastic *e, const int *keep)
 			fail_job(e, 1, "elastic: out of memory building the ranks' environment");
 			break;
 		}
-		b = (struct batch){ .host = e->st.hosts[h].name, .here = e->here[h], .r = br, .n = n,
-			            .fixed = fixed, .nfixed = nfixed, .ncommon = ncommon,
-			            .path = e->path, .self_path = e->env->self_path, .cwd = e->env->cwd,
+		b = (struct batch){ .host = e->st.hosts[h].name,
+			            .here = e->here[h],
+			            .r = br,
+			            .n = n,
+			            .fixed = fixed,
+			            .nfixed = nfixed,
+			            .ncommon = ncommon,
+			            .path = e->path,
+			            .self_path = e->env->self_path,
+			            .cwd = e->env->cwd,
 			            .child_mask = e->child_mask };
 		first = batch_start(e->j, &b);
 		for (size_t i = 0; i < nfixed; i++)
@@ -723,8 +750,8 @@ static void start_workers(struct elastic *e, const int *keep)
 			break;
 		}
 		for (int k = 0; k < n; k++)
-			e->w[first + k] = (struct ew){ .host = h, .slot = br[k].slot,
-				                       .rank = br[k].rank };
+			e->w[first + k] =
+			    (struct ew){ .host = h, .slot = br[k].slot, .rank = br[k].rank };
 	}
 	free(br);
 }
@@ -787,15 +814,17 @@ static void short_of_slots(struct elastic *e, int need)
 	if (e->wait_since < 0) {
 		e->wait_since = now;
 		say("elastic: generation %d waits for %d slot%s: %s (at most %.0f s, "
-		    "--elastic-timeout)", e->gen + 1, need, need == 1 ? "" : "s", why,
+		    "--elastic-timeout)",
+		    e->gen + 1, need, need == 1 ? "" : "s", why,
 		    (double)e->elastic_timeout_ms / 1000.0);
 		return;
 	}
 	if (now - e->wait_since >= e->elastic_timeout_ms)
-		fail_job(e, 1, "elastic: timed out after %.0f s (--elastic-timeout) waiting for the "
+		fail_job(e, 1,
+		         "elastic: timed out after %.0f s (--elastic-timeout) waiting for the "
 		         "slots of generation %d: %s. Check that there are enough hosts to run at "
-		         "least %d processes", (double)e->elastic_timeout_ms / 1000.0, e->gen + 1, why,
-		         need);
+		         "least %d processes",
+		         (double)e->elastic_timeout_ms / 1000.0, e->gen + 1, why, need);
 }
 
 /*
@@ -841,7 +870,8 @@ static void plan_next(struct elastic *e)
 	char *text = NULL, num[32], slots[512];
 	int n, nl, nd = 0, g = e->gen + 1;
 
-	if (s == NULL || lw == NULL || idx == NULL || keep == NULL || drop == NULL || drops == NULL) {
+	if (s == NULL || lw == NULL || idx == NULL || keep == NULL || drop == NULL ||
+	    drops == NULL) {
 		fail_job(e, 1, "elastic: out of memory planning generation %d", g);
 		goto out;
 	}
@@ -852,8 +882,10 @@ static void plan_next(struct elastic *e)
 	}
 	if (!ep_keeps_a_host(e->plan, e->nplan, s, n)) {
 		ep_describe_slots(&e->st, s, n, slots, sizeof(slots));
-		fail_job(e, 1, "elastic: generation %d would have none of generation %d's hosts (%s), "
-		         "so no rank to take the state from; the job cannot go on", g, e->gen, slots);
+		fail_job(e, 1,
+		         "elastic: generation %d would have none of generation %d's hosts (%s), "
+		         "so no rank to take the state from; the job cannot go on",
+		         g, e->gen, slots);
 		goto out;
 	}
 	nl = live_workers(e, lw, idx);
@@ -926,9 +958,9 @@ static void plan_next(struct elastic *e)
 		          n == 1 ? "" : "s", ep_count_hosts(e->plan, n),
 		          ep_count_hosts(e->plan, n) == 1 ? "" : "s", slots);
 	else
-		say("elastic: generation %d: %d rank%s on %d host%s (%s)%s", g, n, n == 1 ? "" : "s",
-		    ep_count_hosts(e->plan, n), ep_count_hosts(e->plan, n) == 1 ? "" : "s", slots,
-		    num);
+		say("elastic: generation %d: %d rank%s on %d host%s (%s)%s", g, n,
+		    n == 1 ? "" : "s", ep_count_hosts(e->plan, n),
+		    ep_count_hosts(e->plan, n) == 1 ? "" : "s", slots, num);
 	start_workers(e, keep);
 out:
 	free(text);
@@ -966,8 +998,10 @@ static void drive(struct elastic *e, short disc_revents)
 		e->next_poll = now + POLL_MS;
 		if (!e->gen_over && !e->finishing)
 			check_want(e);
-		if (!e->gen_over && !e->finishing && e->hb_timeout_ms > 0)
+		if (!e->gen_over && !e->finishing && e->hb_timeout_ms > 0 && now >= e->next_hb) {
+			e->next_hb = now + e->hb_every_ms;
 			check_heartbeats(e, now);
+		}
 	}
 	stop_dropped(e, now);
 	if (e->need_gen && !e->ending && settled(e, now))
@@ -1016,6 +1050,12 @@ int elastic_run(struct elastic *e, const struct elastic_env *env)
 		drive(e, nextra > 0 ? extra.revents : 0);
 	}
 	loop_close(j, &l);
+	/* A discovery run still going is khorrun's, not something the ranks left behind. */
+	if (e->disc.running && !j->script_reaped && j->script_pid > 0) {
+		(void)kill(-j->script_pid, SIGKILL);
+		(void)waitpid(j->script_pid, NULL, 0);
+		j->script_pid = -1;
+	}
 	if (e->rc < 0 || j->cause != CAUSE_NONE)
 		return -1;
 	return e->rc;
@@ -1060,13 +1100,15 @@ static int first_discovery(struct elastic *e, struct ep_list *out)
 			break;
 	}
 	if (!ok) {
-		say("elastic: the host discovery script failed on its first run, so the job does not "
-		    "start: %s", why);
+		say("elastic: the host discovery script failed on its first run, so the job "
+		    "does not start: %s",
+		    why);
 		return 1;
 	}
 	if (!ep_parse_hosts(d->out, d->len, j->o.slots_per_host, out, why, sizeof(why))) {
-		say("elastic: the host discovery script's first output is not a list of hosts, so the "
-		    "job does not start: %s", why);
+		say("elastic: the host discovery script's first output is not a list of hosts, "
+		    "so the job does not start: %s",
+		    why);
 		return 1;
 	}
 	return -1;
@@ -1091,8 +1133,8 @@ static int fixed_hosts(struct elastic *e)
 		}
 	}
 	hostlist_free(&l);
-	if (e->fixed.n == 0 && !ep_list_add(&e->fixed, "localhost",
-	                                    j->o.max_np > 0 ? j->o.max_np : j->o.np)) {
+	if (e->fixed.n == 0 &&
+	    !ep_list_add(&e->fixed, "localhost", j->o.max_np > 0 ? j->o.max_np : j->o.np)) {
 		say("out of memory");
 		return 1;
 	}
@@ -1117,19 +1159,23 @@ int elastic_prepare(struct job *j, const sigset_t *child_mask, struct elastic **
 	j->script_pid = -1;
 	ep_init(&e->st, j->o.min_np, j->o.max_np, j->o.cool_min_ms, j->o.cool_max_ms,
 	        j->o.reset_limit);
-	if (!rank_duration(&j->o, "KHOR_HEARTBEAT_TIMEOUT", NULL, DEF_HEARTBEAT_TIMEOUT,
-	                   &e->hb_timeout_ms))
+	if (!rank_duration(&j->o, "KHOR_HEARTBEAT_TIMEOUT", NULL, &e->hb_timeout_ms))
 		return 2;
+	/* A stall is seen within an eighth of the timeout, at a store round trip per rank. */
+	e->hb_every_ms = e->hb_timeout_ms / 8 < POLL_MS ? POLL_MS
+	                 : e->hb_timeout_ms / 8 > 1000  ? 1000
+	                                                : e->hb_timeout_ms / 8;
 	if (j->o.elastic_timeout_ms >= 0) {
 		e->elastic_timeout_ms = j->o.elastic_timeout_ms;
-		/* The ranks wait in khor_init as long as the driver waits for slots, unless told. */
+		/* The ranks wait in khor_init as long as the driver waits for slots, unless told.
+		 */
 		if (env_rank_value(&j->o, "KHOR_ELASTIC_TIMEOUT") == NULL) {
 			snprintf(e->timeout_arg, sizeof(e->timeout_arg), "%lldms",
 			         (long long)j->o.elastic_timeout_ms + 10000);
 			e->elastic_timeout_arg = e->timeout_arg;
 		}
 	} else if (!rank_duration(&j->o, "KHOR_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT",
-	                          DEF_ELASTIC_TIMEOUT, &e->elastic_timeout_ms)) {
+	                          &e->elastic_timeout_ms)) {
 		return 2;
 	}
 	if (e->elastic_timeout_ms < 0)

@@ -59,8 +59,8 @@ bool ep_list_add(struct ep_list *l, const char *name, int slots)
 }
 
 /* One line, blanks trimmed: "HOST" or "HOST:SLOTS". */
-static bool parse_line(const char *p, size_t n, int default_slots, struct ep_list *out,
-                       char *why, size_t wlen)
+static bool parse_line(const char *p, size_t n, int default_slots, struct ep_list *out, char *why,
+                       size_t wlen)
 {
 	const char *colon = memchr(p, ':', n);
 	size_t hl = colon != NULL ? (size_t)(colon - p) : n;
@@ -75,8 +75,9 @@ static bool parse_line(const char *p, size_t n, int default_slots, struct ep_lis
 	for (size_t i = 0; i < hl; i++) {
 		if (isspace((unsigned char)p[i]) || iscntrl((unsigned char)p[i]) ||
 		    strchr("'\"[]", p[i]) != NULL || (i == 0 && p[i] == '-')) {
-			snprintf(why, wlen, "'%.*s' is not a host name (one host a line: HOST or "
-			         "HOST:SLOTS)", (int)(n < 80 ? n : 80), p);
+			snprintf(why, wlen,
+			         "'%.*s' is not a host name (one host a line: HOST or HOST:SLOTS)",
+			         (int)(n < 80 ? n : 80), p);
 			return false;
 		}
 	}
@@ -93,7 +94,8 @@ static bool parse_line(const char *p, size_t n, int default_slots, struct ep_lis
 		num[sl] = '\0';
 		slots = strtol(num, &end, 10);
 		if (*end != '\0' || !isdigit((unsigned char)num[0]) || slots > EP_SLOTS_MAX) {
-			snprintf(why, wlen, "'%.*s': the slots after ':' want a number from 0 to %d",
+			snprintf(why, wlen,
+			         "'%.*s': the slots after ':' want a number from 0 to %d",
 			         (int)(n < 80 ? n : 80), p, EP_SLOTS_MAX);
 			return false;
 		}
@@ -105,8 +107,8 @@ static bool parse_line(const char *p, size_t n, int default_slots, struct ep_lis
 	return true;
 }
 
-bool ep_parse_hosts(const char *text, size_t len, int default_slots, struct ep_list *out,
-                    char *why, size_t wlen)
+bool ep_parse_hosts(const char *text, size_t len, int default_slots, struct ep_list *out, char *why,
+                    size_t wlen)
 {
 	const char *p = text, *end = text + len;
 
@@ -129,8 +131,8 @@ bool ep_parse_hosts(const char *text, size_t len, int default_slots, struct ep_l
 	return true;
 }
 
-void ep_init(struct ep_state *st, int min_np, int max_np, int64_t cool_min_ms,
-             int64_t cool_max_ms, int reset_limit)
+void ep_init(struct ep_state *st, int min_np, int max_np, int64_t cool_min_ms, int64_t cool_max_ms,
+             int reset_limit)
 {
 	memset(st, 0, sizeof(*st));
 	st->min_np = min_np;
@@ -232,8 +234,9 @@ int ep_update(struct ep_state *st, const struct ep_list *found, int64_t now_ms)
 			if (idx[k] == i)
 				at = k;
 		}
-		if (at < 0 ? h->listed : !h->listed || h->slots != found->h[at].slots ||
-		                             (h->blacklisted && resurrected(h, now_ms)))
+		if (at < 0 ? h->listed
+		           : !h->listed || h->slots != found->h[at].slots ||
+		                 (h->blacklisted && resurrected(h, now_ms)))
 			changed = true;
 	}
 	if (!changed) {
@@ -347,8 +350,9 @@ int ep_assign(const struct ep_state *st, struct ep_slot *out, int cap)
 				free(count);
 				return -1;
 			}
-			out[rank] = (struct ep_slot){ .host = h, .rank = rank, .local_rank = k,
-				                      .cross_rank = seen[k]++ };
+			out[rank] = (struct ep_slot){
+				.host = h, .rank = rank, .local_rank = k, .cross_rank = seen[k]++
+			};
 			count[k]++;
 			rank++;
 		}
@@ -374,8 +378,7 @@ bool ep_same_assignment(const struct ep_slot *a, int na, const struct ep_slot *b
 	return true;
 }
 
-bool ep_keeps_a_host(const struct ep_slot *prev, int nprev, const struct ep_slot *next,
-                     int nnext)
+bool ep_keeps_a_host(const struct ep_slot *prev, int nprev, const struct ep_slot *next, int nnext)
 {
 	if (nprev == 0)
 		return true;
@@ -426,7 +429,7 @@ bool ep_take_reset(struct ep_state *st)
 
 /* Appends printf output to a growing string; false when out of memory. */
 static bool append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
+    __attribute__((format(printf, 4, 5)));
 
 static bool append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
 {
@@ -463,8 +466,9 @@ char *ep_plan_text(const struct ep_state *st, int gen, const struct ep_slot *s, 
 	for (int r = 0; ok && r < n; r++) {
 		const char *h = st->hosts[s[r].host].name;
 
-		ok = append(&buf, &len, &cap, "rank %d %s:%d %s %d %d %d %d\n", r, h, s[r].local_rank,
-		            h, s[r].local_rank, s[r].local_size, s[r].cross_rank, s[r].cross_size);
+		ok = append(&buf, &len, &cap, "rank %d %s:%d %s %d %d %d %d\n", r, h,
+		            s[r].local_rank, h, s[r].local_rank, s[r].local_size, s[r].cross_rank,
+		            s[r].cross_size);
 	}
 	for (int i = 0; ok && i < ndrops; i++)
 		ok = append(&buf, &len, &cap, "drop %s\n", drops[i]);
@@ -504,8 +508,8 @@ void ep_describe_shortage(const struct ep_state *st, int need, int64_t now_ms, c
 	for (int i = 0; i < st->norder && off < len; i++) {
 		const struct ep_host *h = &st->hosts[st->order[i]];
 
-		off += (size_t)snprintf(buf + off, len - off, "%s%s:%d", i == 0 ? " (" : ", ", h->name,
-		                        h->slots);
+		off += (size_t)snprintf(buf + off, len - off, "%s%s:%d", i == 0 ? " (" : ", ",
+		                        h->name, h->slots);
 		if (i + 1 == st->norder && off < len)
 			off += (size_t)snprintf(buf + off, len - off, ")");
 	}
@@ -516,13 +520,14 @@ void ep_describe_shortage(const struct ep_state *st, int need, int64_t now_ms, c
 
 		if (!h->blacklisted)
 			continue;
-		off += (size_t)snprintf(buf + off, len - off, "%s%s", shown++ == 0 ? "; blacklisted: "
-		                                                                   : ", ", h->name);
+		off += (size_t)snprintf(buf + off, len - off, "%s%s",
+		                        shown++ == 0 ? "; blacklisted: " : ", ", h->name);
 		if (off >= len)
 			break;
 		if (h->cool_until_ms > now_ms)
-			off += (size_t)snprintf(buf + off, len - off, " (for %lld s more)",
-			                        (long long)((h->cool_until_ms - now_ms + 999) / 1000));
+			off +=
+			    (size_t)snprintf(buf + off, len - off, " (for %lld s more)",
+			                     (long long)((h->cool_until_ms - now_ms + 999) / 1000));
 		else if (h->cool_until_ms == 0)
 			off += (size_t)snprintf(buf + off, len - off, " (for good)");
 		else

@@ -19,7 +19,7 @@
 #define EP_ADDED 1u
 #define EP_REMOVED 2u
 
-#define EP_HOST_MAX 255   /* a host name's longest */
+#define EP_HOST_MAX 255 /* a host name's longest */
 #define EP_SLOTS_MAX 65536
 
 /* One discovered host, in the order the discovery listed it. */
@@ -39,8 +39,8 @@ struct ep_list {
  * keeping its first place and its last slots. Returns false with the reason in why (the
  * line, what is wrong with it); out is then empty.
  */
-bool ep_parse_hosts(const char *text, size_t len, int default_slots, struct ep_list *out,
-                    char *why, size_t wlen);
+bool ep_parse_hosts(const char *text, size_t len, int default_slots, struct ep_list *out, char *why,
+                    size_t wlen);
 /* Adds one host (a copy of name); false when out of memory. */
 bool ep_list_add(struct ep_list *l, const char *name, int slots);
 void ep_list_free(struct ep_list *l);
@@ -48,31 +48,31 @@ void ep_list_free(struct ep_list *l);
 /* A host as the driver knows it, from its first discovery on (never forgotten). */
 struct ep_host {
 	char *name;
-	bool listed;          /* in the newest discovery */
-	int slots;            /* there; 0 when it is not listed */
+	bool listed; /* in the newest discovery */
+	int slots;   /* there; 0 when it is not listed */
 	bool blacklisted;
-	int nblacklist;       /* cooldowns started: the next one is twice as long */
+	int nblacklist;        /* cooldowns started: the next one is twice as long */
 	int64_t cool_until_ms; /* the end of its cooldown; 0: none (for good, or never out) */
 };
 
 struct ep_state {
 	struct ep_host *hosts;
 	int nhosts, cap;
-	int *order;            /* Horovod's host_assignment_order: usable hosts, oldest first */
+	int *order; /* Horovod's host_assignment_order: usable hosts, oldest first */
 	int norder;
-	bool discovered;       /* a discovery has been taken in */
-	int min_np, max_np;    /* max_np 0: no limit */
+	bool discovered;                  /* a discovery has been taken in */
+	int min_np, max_np;               /* max_np 0: no limit */
 	int64_t cool_min_ms, cool_max_ms; /* both 0: a blacklisted host is out for good */
-	int reset_limit;       /* -1: no limit */
-	int resets;            /* generations after the first so far */
+	int reset_limit;                  /* -1: no limit */
+	int resets;                       /* generations after the first so far */
 };
 
 /* Horovod's bounds on --blacklist-cooldown-range (seconds). */
 #define EP_COOLDOWN_MIN_S 1
 #define EP_COOLDOWN_MAX_S 3600
 
-void ep_init(struct ep_state *st, int min_np, int max_np, int64_t cool_min_ms,
-             int64_t cool_max_ms, int reset_limit);
+void ep_init(struct ep_state *st, int min_np, int max_np, int64_t cool_min_ms, int64_t cool_max_ms,
+             int reset_limit);
 void ep_free(struct ep_state *st);
 /* The index of host name, or -1. */
 int ep_host_index(const struct ep_state *st, const char *name);
@@ -101,7 +101,7 @@ int ep_available_slots(const struct ep_state *st);
 
 /* One rank of a generation. */
 struct ep_slot {
-	int host;            /* index into st->hosts */
+	int host; /* index into st->hosts */
 	int rank, local_rank, local_size, cross_rank, cross_size;
 };
 
@@ -115,8 +115,7 @@ int ep_assign(const struct ep_state *st, struct ep_slot *out, int cap);
 /* Do a and b give the same ranks the same host and slot? (No update to tell about.) */
 bool ep_same_assignment(const struct ep_slot *a, int na, const struct ep_slot *b, int nb);
 /* Does the next generation keep a host of the last (someone to sync the state from)? */
-bool ep_keeps_a_host(const struct ep_slot *prev, int nprev, const struct ep_slot *next,
-                     int nnext);
+bool ep_keeps_a_host(const struct ep_slot *prev, int nprev, const struct ep_slot *next, int nnext);
 /* How many hosts the ranks of a generation are on. */
 int ep_count_hosts(const struct ep_slot *s, int n);
 

@@ -69,8 +69,17 @@
  *   spawn.c      starting the ranks of this host
  *   ssh.c        khorrun's side of each other host
  *   loop.c       the poll loop, and the sweep after it
+ *   batch.c      starting ranks on one host while the job runs (elastic generations)
+ *   discover.c   running --host-discovery-script, one polled run at a time
+ *   elastic_plan.c  the elastic rules: hosts, blacklist, assignment, plan text (pure)
+ *   elastic.c    the elastic driver, between the loop's turns (docs/ELASTIC.md)
  *   helper.c     the remote helper's side (khorrun --remote-helper)
  *   khorrun.c    main: the flow that ties them together
+ *
+ * Elastic jobs (--min-np, --max-np, --host-discovery-script) take another road after the
+ * command line: elastic.c takes the hosts (running the discovery script once), main starts
+ * the store and builds the environment every rank shares, and the driver runs the job,
+ * generation by generation, on the same loop, spawn and ssh code as a fixed job.
  */
 #include "base/auth.h"
 #include "base/clock.h"

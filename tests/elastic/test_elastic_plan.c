@@ -158,7 +158,8 @@ Test(elastic_plan, cooldown_doubles_within_its_range)
 	st.cool_max_ms = 100000;
 	/* min * 2^k + rnd * min, within [min, max] (Horovod's HostState._set_cooldown_period) */
 	cr_assert_eq(ep_blacklist(&st, 1, 0, 0.0), 20000);
-	cr_assert_eq(ep_blacklist(&st, 1, 5000, 0.9), 0, "a second failure in the cooldown: no change");
+	cr_assert_eq(ep_blacklist(&st, 1, 5000, 0.9), 0,
+	             "a second failure in the cooldown: no change");
 	cr_assert_eq(update(&st, "a:1\nb:1\n", 19999), 0, "not yet");
 	cr_assert_str_eq(order(&st), "a");
 	cr_assert_eq(update(&st, "a:1\nb:1\n", 20000), (int)EP_ADDED, "back after its cooldown");

@@ -6,9 +6,9 @@
 # nothing left on any host after a kill -9, a Ctrl-C, a SIGSTOP (khorrun kills the stopped
 # rank through its host's helper) or a failed start, start-up errors
 # (unreachable host, refused key) within --start-timeout naming the host and ssh's error,
-# and the job secret on no command line of any process.
+# the job secret on no command line of any process, and an elastic job that loses a host.
 #
-# usage: test_hosts.sh KHORRUN KHOR_BENCH EXAMPLE_ALLREDUCE
+# usage: test_hosts.sh KHORRUN KHOR_BENCH EXAMPLE_ALLREDUCE [ELASTIC_WORKER]
 # Exits 77 (CTest's skip) with one line why when it cannot run here: not root, no sshd,
 # no network namespaces.
 set -u -o pipefail
@@ -17,6 +17,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 KHORRUN=${1:?usage: $0 KHORRUN KHOR_BENCH EXAMPLE_ALLREDUCE}
 BENCH=${2:?usage}
 EXAMPLE=${3:?usage}
+WORKER=${4:-} # tests/elastic/elastic_worker: the elastic case runs with it
 
 skip() { echo "SKIP: $*"; exit 77; }
 [ "$(id -u)" -eq 0 ] || skip "needs root for network namespaces"
@@ -322,6 +323,36 @@ if "${KR[@]}" --output-filename "$WORK/logs" -H "$H0:1,$H1:1" /bin/sh -c 'echo "
 	pass "--output-filename: DIR/rank.N/stdout and stderr, remote ranks too"
 else
 	fail "--output-filename"
+fi
+
+# ---- 7. elastic over ssh: a worker killed on one host, the job goes on on the others -----
+if [ -n "$WORKER" ]; then
+	MARK=khhmark$$e
+	rm -f "$WORK/stop"
+	bg "${KR[@]}" --job-id "$MARK" -H "$H0:2,$H1:2,$H2:2" --min-np 2 -np 6 \
+		-x "EW_STOP=$WORK/stop" -x KHOR_COST_ALPHA_US=5 -x KHOR_COST_BETA_GBPS=2 \
+		-x KHOR_COST_GAMMA_GBPS=4 "$WORKER" 1000000 5
+	if wait_lines "$OUT" " gen 1 rank " 6 30 $kpid; then
+		victim=$(sed -n "s/^\[$H1:1\] up $H1:1 pid \([0-9]*\).*/\1/p" "$OUT")
+		kill -9 "$victim"
+		ok=0
+		wait_lines "$OUT" "join $H2:1 gen 2 rank 3 size 4" 1 30 $kpid &&
+			wait_lines "$OUT" "removed $H1:0: " 1 30 $kpid && ok=1
+		touch "$WORK/stop"
+		wait $kpid
+		st=$?
+		if [ $ok = 1 ] && [ $st -eq 0 ] &&
+			grep -q "generation 1: rank 3 on $H1 (worker $H1:1) was lost: killed by signal 9 (SIGKILL); host $H1 blacklisted" "$ERR" &&
+			grep -q "generation 2: 4 ranks on 2 hosts ($H0:2, $H2:2); 1 dropped" "$ERR" &&
+			no_leftovers "$MARK"; then
+			pass "elastic: kill -9 on $H1 blacklists it, 4 ranks go on on 2 hosts, exit 0, nothing left"
+		else
+			fail "elastic over ssh (exit $st)"
+		fi
+	else
+		kill -9 $kpid 2>/dev/null
+		fail "elastic workers did not start over ssh"
+	fi
 fi
 
 echo "$npass passed, $nfail failed"
