@@ -39,6 +39,8 @@ KHOR_API const char *khor_strerror(khor_status status)
 	case KHOR_ERR_AUTH: return "job secret check failed";
 	case KHOR_ERR_NOT_SUPPORTED: return "not supported";
 	case KHOR_ERR_INTERNAL: return "internal error";
+	case KHOR_ERR_MEMBERSHIP: return "the elastic job's membership changed: rejoin";
+	case KHOR_ERR_REMOVED: return "this worker is no longer part of the elastic job";
 	}
 	return "unknown status";
 }
@@ -137,6 +139,16 @@ GETTER(local_rank, local_rank)
 GETTER(local_size, local_size)
 GETTER(cross_rank, cross_rank)
 GETTER(cross_size, cross_size)
+
+KHOR_API int khor_generation(const khor_comm *comm)
+{
+	return comm != NULL ? comm_generation(comm) : -1;
+}
+
+KHOR_API int khor_hosts_updated(const khor_comm *comm)
+{
+	return comm != NULL ? comm_hosts_updated(comm) : 0;
+}
 
 /*
  * Error texts are copied out under the comm's lock into a buffer of the calling thread,

@@ -634,7 +634,9 @@ deadline:
 		return KHOR_ERR_TIMEOUT;
 	}
 	now = kclock_ns();
-	if (cc->check_abort != NULL && now - w->last_abort_check_ns > 1000000000ull) {
+	if (cc->check_abort != NULL &&
+	    ((cc->aborted != NULL && atomic_load_explicit(cc->aborted, memory_order_relaxed)) ||
+	     now - w->last_abort_check_ns > 1000000000ull)) {
 		w->last_abort_check_ns = now;
 		return cc->check_abort(cc->owner, err);
 	}

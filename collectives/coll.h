@@ -125,6 +125,11 @@ typedef struct coll_comm {
 	                        int *tp_out, kerr *err);
 	/* KHOR_SUCCESS, or the error another rank published for the whole job. */
 	khor_status (*check_abort)(void *owner, kerr *err);
+	/*
+	 * Set when the job's abort has been seen by a thread that watches for it: then waits
+	 * call check_abort at once instead of once a second. NULL: no such thread.
+	 */
+	const _Atomic bool *aborted;
 	size_t slice_bytes;   /* pipeline slice */
 	int max_lanes;        /* slices in flight per collective */
 	int64_t timeout_ms;   /* per collective; < 0 = none */

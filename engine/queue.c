@@ -136,7 +136,16 @@ void queue_signal_locked(struct khor_engine *e)
 void queue_fail_set(eset *s, const kerr *cause)
 {
 	struct khor_engine *e = s->e;
+	kctx *x = s->user->ctx;
+	kerr verdict;
 
+	/* Elastic: a loss fails every handle with the driver's word on it, as the comms do. */
+	if (x->cfg.elastic && cause->status != KHOR_ERR_INVALID_ARG &&
+	    cause->status != KHOR_ERR_MEMBERSHIP) {
+		verdict = *cause;
+		comm_elastic_verdict(x, &verdict);
+		cause = &verdict;
+	}
 	pthread_mutex_lock(&e->mu);
 	if (!s->failed) {
 		s->failed = true;

@@ -66,7 +66,10 @@ typedef enum khor_status {
 	KHOR_ERR_PROTOCOL = 7,     /* malformed or mismatched bytes on a link or from the store */
 	KHOR_ERR_AUTH = 8,         /* the job secret did not match */
 	KHOR_ERR_NOT_SUPPORTED = 9,
-	KHOR_ERR_INTERNAL = 10
+	KHOR_ERR_INTERNAL = 10,
+	KHOR_ERR_MEMBERSHIP = 11,  /* elastic: a rank was lost or the hosts changed; the text names
+	                            * who and why. Finalize and khor_init again to rejoin */
+	KHOR_ERR_REMOVED = 12      /* elastic, khor_init: this worker is no longer in the job; exit 0 */
 } khor_status;
 
 typedef enum khor_dtype {
@@ -133,6 +136,17 @@ KHOR_API int khor_local_rank(const khor_comm *comm);  /* rank among the ranks on
 KHOR_API int khor_local_size(const khor_comm *comm);
 KHOR_API int khor_cross_rank(const khor_comm *comm);  /* rank among ranks of equal local_rank */
 KHOR_API int khor_cross_size(const khor_comm *comm);
+
+/*
+ * Elastic jobs (KHOR_ELASTIC=1, docs/ELASTIC.md). A lost rank fails every pending call of
+ * the survivors with KHOR_ERR_MEMBERSHIP naming it; khor_finalize and khor_init then join
+ * the next generation, with new ranks and links. khor_init returns KHOR_ERR_REMOVED to a
+ * worker that is not in the job any more. The generation the context joined (a fixed job:
+ * this process's count of inits), and the driver's announcement of a host change for the
+ * next one (bit 1: hosts added, bit 2: removed; 0: none): a local read, free to poll.
+ */
+KHOR_API int khor_generation(const khor_comm *comm);
+KHOR_API int khor_hosts_updated(const khor_comm *comm);
 
 /*
  * Comms that share the parent's links (no socket is opened; a few store round trips at

@@ -27,6 +27,8 @@
  * instead of at their own deadline.
  */
 #include "comm.h"
+#include "alive.h"
+#include "elastic.h"
 #include "nccl.h"
 
 #include "base/dtype.h"
@@ -50,6 +52,65 @@ static khor_status comm_get_link(void *owner, int peer, kdeadline dl, tp_link **
                                  int *tp_out, kerr *err);
 static khor_status comm_check_abort(void *owner, kerr *err);
 
+/*
+ * An elastic job's process remembers, across its contexts, the generation it last joined
+ * and why it left it: the next khor_init tells the driver (elastic.c) and waits for a
+ * newer one. And the cost model it last measured, with what it was measured on, so that a
+ * generation on the same hosts with the same ranks per host need not measure again.
+ */
+static struct {
+	pthread_mutex_t mu;
+	int last_gen;
+	char why[KERR_TEXT_MAX];
+	bool have_model;
+	int size, nhosts, on_machine;
+	char tps[32];
+	double v[7];
+} el = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+static void el_left(const char *why)
+{
+	pthread_mutex_lock(&el.mu);
+	if (el.why[0] == '\0')
+		snprintf(el.why, sizeof(el.why), "%s", why);
+	pthread_mutex_unlock(&el.mu);
+}
+
+/* Elastic: the place of this worker in the newest generation; sets rank, size, prefix. */
+static khor_status elastic_place(kctx *c, kerr *err)
+{
+	settings *s = &c->cfg;
+	struct el_place p;
+	char why[KERR_TEXT_MAX];
+	int after;
+
+	pthread_mutex_lock(&el.mu);
+	after = el.last_gen;
+	snprintf(why, sizeof(why), "%s", el.why[0] ? el.why : "it finalized and joined again");
+	pthread_mutex_unlock(&el.mu);
+	khor_status st = elastic_join(c->store, s, after, why,
+	                              kdeadline_in_ms(s->elastic_timeout_ms), &p, err);
+	if (st != KHOR_SUCCESS)
+		return st;
+	pthread_mutex_lock(&el.mu);
+	el.last_gen = p.gen;
+	el.why[0] = '\0';
+	pthread_mutex_unlock(&el.mu);
+	c->generation = p.gen;
+	c->rank = s->rank = p.rank;
+	c->size = s->size = p.size;
+	s->local_rank = p.local_rank;
+	s->local_size = p.local_size;
+	s->cross_rank = p.cross_rank;
+	s->cross_size = p.cross_size;
+	snprintf(c->tp_job, sizeof(c->tp_job), "g%d/%s", p.gen, s->job_id);
+	store_set_prefix(c->store, s->job_id, c->generation);
+	klog_set_identity(c->rank, s->hostname);
+	KLOG_INFO("worker %s joins generation %d of elastic job '%s' as rank %d of %d",
+	          s->worker_id, p.gen, s->job_id, p.rank, p.size);
+	return KHOR_SUCCESS;
+}
+
 static khor_status start_store(kctx *c, kerr *err)
 {
 	settings *s = &c->cfg;
@@ -70,6 +131,8 @@ static khor_status start_store(kctx *c, kerr *err)
 	st = store_connect(c->store_addr, s->secret, s->job_id, dl, &c->store, err);
 	if (st != KHOR_SUCCESS)
 		return st;
+	if (s->elastic)
+		return elastic_place(c, err);
 	/*
 	 * The k-th init of each rank meets in generation k. A job that finalizes and inits
 	 * again (Horovod's shutdown() and init(), a rank script running two programs) would
@@ -251,6 +314,32 @@ static khor_status calibrate(khor_comm *c, kerr *err)
 	const int ncpu = shared_cores(x);
 	const bool own = x->on_machine <= ncpu;
 
+	/*
+	 * Elastic: a generation on the same hosts and ranks per host as the one this process
+	 * measured in reuses that model, when every rank has one (the MAX below then still
+	 * makes them one). The vote is a call of its own before the measurement's.
+	 */
+	double need = 1;
+	if (x->cfg.elastic) {
+		pthread_mutex_lock(&el.mu);
+		if (el.have_model && el.size == x->size && el.nhosts == x->nhosts &&
+		    el.on_machine == x->on_machine && strcmp(el.tps, x->tp_names) == 0) {
+			memcpy(v, el.v, sizeof(v));
+			need = 0;
+		}
+		pthread_mutex_unlock(&el.mu);
+		st = rd_allreduce(&c->cc, &need, &need, 1, KHOR_FLOAT64, KHOR_MAX, seq, COLL_ALLREDUCE,
+		                  err);
+		if (st != KHOR_SUCCESS)
+			return st;
+		seq = c->next_seq++;
+		if (need == 0) {
+			KLOG_INFO("elastic: the cost model of the last generation is reused (same hosts "
+			          "and ranks per host)");
+			goto agree;
+		}
+		memset(v, 0, sizeof(v));
+	}
 	if (c->hier_ok) {
 		st = cost_measure(&c->node_cc, seq, own, v, err);
 		if (st == KHOR_SUCCESS)
@@ -279,12 +368,23 @@ static khor_status calibrate(khor_comm *c, kerr *err)
 	KLOG_DEBUG("cost model measured here: intra alpha %.1f us, %.2f GB/s; inter alpha %.1f us, "
 	           "%.2f GB/s; reduce %.2f GB/s", v[0] * 1e6, v[1] > 0 ? 1e-9 / v[1] : 0.0,
 	           v[3] * 1e6, v[4] > 0 ? 1e-9 / v[4] : 0.0, v[2] > 0 ? 1e-9 / v[2] : 0.0);
+agree:
 	/* A call of its own: messages of one (comm, seq) must all be of one collective. */
 	if (st == KHOR_SUCCESS)
 		st = rd_allreduce(&c->cc, v, v, 7, KHOR_FLOAT64, KHOR_MAX, c->next_seq++,
 		                  COLL_ALLREDUCE, err);
 	if (st != KHOR_SUCCESS)
 		return st;
+	if (x->cfg.elastic) {
+		pthread_mutex_lock(&el.mu);
+		el.have_model = true;
+		el.size = x->size;
+		el.nhosts = x->nhosts;
+		el.on_machine = x->on_machine;
+		snprintf(el.tps, sizeof(el.tps), "%s", x->tp_names);
+		memcpy(el.v, v, sizeof(v));
+		pthread_mutex_unlock(&el.mu);
+	}
 	x->inner = (cost_model){ .alpha = v[0], .beta = v[1], .gamma = v[2], .cache = -v[6] };
 	x->outer = (cost_model){ .alpha = v[3], .beta = v[4], .gamma = v[5], .cache = -v[6] };
 	return KHOR_SUCCESS;
@@ -601,6 +701,7 @@ khor_status comm_create(kctx *x, const khor_comm *parent, const int *members, in
 	c->cc.owner = c;
 	c->cc.get_link = comm_get_link;
 	c->cc.check_abort = comm_check_abort;
+	c->cc.aborted = &x->aborted;
 	c->cc.slice_bytes = s->slice_bytes;
 	c->cc.max_lanes = s->pipeline_depth;
 	c->cc.timeout_ms = s->timeout_ms;
@@ -702,6 +803,7 @@ void comm_destroy(khor_comm *c)
 /* Tears down a context whose comms are gone (or were never made). */
 static void ctx_destroy(kctx *x)
 {
+	alive_stop(x);
 	if (x->store != NULL)
 		store_close(x->store);
 	for (int i = 0; i < x->ntps; i++) {
@@ -768,7 +870,7 @@ static khor_status start_transports(kctx *x, kerr *err)
 		have_hint = false;
 	}
 	tp_options o = {
-		.rank = x->rank, .size = x->size, .job_id = s->job_id, .secret = s->secret,
+		.rank = x->rank, .size = x->size, .job_id = x->tp_job, .secret = s->secret,
 		.ifname_spec = s->ifname[0] ? s->ifname : NULL, .hint_addr = have_hint ? &hint : NULL,
 		.nsocks = s->nsocks, .min_stripe_bytes = s->min_stripe,
 		.sock_bufsize = s->sock_bufsize, .handshake_timeout_ms = 30000,
@@ -826,7 +928,38 @@ static khor_status start_transports(kctx *x, kerr *err)
 	return KHOR_SUCCESS;
 }
 
-khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr *err)
+/*
+ * Waits for "ready". In an elastic job a planned rank may die before it joins: the driver
+ * then ends the generation (its abort key), and this init gives up at once to join the
+ * next one instead of waiting out its deadline.
+ */
+static khor_status wait_ready(kctx *x, kdeadline dl, kerr *err)
+{
+	void *v;
+	size_t vl;
+	khor_status st;
+
+	for (;;) {
+		kdeadline slice = x->cfg.elastic ? kdeadline_in_ms(kdeadline_left_ms(dl, 100)) : dl;
+		st = store_get(x->store, "ready", slice, &v, &vl, err);
+		if (st == KHOR_SUCCESS) {
+			free(v);
+			return st;
+		}
+		if (st != KHOR_ERR_TIMEOUT || kdeadline_passed(dl))
+			return st;
+		kerr e;
+		if (store_get(x->store, "abort", kdeadline_in_ms(0), &v, &vl, &e) == KHOR_SUCCESS) {
+			st = kerr_set(err, KHOR_ERR_MEMBERSHIP, "generation %d ended before every rank "
+			              "joined: %s", x->generation, (char *)v);
+			free(v);
+			return st;
+		}
+	}
+}
+
+static khor_status comm_init_once(const struct khor_config *cfg, khor_comm **comm_out,
+                                  kerr *err)
 {
 	kctx *x;
 	khor_comm *c = NULL;
@@ -848,8 +981,9 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	settings *s = &x->cfg;
 	x->rank = s->rank;
 	x->size = s->size;
+	snprintf(x->tp_job, sizeof(x->tp_job), "%s", s->job_id);
 	klog_set_identity(x->rank, s->hostname);
-	if (x->size == 1) {
+	if (x->size == 1 && !s->elastic) {
 		x->nhosts = x->on_machine = 1;
 		if ((st = comm_create(x, NULL, NULL, 1, 0, 0, &c, err)) != KHOR_SUCCESS)
 			goto fail;
@@ -880,9 +1014,7 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 		goto fail;
 	if (joined == x->size && (st = store_set(x->store, "ready", "1", 1, err)))
 		goto fail;
-	void *v;
-	size_t vl;
-	st = store_get(x->store, "ready", dl, &v, &vl, err);
+	st = wait_ready(x, dl, err);
 	if (st == KHOR_ERR_TIMEOUT) {
 		char missing[256], again[128] = "";
 		name_missing(x, missing, sizeof(missing));
@@ -898,7 +1030,8 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	}
 	if (st != KHOR_SUCCESS)
 		goto fail;
-	free(v);
+	if ((st = alive_start(x, err)) != KHOR_SUCCESS)
+		goto fail;
 	if ((st = read_hosts(x, dl, err)))
 		goto fail;
 	if ((st = comm_create(x, NULL, NULL, x->size, x->rank, 0, &c, err)) != KHOR_SUCCESS)
@@ -936,6 +1069,12 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
 	return KHOR_SUCCESS;
 
 fail:
+	/* Placed in a generation that broke before it was whole: a membership change too. */
+	if (s->elastic && x->generation > 0 && (st == KHOR_ERR_REMOTE || st == KHOR_ERR_SYSTEM ||
+	                                        st == KHOR_ERR_PROTOCOL || st == KHOR_ERR_TIMEOUT))
+		st = err->status = KHOR_ERR_MEMBERSHIP;
+	if (st == KHOR_ERR_MEMBERSHIP)
+		el_left(err->text);
 	kerr_prefix(err, "rank %d on %s", x->rank, s->hostname);
 	if (c != NULL) {
 		x->world = NULL;
@@ -943,6 +1082,27 @@ fail:
 	}
 	ctx_destroy(x);
 	return st;
+}
+
+khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr *err)
+{
+	for (int attempt = 1;; attempt++) {
+		khor_status st = comm_init_once(cfg, comm_out, err);
+		if (st != KHOR_ERR_MEMBERSHIP)
+			return st;
+		KLOG_WARN("elastic: joining again after attempt %d failed: %s", attempt, err->text);
+		kerr_clear(err);
+	}
+}
+
+int comm_generation(const khor_comm *c)
+{
+	return c->ctx->generation;
+}
+
+int comm_hosts_updated(const khor_comm *c)
+{
+	return atomic_load_explicit(&c->ctx->hosts_updated, memory_order_acquire);
 }
 
 /* Whether the comma list l (a "tps/<rank>" value) names transport name. */
@@ -1132,11 +1292,50 @@ static khor_status comm_check_abort(void *owner, kerr *err)
 
 	if (c->store == NULL)
 		return KHOR_SUCCESS;
+	if (c->alive != NULL) { /* the heartbeat thread waits on the key for us */
+		if (!atomic_load_explicit(&c->aborted, memory_order_acquire))
+			return KHOR_SUCCESS;
+		if (c->cfg.elastic)
+			return kerr_set(err, KHOR_ERR_MEMBERSHIP, "generation %d of the elastic job "
+			                "ended: %s", c->generation, c->abort_text);
+		return kerr_set(err, KHOR_ERR_REMOTE, "the job was aborted by another rank: %s",
+		                c->abort_text);
+	}
 	if (store_get(c->store, "abort", kdeadline_in_ms(0), &v, &len, &e) != KHOR_SUCCESS)
 		return KHOR_SUCCESS; /* absent, or the store is gone: the links will tell */
 	kerr_set(err, KHOR_ERR_REMOTE, "the job was aborted by another rank: %s", (char *)v);
 	free(v);
 	return KHOR_ERR_REMOTE;
+}
+
+/*
+ * Elastic: the driver, not a rank, ends a generation and says why (it saw the process die
+ * or stop). A rank that saw the loss first, as a closed link, waits up to a second for
+ * that verdict so that every survivor reports the same root cause; without one, it
+ * reports what it saw and asks the driver for a new generation.
+ */
+khor_status comm_elastic_verdict(kctx *x, kerr *e)
+{
+	kdeadline dl = kdeadline_in_ms(1000);
+	char mine[KERR_TEXT_MAX];
+
+	if (e->status == KHOR_ERR_MEMBERSHIP)
+		return KHOR_ERR_MEMBERSHIP;
+	kstrlcpy(mine, e->text, sizeof(mine));
+	while (x->alive != NULL && !atomic_load_explicit(&x->aborted, memory_order_acquire) &&
+	       !kdeadline_passed(dl)) {
+		struct timespec ts = { 0, 2 * 1000 * 1000 };
+		nanosleep(&ts, NULL);
+	}
+	int peer = e->peer;
+	if (atomic_load_explicit(&x->aborted, memory_order_acquire))
+		kerr_set(e, KHOR_ERR_MEMBERSHIP, "generation %d of the elastic job ended: %s "
+		         "(seen here as: %s)", x->generation, x->abort_text, mine);
+	else
+		kerr_set(e, KHOR_ERR_MEMBERSHIP, "generation %d of the elastic job broke: %s",
+		         x->generation, mine);
+	e->peer = peer;
+	return KHOR_ERR_MEMBERSHIP;
 }
 
 void comm_fail(khor_comm *c, const kerr *e)
@@ -1151,6 +1350,13 @@ void comm_fail_tell(khor_comm *c, const kerr *e, bool tell)
 	kerr ignore;
 	char text[KERR_TEXT_MAX];
 
+	kerr verdict;
+
+	if (x->cfg.elastic && tell && e->status != KHOR_ERR_MEMBERSHIP) {
+		verdict = *e;
+		comm_elastic_verdict(x, &verdict);
+		e = &verdict;
+	}
 	pthread_mutex_lock(&c->mu);
 	if (c->err.status != KHOR_SUCCESS) {
 		pthread_mutex_unlock(&c->mu);
@@ -1160,6 +1366,11 @@ void comm_fail_tell(khor_comm *c, const kerr *e, bool tell)
 	memcpy(text, c->err.text, sizeof(text));
 	pthread_mutex_unlock(&c->mu);
 	KLOG_ERR("%s", text);
+	if (x->cfg.elastic) {
+		if (tell)
+			el_left(text);
+		return;
+	}
 	if (x->store != NULL && tell &&
 	    store_add(x->store, "abort_count", 1, &n, &ignore) == KHOR_SUCCESS && n == 1)
 		store_set(x->store, "abort", text, strlen(text), &ignore);
@@ -1215,6 +1426,8 @@ void comm_finalize(khor_comm *c)
 			}
 		}
 	}
+	if (x->cfg.elastic && atomic_load(&x->hosts_updated) != 0)
+		el_left("the driver announced a change of hosts");
 	comm_free_fields(c);
 	ctx_destroy(x);
 }

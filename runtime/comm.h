@@ -86,6 +86,11 @@ typedef struct kctx {
 	uint32_t local_ids;   /* comm ids of a one-rank job, which has no store */
 	struct cg_count *cg;  /* create_group calls per (parent, list) so far (split.c) */
 	int ncg, cg_cap;
+	struct alive *alive;  /* the heartbeat thread (alive.h), once started */
+	_Atomic bool aborted; /* the generation's abort key was seen; then abort_text is set */
+	char abort_text[KERR_TEXT_MAX];
+	_Atomic int hosts_updated; /* elastic: the driver's host change (bits: 1 added, 2 removed) */
+	char tp_job[80];      /* the transports' job id: "g<generation>/<job>" when elastic */
 } kctx;
 
 /*
@@ -147,7 +152,15 @@ struct khor_comm {
 	kerr last;           /* the last failed call, e.g. a bad argument (under mu) */
 };
 
+/*
+ * Joins the job: a fixed one, or an elastic job's newest generation (docs/ELASTIC.md), in
+ * which case a failed attempt (the generation ended before every rank came) is retried in
+ * the next one until KHOR_ELASTIC_TIMEOUT.
+ */
 khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr *err);
+/* The generation the context joined; whether its driver announced a host change. */
+int comm_generation(const khor_comm *c);
+int comm_hosts_updated(const khor_comm *c);
 void comm_finalize(khor_comm *c);
 
 /* Runs req in order (inline when nothing is queued); blocks until done. */
@@ -167,6 +180,11 @@ void comm_root_position(const khor_comm *c, int root, int *host_out, int *local_
  * ranks are already in the call (buffers of mixed memory kinds) is their business too.
  */
 void comm_fail_tell(khor_comm *c, const kerr *e, bool tell);
+/*
+ * Elastic: e (a failed collective) as a membership error, with the driver's verdict on the
+ * loss when it comes within a second (docs/ELASTIC.md); returns KHOR_ERR_MEMBERSHIP.
+ */
+khor_status comm_elastic_verdict(kctx *x, kerr *e);
 /* e as this comm's error text: "rank R on HOST, comm 8 (world ranks ...): cause". */
 void comm_name_error(const khor_comm *c, const kerr *e, kerr *out);
 /* Records a bad call (not sticky) in c->last, under the comm's lock. */

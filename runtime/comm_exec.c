@@ -733,8 +733,11 @@ static khor_status run_one(khor_comm *c, struct khor_request *r)
 	}
 	if (st == KHOR_ERR_TIMEOUT && err.peer >= 0 && c->ctx->store != NULL)
 		blame_timeout(c, &err);
-	if (st == KHOR_ERR_REMOTE && c->ctx->store != NULL &&
-	    strstr(err.text, "aborted by another rank") == NULL) {
+	if (st != KHOR_SUCCESS && c->ctx->cfg.elastic &&
+	    (tell || err.status != KHOR_ERR_INVALID_ARG))
+		st = comm_elastic_verdict(c->ctx, &err); /* the driver's word on the loss */
+	else if (st == KHOR_ERR_REMOTE && c->ctx->store != NULL &&
+	         strstr(err.text, "aborted by another rank") == NULL) {
 		/*
 		 * A closed or reset link is usually the echo of a failure elsewhere. Give the rank
 		 * that failed first a moment to publish its cause, so we report that, not "reset".

@@ -30,6 +30,11 @@ const struct config_var config_vars[] = {
 	{ "KHOR_JOB_ID", "default", "Job id; keys and links of other jobs are refused", NULL, NULL },
 	{ "KHOR_TIMEOUT", "300s", "Deadline of every collective and wait (e.g. 30s, 500ms, 5m; -1 = none)", NULL, NULL },
 	{ "KHOR_INIT_TIMEOUT", NULL, "Deadline for all ranks to join at init (default: KHOR_TIMEOUT)", NULL, NULL },
+	{ "KHOR_ELASTIC", "0", "1 = an elastic job: ranks rejoin a new generation after a loss or a host change instead of ending (needs khorrun's or etcd's store; alias HOROVOD_ELASTIC)", "HOROVOD_ELASTIC", NULL },
+	{ "KHOR_WORKER_ID", NULL, "Elastic: this worker's id, HOST:SLOT (set by khorrun's elastic driver)", NULL, NULL },
+	{ "KHOR_ELASTIC_TIMEOUT", "600s", "Elastic: how long khor_init waits for a generation that includes this worker", NULL, NULL },
+	{ "KHOR_HEARTBEAT_TIMEOUT", "10s", "A rank whose heartbeat (through the store) has not moved for this long is not alive: khorrun kills it and the waits on it fail (-1 = never)", NULL, NULL },
+	{ "KHOR_HEARTBEAT_INTERVAL", "1s", "How often each rank beats its heartbeat (at most a fifth of KHOR_HEARTBEAT_TIMEOUT is used)", NULL, NULL },
 	{ "KHOR_HOSTNAME", NULL, "Host identity used to group ranks per node (default: gethostname)", NULL, NULL },
 	{ "KHOR_SOCKET_IFNAME", NULL, "Interface for links: prefixes (eth,ib), =exact, ^excluded, or a CIDR (198.18.0.0/15); unset = tcp publishes every usable address, the store's subnet first, and each peer dials one it can reach", NULL, NULL },
 	{ "KHOR_SOCKET_NSOCKS", "2", "TCP sockets per link; large messages are striped over them (1-16)", NULL, NULL },
@@ -304,6 +309,49 @@ khor_status config_parse_nccl(const char *p, int *nccl, kerr *err)
 	return parse_tristate("KHOR_NCCL", "auto, on or off", p, nccl, err);
 }
 
+/* KHOR_ELASTIC and the heartbeat: parsed after the store, which elastic mode needs. */
+static khor_status parse_elastic(const struct khor_config *cfg, settings *s, kerr *err)
+{
+	const char *from;
+	const char *p = config_lookup_alias(cfg, "KHOR_ELASTIC", &from);
+	khor_status st;
+
+	s->elastic = false;
+	if (p != NULL && !kparse_bool(p, &s->elastic))
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%.32s': expected 0 or 1", from, p);
+	p = config_lookup(cfg, "KHOR_WORKER_ID");
+	if (p != NULL && (strlen(p) >= sizeof(s->worker_id) || strpbrk(p, " \t\n/") != NULL))
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_WORKER_ID='%.64s': at most %zu "
+		                "characters, no spaces or '/'", p, sizeof(s->worker_id) - 1);
+	if (p != NULL)
+		kstrlcpy(s->worker_id, p, sizeof(s->worker_id));
+	else
+		snprintf(s->worker_id, sizeof(s->worker_id), "%s:%d", s->hostname, s->rank);
+	if ((st = get_duration(cfg, "KHOR_ELASTIC_TIMEOUT", config_default("KHOR_ELASTIC_TIMEOUT"),
+	                       &s->elastic_timeout_ms, err)) ||
+	    (st = get_duration(cfg, "KHOR_HEARTBEAT_TIMEOUT",
+	                       config_default("KHOR_HEARTBEAT_TIMEOUT"), &s->hb_timeout_ms, err)) ||
+	    (st = get_duration(cfg, "KHOR_HEARTBEAT_INTERVAL",
+	                       config_default("KHOR_HEARTBEAT_INTERVAL"), &s->hb_interval_ms, err)))
+		return st;
+	if (s->hb_interval_ms <= 0)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_HEARTBEAT_INTERVAL must be positive");
+	if (s->hb_timeout_ms > 0 && s->hb_interval_ms > s->hb_timeout_ms / 5)
+		s->hb_interval_ms = s->hb_timeout_ms / 5 > 0 ? s->hb_timeout_ms / 5 : 1;
+	if (!s->elastic)
+		return KHOR_SUCCESS;
+	if (config_lookup(cfg, "KHOR_STORE_ADDR") == NULL)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s=1 needs a rendezvous store that outlives "
+		                "the ranks: start the job with khorrun's elastic flags (--min-np, "
+		                "--max-np, --host-discovery-script) or set KHOR_STORE_ADDR to khorrun's "
+		                "store or etcd://HOST:PORT; %s", from,
+		                s->serve_store || s->store_host[0] != '\0'
+		                    ? "here rank 0 would serve the store itself, and it would go with "
+		                      "rank 0"
+		                    : "here no store is set");
+	return KHOR_SUCCESS;
+}
+
 khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 {
 	int64_t v;
@@ -533,6 +581,8 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 		if ((st = get_duration(cfg, "KHOR_INIT_TIMEOUT", def, &s->init_timeout_ms, err)))
 			return st;
 	}
+	if ((st = parse_elastic(cfg, s, err)))
+		return st;
 	uint64_t u;
 	if ((st = get_size(cfg, "KHOR_SOCKET_NSOCKS", 1, 16, &u, err)))
 		return st;

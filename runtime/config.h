@@ -74,6 +74,11 @@ typedef struct settings {
 	uint32_t ib_max_wr;     /* 0 = the ports' limit */
 	bool ib_flush_always;
 	bool shm_cma;           /* KHOR_SHM_CMA=1 */
+	bool elastic;           /* KHOR_ELASTIC=1 (docs/ELASTIC.md) */
+	char worker_id[128];    /* KHOR_WORKER_ID, else "<hostname>:<rank>" */
+	int64_t elastic_timeout_ms;
+	int64_t hb_timeout_ms;  /* KHOR_HEARTBEAT_TIMEOUT; < 0: never */
+	int64_t hb_interval_ms;
 } settings;
 
 /* Looks up name in cfg, then the environment; NULL when unset or empty. */
