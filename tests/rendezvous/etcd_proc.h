@@ -33,7 +33,7 @@ struct etcd_proc {
 	char dir[128]; /* holds data/ and etcd.log */
 };
 
-static bool etcd_installed(void)
+static inline bool etcd_installed(void)
 {
 	const char *path = getenv("PATH");
 	char buf[4096], *save = NULL;
@@ -48,7 +48,7 @@ static bool etcd_installed(void)
 	return false;
 }
 
-static uint16_t etcd_free_port(void)
+static inline uint16_t etcd_free_port(void)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET };
 	socklen_t al = sizeof(a);
@@ -61,7 +61,7 @@ static uint16_t etcd_free_port(void)
 	return ntohs(a.sin_port);
 }
 
-static void etcd_spawn(struct etcd_proc *p)
+static inline void etcd_spawn(struct etcd_proc *p)
 {
 	char client[64], peer[64], cluster[96], data[160], logf[160];
 	pid_t parent = getpid();
@@ -93,7 +93,7 @@ static void etcd_spawn(struct etcd_proc *p)
 }
 
 /* Waits until etcd answers (true) or exits or 10 s pass (false). */
-static bool etcd_wait_ready(struct etcd_proc *p)
+static inline bool etcd_wait_ready(struct etcd_proc *p)
 {
 	uint64_t until = kclock_ns() + 10000000000ull;
 
@@ -113,7 +113,7 @@ static bool etcd_wait_ready(struct etcd_proc *p)
 	return false;
 }
 
-static void etcd_kill(struct etcd_proc *p, int sig)
+static inline void etcd_kill(struct etcd_proc *p, int sig)
 {
 	if (p->pid > 0) {
 		kill(p->pid, sig);
@@ -122,7 +122,7 @@ static void etcd_kill(struct etcd_proc *p, int sig)
 	}
 }
 
-static void etcd_log_tail(const struct etcd_proc *p, char *buf, size_t cap)
+static inline void etcd_log_tail(const struct etcd_proc *p, char *buf, size_t cap)
 {
 	char logf[160];
 	FILE *f;
@@ -139,7 +139,7 @@ static void etcd_log_tail(const struct etcd_proc *p, char *buf, size_t cap)
 }
 
 /* Starts etcd again on the same ports and data (after etcd_kill). */
-static void etcd_restart(struct etcd_proc *p)
+static inline void etcd_restart(struct etcd_proc *p)
 {
 	char log[1024];
 
@@ -150,7 +150,8 @@ static void etcd_restart(struct etcd_proc *p)
 	}
 }
 
-static int etcd_rm_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+static inline int etcd_rm_entry(const char *path, const struct stat *sb, int type,
+                                struct FTW *ftw)
 {
 	(void)sb;
 	(void)type;
@@ -161,7 +162,7 @@ static int etcd_rm_entry(const char *path, const struct stat *sb, int type, stru
 static struct etcd_proc *etcd_atexit_proc;
 static pid_t etcd_owner; /* the test process; its forked children leave etcd alone */
 
-static void etcd_down(struct etcd_proc *p)
+static inline void etcd_down(struct etcd_proc *p)
 {
 	etcd_kill(p, SIGKILL);
 	if (p->dir[0] != '\0')
@@ -170,13 +171,13 @@ static void etcd_down(struct etcd_proc *p)
 }
 
 /* A failed assertion ends the test without its last lines: the server goes anyway. */
-static void etcd_down_at_exit(void)
+static inline void etcd_down_at_exit(void)
 {
 	if (etcd_atexit_proc != NULL && getpid() == etcd_owner)
 		etcd_down(etcd_atexit_proc);
 }
 
-static void etcd_up(struct etcd_proc *p)
+static inline void etcd_up(struct etcd_proc *p)
 {
 	char log[1024];
 
