@@ -150,6 +150,11 @@ KHOR_API int khor_hosts_updated(const khor_comm *comm)
 	return comm != NULL ? comm_hosts_updated(comm) : 0;
 }
 
+KHOR_API int khor_is_elastic(const khor_comm *comm)
+{
+	return comm != NULL && comm_is_elastic(comm);
+}
+
 /*
  * Error texts are copied out under the comm's lock into a buffer of the calling thread,
  * since another thread may be writing them; the pointer stays valid until this thread's

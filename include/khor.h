@@ -147,6 +147,8 @@ KHOR_API int khor_cross_size(const khor_comm *comm);
  */
 KHOR_API int khor_generation(const khor_comm *comm);
 KHOR_API int khor_hosts_updated(const khor_comm *comm);
+/* 1 when the comm's job is elastic (a lost rank is a reason to reset, not to end), else 0. */
+KHOR_API int khor_is_elastic(const khor_comm *comm);
 
 /*
  * Comms that share the parent's links (no socket is opened; a few store round trips at

@@ -8,6 +8,7 @@
 #include "base/parse.h"
 #include "khor.h"
 #include "runtime/config.h"
+#include "elastic_plan.h"
 #include "say.h"
 
 #include <ctype.h>
@@ -61,6 +62,37 @@ static void usage(FILE *f)
 	        "  --remote-khorrun PATH  khorrun on the other hosts (default: this one's path)\n"
 	        "  --dry-run            print where each rank would run and exit\n"
 	        "\n"
+	        "elastic jobs (on with --min-np, --max-np or --host-discovery-script; the ranks\n"
+	        "must call khor_init again after a KHOR_ERR_MEMBERSHIP: docs/ELASTIC.md):\n"
+	        "  --min-np N, --min-num-proc N  fewest ranks to train with (default -np); with\n"
+	        "                       fewer slots the job waits for hosts (--elastic-timeout)\n"
+	        "  --max-np N, --max-num-proc N  most ranks (default: every slot there is)\n"
+	        "  -np N                the first generation starts once N slots are there\n"
+	        "                       (default --min-np); it takes every slot up to --max-np\n"
+	        "  --host-discovery-script CMD  prints the hosts there are now, HOST or HOST:SLOTS\n"
+	        "                       a line; run by /bin/sh every second; its first failure\n"
+	        "                       ends the job, later ones are said and retried. Without\n"
+	        "                       it the hosts are those of -H, --hostfile or Slurm, else\n"
+	        "                       localhost with --max-np (else -np) slots\n"
+	        "  --host-discovery-timeout DURATION  how long one run of it may take (10s)\n"
+	        "  --slots-per-host N   slots of a discovered host given without :SLOTS (1)\n"
+	        "  --reset-limit N      fail (status 3) when the job would need more than N new\n"
+	        "                       generations after its first\n"
+	        "  --blacklist-cooldown-range MIN MAX  seconds a failed host stays out: MIN*2^k\n"
+	        "                       plus up to MIN more, within MIN..MAX (k: its failures);\n"
+	        "                       without it, a failed host is out for good\n"
+	        "  --elastic-timeout DURATION  how long to wait for --min-np slots (default\n"
+	        "                       KHOR_ELASTIC_TIMEOUT, else 600s); failing names why\n"
+	        "  A rank that exits non-zero, is killed, or whose heartbeat stalls for\n"
+	        "  KHOR_HEARTBEAT_TIMEOUT (khorrun kills it first) ends its generation: with\n"
+	        "  ranks on several hosts its host is blacklisted and its other ranks dropped;\n"
+	        "  on one host a fresh rank takes its slot. The survivors go on in the next\n"
+	        "  generation. A rank that exits 0 starts the job's end: no new generation, and\n"
+	        "  once every rank has exited 0, so does khorrun. Each rank gets KHOR_ELASTIC=1,\n"
+	        "  HOROVOD_ELASTIC=1, KHOR_WORKER_ID=HOST:SLOT, KHOR_HOSTNAME=HOST (the name as\n"
+	        "  given; every name of this host runs here, without ssh) and its rank and sizes\n"
+	        "  in the generation it starts in; its output lines start \"[HOST:SLOT] \".\n"
+	        "\n"
 	        "  -h, --help           show this help\n"
 	        "  --help-env           list the KHOR_* variables the ranks read\n"
 	        "  --version            print the version\n"
@@ -77,7 +109,12 @@ static void usage(FILE *f)
 	        "Ranks read stdin from /dev/null. Exit status: the first failed rank's\n"
 	        "(128+signal if killed), 130/143 when interrupted by SIGINT/SIGTERM, 2 for a bad\n"
 	        "command line, 127 when the program is not found, 126 when it cannot be run,\n"
-	        "1 when a host cannot be reached or does not start its ranks in time.\n");
+	        "1 when a host cannot be reached or does not start its ranks in time.\n"
+	        "Elastic jobs: 0 when every rank of the last generation exited 0; 1 when the job\n"
+	        "cannot go on (every host blacklisted, no --min-np slots within --elastic-timeout,\n"
+	        "the discovery script's first run failed, no host of the last generation left);\n"
+	        "3 when --reset-limit is exceeded; a rank's own status (as above) when it fails\n"
+	        "after another exited 0.\n");
 }
 
 /* The variables every rank reads (runtime/config.c's table, as in the README). */
@@ -136,6 +173,9 @@ static bool takes_value(const char *name)
 		"-np", "-n", "--np", "-x", "--timeout", "--grace", "--bind-store", "--store-port",
 		"--job-id", "--bind", "-H", "--host", "--hostfile", "--ssh-command", "--ssh-port",
 		"--ssh-identity", "--start-timeout", "--remote-khorrun", "--output-filename",
+		"--min-np", "--min-num-proc", "--max-np", "--max-num-proc", "--host-discovery-script",
+		"--host-discovery-timeout", "--slots-per-host", "--reset-limit", "--elastic-timeout",
+		"--blacklist-cooldown-range",
 	};
 
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
@@ -191,6 +231,70 @@ static int parse_bind_store(const char *val, struct opts *o)
 	return -1;
 }
 
+/* A count option (--min-np 2): false with the usage said. */
+static bool parse_count(const char *name, const char *val, int lo, int hi, int *out)
+{
+	int64_t v;
+
+	if (!kparse_i64(val, &v) || v < lo || v > hi) {
+		cli_bad_usage("%s wants a number from %d to %d, not '%s'", name, lo, hi, val);
+		return false;
+	}
+	*out = (int)v;
+	return true;
+}
+
+/* --blacklist-cooldown-range MIN MAX: whole seconds, within Horovod's bounds. */
+static int parse_cooldown(const char *lo, const char *hi, struct opts *o)
+{
+	int a, b;
+
+	if (!parse_count("--blacklist-cooldown-range MIN", lo, EP_COOLDOWN_MIN_S, EP_COOLDOWN_MAX_S,
+	                 &a) ||
+	    !parse_count("--blacklist-cooldown-range MAX", hi, EP_COOLDOWN_MIN_S, EP_COOLDOWN_MAX_S,
+	                 &b))
+		return 2;
+	if (a > b)
+		return cli_bad_usage("--blacklist-cooldown-range wants MIN <= MAX, not %d %d", a, b);
+	o->cool_min_ms = (int64_t)a * 1000;
+	o->cool_max_ms = (int64_t)b * 1000;
+	return -1;
+}
+
+/* The elastic options once all are read: what goes with what, and the defaults. */
+static int check_elastic(struct opts *o)
+{
+	o->elastic = o->min_np > 0 || o->max_np > 0 || o->discovery != NULL;
+	if (!o->elastic) {
+		if (o->reset_limit >= 0 || o->cool_min_ms > 0 || o->elastic_timeout_ms >= 0)
+			return cli_bad_usage("--reset-limit, --blacklist-cooldown-range and "
+			                     "--elastic-timeout are for elastic jobs: give --min-np, "
+			                     "--max-np or --host-discovery-script too");
+		return -1;
+	}
+	if (o->discovery != NULL && (o->nhost_args > 0 || o->hostfile != NULL))
+		return cli_bad_usage("--host-discovery-script and %s both name the hosts; give one "
+		                     "of them", o->hostfile != NULL ? "--hostfile" : "-H");
+	if (o->np == 0 && o->min_np == 0)
+		return cli_bad_usage("an elastic job needs -np N or --min-np N");
+	if (o->min_np == 0)
+		o->min_np = o->np;
+	if (o->np == 0)
+		o->np = o->min_np;
+	if (o->np < o->min_np)
+		return cli_bad_usage("-np %d is less than --min-np %d", o->np, o->min_np);
+	if (o->max_np > 0 && o->max_np < o->np)
+		return cli_bad_usage("--max-np %d is less than -np %d%s", o->max_np, o->np,
+		                     o->np == o->min_np ? " (-np defaults to --min-np)" : "");
+	if (o->bind == CPUBIND_CORES)
+		return cli_bad_usage("--bind cores is for fixed jobs: an elastic job's ranks per "
+		                     "host change from one generation to the next");
+	if (o->dry_run)
+		return cli_bad_usage("--dry-run shows a fixed job's placement; an elastic job's "
+		                     "comes from the hosts there are when it runs");
+	return -1;
+}
+
 /*
  * Parses argv into o. Returns -1 to go on, or the exit status to exit with (0 after --help
  * or --version, 2 after a bad command line, which it has explained on stderr).
@@ -204,6 +308,10 @@ int cli_parse(int argc, char **argv, struct opts *o)
 	o->grace_ms = DEFAULT_GRACE_MS;
 	o->start_timeout_ms = DEFAULT_START_TIMEOUT_MS;
 	o->bind = CPUBIND_NONE;
+	o->slots_per_host = 1;
+	o->reset_limit = -1;
+	o->elastic_timeout_ms = -1;
+	o->discovery_timeout_ms = 10000;
 	o->xvars = calloc((size_t)argc, sizeof(*o->xvars));
 	o->xnames = calloc((size_t)argc, sizeof(*o->xnames));
 	o->host_args = calloc((size_t)argc, sizeof(*o->host_args));
@@ -353,6 +461,39 @@ int cli_parse(int argc, char **argv, struct opts *o)
 			if (val[0] == '\0')
 				return cli_bad_usage("--output-filename wants a directory");
 			o->output_dir = val;
+		} else if (strcmp(name, "--min-np") == 0 || strcmp(name, "--min-num-proc") == 0) {
+			if (!parse_count(name, val, 1, MAX_RANKS, &o->min_np))
+				return 2;
+		} else if (strcmp(name, "--max-np") == 0 || strcmp(name, "--max-num-proc") == 0) {
+			if (!parse_count(name, val, 1, MAX_RANKS, &o->max_np))
+				return 2;
+		} else if (strcmp(name, "--slots-per-host") == 0) {
+			if (!parse_count(name, val, 1, MAX_RANKS, &o->slots_per_host))
+				return 2;
+		} else if (strcmp(name, "--reset-limit") == 0) {
+			if (!parse_count(name, val, 0, INT32_MAX, &o->reset_limit))
+				return 2;
+		} else if (strcmp(name, "--host-discovery-script") == 0) {
+			if (strspn(val, " \t") == strlen(val))
+				return cli_bad_usage("--host-discovery-script wants a command");
+			o->discovery = val;
+		} else if (strcmp(name, "--host-discovery-timeout") == 0) {
+			if (!kparse_duration_ms(val, &o->discovery_timeout_ms) ||
+			    o->discovery_timeout_ms <= 0)
+				return cli_bad_usage("--host-discovery-timeout wants a finite duration like "
+				                     "10s, not '%s'", val);
+		} else if (strcmp(name, "--elastic-timeout") == 0) {
+			if (!kparse_duration_ms(val, &o->elastic_timeout_ms) || o->elastic_timeout_ms < 0)
+				return cli_bad_usage("--elastic-timeout wants a finite duration like 600 (s), "
+				                     "30s or 10m, not '%s'", val);
+		} else if (strcmp(name, "--blacklist-cooldown-range") == 0) {
+			int rc;
+
+			/* Horovod's form: two words, MIN MAX. */
+			if (i + 1 >= argc)
+				return cli_bad_usage("--blacklist-cooldown-range wants MIN MAX (seconds)");
+			if ((rc = parse_cooldown(val, argv[++i], o)) >= 0)
+				return rc;
 		}
 	}
 
@@ -361,5 +502,5 @@ int cli_parse(int argc, char **argv, struct opts *o)
 	if (o->nhost_args > 0 && o->hostfile != NULL)
 		return cli_bad_usage("-H and --hostfile both name the hosts; give one of them");
 	o->prog_argv = &argv[i];
-	return -1;
+	return check_elastic(o);
 }

@@ -34,18 +34,22 @@ static bool env_has(char **env, size_t n, const char *def)
 
 const char *const env_id_prefixes[NPREFIXES] = { "KHOR_", "HOROVOD_" };
 
-void env_fill_slots(char (*slots)[SLOT_LEN], const struct rank *rk, int r)
+void env_fill_slots(char (*slots)[SLOT_LEN], const struct rank *rk)
 {
 	for (size_t p = 0; p < NPREFIXES; p++) {
 		char(*s)[SLOT_LEN] = slots + SLOTS_PER_PREFIX * p;
 		const char *pre = env_id_prefixes[p];
 
-		snprintf(s[0], SLOT_LEN, "%sRANK=%d", pre, r);
+		snprintf(s[0], SLOT_LEN, "%sRANK=%d", pre, rk->rank);
 		snprintf(s[1], SLOT_LEN, "%sLOCAL_RANK=%d", pre, rk->lrank);
 		snprintf(s[2], SLOT_LEN, "%sLOCAL_SIZE=%d", pre, rk->lsize);
 		snprintf(s[3], SLOT_LEN, "%sCROSS_RANK=%d", pre, rk->xrank);
 		snprintf(s[4], SLOT_LEN, "%sCROSS_SIZE=%d", pre, rk->xsize);
 	}
+	if (rk->worker != NULL)
+		snprintf(slots[NSLOTS - 1], SLOT_LEN, "KHOR_WORKER_ID=%s", rk->worker);
+	else
+		slots[NSLOTS - 1][0] = '\0';
 }
 
 bool env_add_fixed(char **fixed, size_t *nfixed, const char *fmt, ...)
@@ -69,19 +73,21 @@ bool env_add_fixed(char **fixed, size_t *nfixed, const char *fmt, ...)
  * it (the last -x, else khorrun's environment; empty means unset), else gethostname(), which
  * is what runtime/config.c groups ranks into hosts by.
  */
+const char *env_rank_value(const struct opts *o, const char *name)
+{
+	size_t n = strlen(name);
+
+	for (int i = o->nxvars - 1; i >= 0; i--) {
+		if (strncmp(o->xvars[i], name, n) == 0 && o->xvars[i][n] == '=')
+			return o->xvars[i] + n + 1;
+	}
+	return getenv(name);
+}
+
 void env_rank_hostname(const struct opts *o, char *out, size_t len)
 {
-	const char *v = NULL;
-	bool from_x = false;
+	const char *v = env_rank_value(o, "KHOR_HOSTNAME");
 
-	for (int i = o->nxvars - 1; i >= 0 && !from_x; i--) {
-		if (same_name(o->xvars[i], "KHOR_HOSTNAME=")) {
-			v = o->xvars[i] + strlen("KHOR_HOSTNAME=");
-			from_x = true;
-		}
-	}
-	if (!from_x)
-		v = getenv("KHOR_HOSTNAME");
 	if (v != NULL && *v != '\0') {
 		kstrlcpy(out, v, len);
 		return;
@@ -108,8 +114,10 @@ char **env_build(const struct opts *o, char **fixed, size_t nfixed,
 	env = calloc(nfixed + NSLOTS + (size_t)o->nxvars + nenv + 1, sizeof(*env));
 	if (env == NULL)
 		return NULL;
-	for (size_t i = 0; i < NSLOTS; i++)
-		env[n++] = slots[i];
+	for (size_t i = 0; i < NSLOTS; i++) {
+		if (slots[i][0] != '\0')
+			env[n++] = slots[i];
+	}
 	for (size_t i = 0; i < nfixed; i++)
 		env[n++] = fixed[i];
 	for (int i = o->nxvars - 1; i >= 0; i--) {

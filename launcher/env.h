@@ -14,20 +14,25 @@
  */
 #define NPREFIXES ((size_t)2)
 extern const char *const env_id_prefixes[NPREFIXES];
-/* The entries that differ between ranks, under each prefix: see env_fill_slots. */
+/*
+ * The entries that differ between ranks: five under each prefix, then KHOR_WORKER_ID in an
+ * elastic job (an empty slot, left out of the environment, otherwise). See env_fill_slots.
+ */
 #define SLOTS_PER_PREFIX 5
-#define NSLOTS (SLOTS_PER_PREFIX * NPREFIXES)
-#define SLOT_LEN 40
+#define NSLOTS (SLOTS_PER_PREFIX * NPREFIXES + 1)
+#define SLOT_LEN 288
 /* The entries that are the same in every rank of a host: see main. */
 #define MAX_FIXED 24
 
-/* Rank rk's identity, as placed by place_ranks (one host: local rank = rank). */
-void env_fill_slots(char (*slots)[SLOT_LEN], const struct rank *rk, int r);
+/* Rank rk's identity, as placed by place_ranks or the elastic driver. */
+void env_fill_slots(char (*slots)[SLOT_LEN], const struct rank *rk);
 /* Appends one printf-made "NAME=value" to fixed; false when out of memory or room. */
 bool env_add_fixed(char **fixed, size_t *nfixed, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* The host name the ranks go by, for HOROVOD_HOSTNAME. */
 void env_rank_hostname(const struct opts *o, char *out, size_t len);
+/* VAR as the ranks will see it: the last -x VAR=VALUE, else khorrun's own; NULL if unset. */
+const char *env_rank_value(const struct opts *o, const char *name);
 /* The environment to start the ranks with; slots are rewritten before each start. */
 char **env_build(const struct opts *o, char **fixed, size_t nfixed, char (*slots)[SLOT_LEN]);
 

@@ -23,7 +23,7 @@
 #define FRAME_HDR 5
 #define FRAME_MAX (LINE_BUF + 64)
 /* Bumped whenever the frames change: both ends must be the same khorrun. */
-#define HELPER_PROTO "khorrun-helper 1"
+#define HELPER_PROTO "khorrun-helper 2"
 
 /*
  * What a helper writes before its first frame, so that whatever a login script prints on

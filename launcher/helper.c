@@ -45,6 +45,7 @@ int helper_main(void)
 	char *buf = malloc(FRAME_MAX + 1), *path = NULL, *cwd = NULL, hostname[256] = "";
 	char **argv = NULL, *fixed[1];
 	char (*hslots)[NSLOTS][SLOT_LEN] = NULL;
+	int *ids = NULL;
 	size_t nfixed = 0, nargv = 0;
 	int nranks = 0, rc = 1, bindm = 0;
 	bool go = false, proto_ok = false;
@@ -122,18 +123,23 @@ int helper_main(void)
 		}
 		case 'R': {
 			void *p = realloc(hslots, (size_t)(nranks + 1) * sizeof(*hslots));
+			int *pi = realloc(ids, (size_t)(nranks + 1) * sizeof(*ids));
 			const char *q = buf + strlen(buf) + 1;
 
-			if (p == NULL || nranks >= MAX_RANKS)
+			if (p != NULL)
+				hslots = p;
+			if (pi != NULL)
+				ids = pi;
+			if (p == NULL || pi == NULL || nranks >= MAX_RANKS)
 				goto out;
-			hslots = p;
+			/* The frame's first word is the rank's id in khorrun's frames. */
+			ids[nranks] = atoi(buf);
 			memset(hslots[nranks], 0, sizeof(hslots[nranks]));
 			for (size_t k = 0; k < NSLOTS && q < buf + n; k++) {
 				kstrlcpy(hslots[nranks][k], q, SLOT_LEN);
 				q += strlen(q) + 1;
 			}
 			nranks++;
-			/* The rank's id is the frame's first word; ranks are kept in that order. */
 			break;
 		}
 		case 'G':
@@ -180,7 +186,7 @@ int helper_main(void)
 	}
 	j->nstarted = nranks;
 	for (int i = 0; i < nranks; i++)
-		j->ranks[i].id = atoi(hslots[i][0] + strlen("KHOR_RANK="));
+		j->ranks[i].id = ids[i];
 	if (!output_init_ranks(j)) {
 		frame_sendf('F', "1");
 		goto out_ranks;
@@ -210,6 +216,7 @@ out:
 		free(argv[i]);
 	free(argv);
 	free(hslots);
+	free(ids);
 	free(cwd);
 	free(path);
 	free(buf);

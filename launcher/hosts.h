@@ -42,6 +42,17 @@ bool slurm_hosts(struct hostlist *l, bool *bad_out);
  */
 int place_ranks(struct job *j);
 /*
+ * The hosts as given: -H, else --hostfile, else the Slurm allocation (*from_slurm_out),
+ * else none. False when they are malformed (the reason said).
+ */
+bool place_gather_hosts(const struct opts *o, struct hostlist *l, bool *from_slurm_out);
+/*
+ * Is name this host (localhost, 127.x, ::1, its name or one of its addresses)? Each name
+ * is a host of its own in an elastic job ("localhost" and "127.0.0.1" are two hosts, both
+ * here), where place_ranks would merge them.
+ */
+bool place_host_is_here(const char *name);
+/*
  * The address of this host that `host` reaches it by: the source address of the route to
  * it. Returns false with the reason in why.
  */

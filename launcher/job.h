@@ -25,6 +25,8 @@
 #define DEFAULT_START_TIMEOUT_MS 30000
 
 enum { OUT_STDOUT = 0, OUT_STDERR = 1 };
+/* "[rank] ", or in an elastic job "[HOST:SLOT] " (a host name is at most 255 bytes). */
+#define PREFIX_MAX 272
 
 /* Why the job is ending early; the first cause wins and decides the exit status. */
 enum cause { CAUSE_NONE = 0, CAUSE_FAILURE, CAUSE_SIGNAL, CAUSE_SPAWN };
@@ -53,6 +55,15 @@ struct opts {
 	const char *remote_khorrun; /* NULL: this khorrun's own path */
 	const char *output_dir;
 	bool dry_run;
+	/* Elastic (any of --min-np, --max-np, --host-discovery-script given). */
+	bool elastic;
+	int min_np, max_np; /* 0: not given */
+	const char *discovery; /* --host-discovery-script */
+	int64_t discovery_timeout_ms;
+	int slots_per_host;
+	int reset_limit; /* -1: none */
+	int64_t cool_min_ms, cool_max_ms; /* --blacklist-cooldown-range; 0: none */
+	int64_t elastic_timeout_ms; /* -1: not given */
 	char **prog_argv; /* NULL-terminated, points into argv */
 };
 
@@ -70,10 +81,13 @@ struct rank {
 	bool lost; /* remote: its host's connection ended before it reported an exit */
 	int wstatus;
 	int rpid; /* remote: its pid there, once the helper says */
-	int id; /* its rank in the job (the helper keeps only its own ranks) */
+	int id; /* its index in job.ranks (the helper: the one khorrun gave it) */
+	int rank; /* its rank as its environment says (elastic: in the generation it starts in) */
 	int host; /* index into job.hosts */
 	int lrank, lsize, xrank, xsize; /* local and cross rank and size */
-	char prefix[24];
+	char *worker; /* elastic: its worker id HOST:SLOT (malloc'd); NULL otherwise */
+	bool noted; /* elastic: the driver has dealt with its end */
+	char prefix[PREFIX_MAX];
 	size_t prefix_len;
 	struct stream out[2];
 };
@@ -100,6 +114,7 @@ struct host {
 	char *early; /* stderr lines before the helper was ready: shown only if it starts */
 	size_t early_len;
 	bool synced; /* the helper's magic has come: frames from here on */
+	kdeadline start_dl; /* its ranks must have started by then (--start-timeout) */
 	bool ready; /* the helper has started every rank */
 	bool failed; /* its start failed; already said why */
 	bool finished; /* ssh reaped and its pipes closed */
@@ -114,16 +129,27 @@ struct job {
 	int sfd; /* signalfd */
 	bool out_dead[2]; /* our stdout/stderr is gone (EPIPE): drop output, keep running */
 
-	struct host *hosts; /* the hosts that have ranks */
+	struct host *hosts; /* the hosts that have ranks (elastic: one per start on a host) */
 	int nhosts;
+	int cap_ranks, cap_hosts; /* elastic: room in ranks and hosts */
 	bool multi; /* ranks on more than one host: say which host in messages */
 	int nssh; /* ssh processes not yet reaped */
 	int nhostfds; /* their stdout and stderr pipes not yet at EOF */
 	int nremote, nready; /* hosts reached over ssh; of them, those whose ranks started */
-	kdeadline start_dl;
 	bool helper; /* this is `khorrun --remote-helper` */
 	sigset_t child_mask; /* helper: the mask its ranks start with */
 	bool stdin_open; /* helper: khorrun's frames still come */
+
+	/*
+	 * Elastic: ranks end without stopping the job (the driver decides, elastic.c), and
+	 * while keep_open the loop goes on with none running, waiting for the next start.
+	 */
+	bool elastic;
+	bool keep_open;
+	/* A child that is neither rank nor ssh whose end matters (the discovery script). */
+	pid_t script_pid; /* -1: none */
+	bool script_reaped;
+	int script_status;
 
 	/* Stopping: signals sent in order, --grace apart (KILL_WAIT_MS after SIGKILL). */
 	bool stopping;

@@ -70,6 +70,7 @@
 #include "runtime/cpubind.h"
 
 #include "cli.h"
+#include "elastic.h"
 #include "env.h"
 #include "helper.h"
 #include "hosts.h"
@@ -201,19 +202,14 @@ static void print_placement(const struct job *j, const char *khorrun_path)
  * a wildcard or nothing asked meaning this host's address on the route to the first other
  * host. Returns false with the reason said.
  */
-static bool store_address(struct job *j, char *bind_out, size_t blen, char *adv_out,
-                          size_t alen)
+static bool store_address(struct job *j, const char *first, char *bind_out, size_t blen,
+                          char *adv_out, size_t alen)
 {
 	const char *want = j->o.bind_host;
 	bool wild = strcmp(want, "0.0.0.0") == 0 || strcmp(want, "*") == 0 ||
 	            strcmp(want, "::") == 0;
-	const struct host *first = NULL;
 	char why[300];
 
-	for (int i = 0; i < j->nhosts && first == NULL; i++) {
-		if (!j->hosts[i].local)
-			first = &j->hosts[i];
-	}
 	kstrlcpy(bind_out, strcmp(want, "*") == 0 ? "0.0.0.0" : want, blen);
 	if (first == NULL) {
 		kstrlcpy(adv_out, !wild ? want : strcmp(want, "::") == 0 ? "::1" : "127.0.0.1", alen);
@@ -228,13 +224,13 @@ static bool store_address(struct job *j, char *bind_out, size_t blen, char *adv_
 		    strcmp(want, "localhost") == 0) {
 			say("--bind-store %s is loopback, which %s cannot reach; give an address of "
 			    "this host that the other hosts reach, or leave --bind-store out", want,
-			    first->name);
+			    first);
 			return false;
 		}
 		kstrlcpy(adv_out, want, alen);
 		return true;
 	}
-	if (!place_route_source(first->name, adv_out, alen, why, sizeof(why))) {
+	if (!place_route_source(first, adv_out, alen, why, sizeof(why))) {
 		/*
 		 * A name only ssh knows (an alias of ~/.ssh/config) or no route from here: listen
 		 * everywhere and give the ranks this host's name, which on a cluster they resolve.
@@ -243,7 +239,7 @@ static bool store_address(struct job *j, char *bind_out, size_t blen, char *adv_
 		if (gethostname(adv_out, alen - 1) != 0 || adv_out[0] == '\0') {
 			say("cannot find this host's address toward %s for the rendezvous store: %s; "
 			    "give --bind-store with an address of this host that every host reaches",
-			    first->name, why);
+			    first, why);
 			return false;
 		}
 		adv_out[alen - 1] = '\0';
@@ -276,6 +272,8 @@ int main(int argc, char **argv)
 	bool bind = false, have_cpus = false;
 	int rc, lh = -1;
 	ssize_t sl;
+	struct elastic *el = NULL;
+	const char *remote = NULL; /* the first host reached over ssh */
 
 	memset(j, 0, sizeof(*j));
 	j->sfd = -1;
@@ -288,16 +286,19 @@ int main(int argc, char **argv)
 	rc = cli_parse(argc, argv, &j->o);
 	if (rc >= 0)
 		goto out_free_opts;
-	rc = place_ranks(j);
-	if (rc >= 0)
-		goto out_free_hosts;
-	j->nstarted = j->o.np;
-	for (int i = 0; i < j->nhosts; i++) {
-		if (j->hosts[i].local)
-			lh = i;
+	/* An elastic job's hosts and ranks come later, generation by generation. */
+	if (!j->o.elastic) {
+		rc = place_ranks(j);
+		if (rc >= 0)
+			goto out_free_hosts;
+		j->nstarted = j->o.np;
+		for (int i = 0; i < j->nhosts; i++) {
+			if (j->hosts[i].local)
+				lh = i;
+		}
+		for (int r = 0; r < j->o.np; r++)
+			j->ranks[r].id = j->ranks[r].rank = r;
 	}
-	for (int r = 0; r < j->o.np; r++)
-		j->ranks[r].id = r;
 	sl = readlink("/proc/self/exe", self_path, sizeof(self_path) - 1);
 	self_path[sl > 0 ? sl : 0] = '\0';
 	if (j->o.remote_khorrun != NULL)
@@ -308,7 +309,7 @@ int main(int argc, char **argv)
 		goto out_free_hosts;
 	}
 	rc = 1;
-	if (j->nremote > 0 && getcwd(cwd, sizeof(cwd)) == NULL) {
+	if ((j->nremote > 0 || j->o.elastic) && getcwd(cwd, sizeof(cwd)) == NULL) {
 		char ebuf[128];
 
 		say("cannot tell the working directory for the other hosts: %s",
@@ -337,10 +338,28 @@ int main(int argc, char **argv)
 		bind = have_cpus && j->o.bind == CPUBIND_CORES;
 	}
 	rc = 1;
-	if (!spawn_ensure_fd_limit(j->o.np + j->nhosts + (j->o.output_dir != NULL ? j->o.np : 0)))
-		goto out_free_path;
+	{
+		int most = j->o.elastic && j->o.max_np > 0 ? j->o.max_np : j->o.np;
+
+		if (!spawn_ensure_fd_limit(most + j->nhosts + (j->o.output_dir != NULL ? most : 0)))
+			goto out_free_path;
+	}
 	if (!procs_setup_signals(j, &old_mask))
 		goto out_free_path;
+	if (j->o.elastic) {
+		rc = elastic_prepare(j, &old_mask, &el);
+		if (rc >= 0) {
+			loop_sweep_leftovers(j); /* what a hung discovery script started */
+			goto out_close_sfd;
+		}
+		rc = 1;
+		remote = elastic_remote_host(el);
+	} else {
+		for (int i = 0; i < j->nhosts && remote == NULL; i++) {
+			if (!j->hosts[i].local)
+				remote = j->hosts[i].name;
+		}
+	}
 
 	if (!kauth_new_secret(secret) || !kauth_random(rnd, sizeof(rnd))) {
 		say("cannot get random bytes for the job secret (getrandom failed)");
@@ -352,7 +371,7 @@ int main(int argc, char **argv)
 		snprintf(job_id, sizeof(job_id), "khor-%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2],
 		         rnd[3]);
 
-	if (!store_address(j, bind_addr, sizeof(bind_addr), adv, sizeof(adv)))
+	if (!store_address(j, remote, bind_addr, sizeof(bind_addr), adv, sizeof(adv)))
 		goto out_close_sfd;
 	kerr_clear(&err);
 	if (store_server_start(bind_addr, j->o.store_port, secret, job_id, &srv, &err) !=
@@ -369,21 +388,41 @@ int main(int argc, char **argv)
 	else
 		snprintf(store_addr, sizeof(store_addr), "%s:%u", adv,
 		         (unsigned)store_server_port(srv));
-	if (j->nremote > 0)
+	if (remote != NULL)
 		KLOG_INFO("khorrun: the rendezvous store listens on %s:%u, the ranks reach it at %s",
 		          bind_addr, (unsigned)store_server_port(srv), store_addr);
 
-	if (!output_init_ranks(j))
+	if (!j->o.elastic && !output_init_ranks(j))
 		goto out_free_ranks;
 
 	/* The same in every rank, on every host; the identity of each is in its slots. */
-	for (size_t p = 0; p < NPREFIXES && ok; p++)
-		ok = env_add_fixed(fixed, &nfixed, "%sSIZE=%d", env_id_prefixes[p], j->o.np);
-	if (!ok || !env_add_fixed(fixed, &nfixed, "KHOR_STORE_ADDR=%s", store_addr) ||
+	if (!env_add_fixed(fixed, &nfixed, "KHOR_STORE_ADDR=%s", store_addr) ||
 	    !env_add_fixed(fixed, &nfixed, "KHOR_SECRET=%s", secret) ||
 	    !env_add_fixed(fixed, &nfixed, "KHOR_JOB_ID=%s", job_id) ||
 	    !env_add_fixed(fixed, &nfixed, "KHOR_LAUNCHER=khorrun") ||
 	    (j->o.timeout != NULL && !env_add_fixed(fixed, &nfixed, "KHOR_TIMEOUT=%s", j->o.timeout))) {
+		say("out of memory building the ranks' environment");
+		goto out_free_fixed;
+	}
+	if (j->o.elastic) {
+		struct elastic_env env = {
+			.common = fixed, .ncommon = nfixed, .local_cpus = have_cpus ? cpus.n : 0,
+			.self_path = self_path, .cwd = cwd, .child_mask = &old_mask,
+			.store_host = adv, .store_port = store_server_port(srv),
+			.store_loopback = remote == NULL && !j->o.bind_given,
+			.secret = secret, .job_id = job_id,
+		};
+
+		rc = elastic_run(el, &env);
+		loop_sweep_leftovers(j);
+		if (rc < 0)
+			rc = report(j);
+		goto out_free_fixed;
+	}
+	/* The size is the same in every rank of a fixed job too. */
+	for (size_t p = 0; p < NPREFIXES && ok; p++)
+		ok = env_add_fixed(fixed, &nfixed, "%sSIZE=%d", env_id_prefixes[p], j->o.np);
+	if (!ok) {
 		say("out of memory building the ranks' environment");
 		goto out_free_fixed;
 	}
@@ -405,7 +444,6 @@ int main(int argc, char **argv)
 	}
 
 	/* Other hosts first: their ssh connections take longest. */
-	j->start_dl = kdeadline_in_ms(j->o.start_timeout_ms);
 	for (int i = 0; i < j->nhosts; i++) {
 		struct host *h = &j->hosts[i];
 
@@ -428,8 +466,11 @@ out_free_fixed:
 		free(fixed[i]);
 out_free_ranks:
 	output_free_ranks(j);
+	elastic_free(el);
+	el = NULL;
 	store_server_stop(srv);
 out_close_sfd:
+	elastic_free(el);
 	close(j->sfd);
 	sigprocmask(SIG_SETMASK, &old_mask, NULL);
 out_free_path:

@@ -42,6 +42,12 @@ static void reap_children(struct job *j)
 			ssh_check(j, h);
 			continue;
 		}
+		if (pid == j->script_pid) {
+			j->script_pid = -1;
+			j->script_reaped = true;
+			j->script_status = st;
+			continue;
+		}
 		rk = procs_rank_of_pid(j, pid);
 		if (rk == NULL || !rk->running)
 			continue; /* something a rank left behind */
@@ -124,7 +130,7 @@ static void helper_read_stdin(struct job *j, char *rx, size_t *rx_len)
 		return;
 	*rx_len += (size_t)n;
 	for (;;) {
-		char type, buf[16];
+		char type, buf[32];
 		const char *payload;
 		size_t plen;
 		int rc = frame_next(rx + pos, *rx_len - pos, &type, &payload, &plen);
@@ -147,6 +153,16 @@ static void helper_read_stdin(struct job *j, char *rx, size_t *rx_len)
 			sig = atoi(buf);
 			if (sig > 0 && sig < NSIG)
 				procs_signal_all(j, sig);
+		} else if (type == 'k' && plen < sizeof(buf)) {
+			/* "id sig": one rank (the elastic driver fencing or dropping it). */
+			int id, sig;
+
+			memcpy(buf, payload, plen);
+			buf[plen] = '\0';
+			for (int r = 0; sscanf(buf, "%d %d", &id, &sig) == 2 && r < j->nstarted; r++) {
+				if (j->ranks[r].id == id && sig > 0 && sig < NSIG)
+					procs_signal_rank(j, &j->ranks[r], sig);
+			}
 		}
 		pos += FRAME_HDR + plen;
 	}
@@ -154,133 +170,189 @@ static void helper_read_stdin(struct job *j, char *rx, size_t *rx_len)
 	*rx_len -= pos;
 }
 
-/*
- * The loop: forward output, reap, stop. It ends when every rank is reaped (or has reported
- * its end from its host), every pipe is at EOF and every ssh is reaped, or when, after
- * SIGKILL, the ranks still do not go away.
- */
-void loop_run(struct job *j)
+/* Room in l's arrays for what one turn may watch; false when out of memory. */
+static bool loop_room(struct job *j, struct loop *l, int nextra)
 {
-	size_t cap = 2 + 2 * (size_t)j->nstarted + 3 * (size_t)j->nhosts;
-	struct pollfd *pfd = calloc(cap, sizeof(*pfd));
-	struct stream **who = calloc(cap, sizeof(*who));
-	struct rank **whose = calloc(cap, sizeof(*whose));
-	struct host **whost = calloc(cap, sizeof(*whost));
-	char *hrx = j->helper ? malloc(FRAME_MAX + FRAME_HDR) : NULL;
-	size_t hrx_len = 0;
+	size_t need = 2 + 2 * (size_t)j->nstarted + 3 * (size_t)j->nhosts + (size_t)nextra;
+	size_t cap = l->cap;
 
-	if (pfd == NULL || who == NULL || whose == NULL || whost == NULL ||
-	    (j->helper && hrx == NULL)) {
+	if (need <= cap)
+		return true;
+	while (cap < need)
+		cap = cap ? 2 * cap : 64;
+	struct pollfd *pfd = realloc(l->pfd, cap * sizeof(*pfd));
+	if (pfd != NULL)
+		l->pfd = pfd;
+	struct stream **who = realloc(l->who, cap * sizeof(*who));
+	if (who != NULL)
+		l->who = who;
+	struct rank **whose = realloc(l->whose, cap * sizeof(*whose));
+	if (whose != NULL)
+		l->whose = whose;
+	struct host **whost = realloc(l->whost, cap * sizeof(*whost));
+	if (whost != NULL)
+		l->whost = whost;
+	if (pfd == NULL || who == NULL || whose == NULL || whost == NULL)
+		return false;
+	l->cap = cap;
+	return true;
+}
+
+bool loop_open(struct job *j, struct loop *l)
+{
+	memset(l, 0, sizeof(*l));
+	if (j->helper && (l->hrx = malloc(FRAME_MAX + FRAME_HDR)) == NULL)
+		return false;
+	return loop_room(j, l, 0);
+}
+
+/* The soonest start deadline of a host still starting, or one that never passes. */
+static kdeadline next_start_deadline(const struct job *j)
+{
+	kdeadline d = kdeadline_in_ms(-1);
+
+	for (int i = 0; i < j->nhosts; i++) {
+		const struct host *h = &j->hosts[i];
+
+		if (!h->local && !h->ready && !h->failed && h->ssh_running &&
+		    h->start_dl.at_ns < d.at_ns)
+			d = h->start_dl;
+	}
+	return d;
+}
+
+/*
+ * One turn of the loop: forward output, reap, stop. It reports false (and does nothing)
+ * when the job has nothing left: every rank reaped (or reported from its host), every pipe
+ * at EOF and every ssh reaped, unless keep_open; or, after SIGKILL, the ranks still do not
+ * go away. extra are the caller's own fds; their revents are set when this returns.
+ */
+bool loop_turn(struct job *j, struct loop *l, struct pollfd *extra, int nextra,
+               int timeout_ms)
+{
+	int timeout = timeout_ms >= 0 && timeout_ms < 1000 ? timeout_ms : 1000;
+	int n = 1, stdin_at = -1, extra_at;
+	int rc;
+
+	for (int i = 0; i < nextra; i++)
+		extra[i].revents = 0;
+	if (!((j->nrunning > 0 || j->nopen > 0 || j->nssh > 0 || j->nhostfds > 0 || j->keep_open) &&
+	      !j->gave_up))
+		return false;
+	if (!loop_room(j, l, nextra)) {
 		say("out of memory while watching the ranks; killing them");
 		procs_signal_all(j, SIGKILL);
-		goto out;
+		j->gave_up = true;
+		return false;
 	}
-
-	while ((j->nrunning > 0 || j->nopen > 0 || j->nssh > 0 || j->nhostfds > 0) && !j->gave_up) {
-		int timeout = 1000;
-		int n = 1, stdin_at = -1;
-		int rc;
-
-		if (j->helper && frame_send_failed() && !j->stopping)
-			procs_begin_stop(j, SIGTERM); /* khorrun can no longer hear us: stop */
-		if (j->nready < j->nremote && !j->stopping && kdeadline_passed(j->start_dl))
-			ssh_start_timed_out(j);
-		/*
-		 * Every rank is gone but something they started still holds a pipe open (a
-		 * daemon, "sleep &"). Give it the grace period to finish, then stop it.
-		 */
-		if (j->nrunning == 0 && !j->stopping) {
-			if (!j->draining) {
-				j->draining = true;
-				j->drain_until = kdeadline_in_ms(j->o.grace_ms);
-			} else if (kdeadline_passed(j->drain_until)) {
-				/* Only ssh left: a helper that does not finish is stopped the same way. */
-				if (j->nopen > 0)
-					say("every rank exited, but processes they started still hold their "
-					    "output open after %lld ms; stopping them",
-					    (long long)j->o.grace_ms);
-				procs_begin_stop(j, SIGTERM);
-			}
+	if (j->helper && frame_send_failed() && !j->stopping)
+		procs_begin_stop(j, SIGTERM); /* khorrun can no longer hear us: stop */
+	if (j->nready < j->nremote && !j->stopping && kdeadline_passed(next_start_deadline(j)))
+		ssh_start_timed_out(j);
+	/*
+	 * Every rank is gone but something they started still holds a pipe open (a
+	 * daemon, "sleep &"). Give it the grace period to finish, then stop it.
+	 */
+	if (j->nrunning == 0 && !j->stopping && !j->keep_open) {
+		if (!j->draining) {
+			j->draining = true;
+			j->drain_until = kdeadline_in_ms(j->o.grace_ms);
+		} else if (kdeadline_passed(j->drain_until)) {
+			/* Only ssh left: a helper that does not finish is stopped the same way. */
+			if (j->nopen > 0)
+				say("every rank exited, but processes they started still hold their "
+				    "output open after %lld ms; stopping them",
+				    (long long)j->o.grace_ms);
+			procs_begin_stop(j, SIGTERM);
 		}
-		if (j->stopping && kdeadline_passed(j->stop_next)) {
-			procs_escalate(j);
-			if (j->gave_up)
-				break;
-		}
-		if (j->stopping && ms_left(j->stop_next) < (uint64_t)timeout)
-			timeout = (int)ms_left(j->stop_next);
-		if (j->draining && !j->stopping && ms_left(j->drain_until) < (uint64_t)timeout)
-			timeout = (int)ms_left(j->drain_until);
-		if (j->nready < j->nremote && !j->stopping &&
-		    ms_left(j->start_dl) < (uint64_t)timeout)
-			timeout = (int)ms_left(j->start_dl);
+	}
+	if (j->stopping && kdeadline_passed(j->stop_next)) {
+		procs_escalate(j);
+		if (j->gave_up)
+			return false;
+	}
+	if (j->stopping && ms_left(j->stop_next) < (uint64_t)timeout)
+		timeout = (int)ms_left(j->stop_next);
+	if (j->draining && !j->stopping && ms_left(j->drain_until) < (uint64_t)timeout)
+		timeout = (int)ms_left(j->drain_until);
+	if (j->nready < j->nremote && !j->stopping &&
+	    ms_left(next_start_deadline(j)) < (uint64_t)timeout)
+		timeout = (int)ms_left(next_start_deadline(j));
 
-		pfd[0] = (struct pollfd){ .fd = j->sfd, .events = POLLIN };
-		if (j->helper && j->stdin_open) {
-			stdin_at = n;
-			pfd[n++] = (struct pollfd){ .fd = STDIN_FILENO, .events = POLLIN };
-		}
-		for (int r = 0; r < j->nstarted; r++) {
-			for (int k = 0; k < 2; k++) {
-				struct stream *s = &j->ranks[r].out[k];
+	l->pfd[0] = (struct pollfd){ .fd = j->sfd, .events = POLLIN };
+	if (j->helper && j->stdin_open) {
+		stdin_at = n;
+		l->pfd[n++] = (struct pollfd){ .fd = STDIN_FILENO, .events = POLLIN };
+	}
+	for (int r = 0; r < j->nstarted; r++) {
+		for (int k = 0; k < 2; k++) {
+			struct stream *s = &j->ranks[r].out[k];
 
-				if (s->fd < 0)
-					continue;
-				pfd[n] = (struct pollfd){ .fd = s->fd, .events = POLLIN };
-				who[n] = s;
-				whose[n] = &j->ranks[r];
-				whost[n] = NULL;
-				n++;
-			}
-		}
-		for (int h = 0; h < j->nhosts; h++) {
-			struct host *hp = &j->hosts[h];
-			int fds[3] = { hp->from_fd, hp->err_fd, hp->to_fd };
-
-			for (int k = 0; k < 3; k++) {
-				if (fds[k] < 0 || (k == 2 && hp->out.len == 0))
-					continue;
-				pfd[n] = (struct pollfd){ .fd = fds[k], .events = k == 2 ? POLLOUT : POLLIN };
-				who[n] = NULL;
-				whose[n] = NULL;
-				whost[n] = hp;
-				n++;
-			}
-		}
-		rc = poll(pfd, (nfds_t)n, timeout);
-		if (rc < 0 && errno != EINTR) {
-			char ebuf[128];
-
-			say("poll failed: %s; killing the ranks", kerr_errno_str(errno, ebuf, sizeof(ebuf)));
-			procs_signal_all(j, SIGKILL);
-			break;
-		}
-		if (rc <= 0)
-			continue;
-		/* Output first, so what a rank printed just before it failed is not cut off. */
-		for (int i = 1; i < n; i++) {
-			struct host *hp = whost[i];
-
-			if (pfd[i].revents == 0)
+			if (s->fd < 0)
 				continue;
-			if (i == stdin_at) {
-				helper_read_stdin(j, hrx, &hrx_len);
-			} else if (hp == NULL) {
-				output_read(j, whose[i], who[i]);
-			} else if (pfd[i].fd == hp->from_fd) {
-				ssh_read(j, hp);
-			} else if (pfd[i].fd == hp->err_fd) {
-				ssh_read_err(j, hp);
-			} else if (pfd[i].fd == hp->to_fd && !frame_buf_flush(&hp->out, hp->to_fd)) {
-				close(hp->to_fd);
-				hp->to_fd = -1;
-			}
+			l->pfd[n] = (struct pollfd){ .fd = s->fd, .events = POLLIN };
+			l->who[n] = s;
+			l->whose[n] = &j->ranks[r];
+			l->whost[n] = NULL;
+			n++;
 		}
-		if (pfd[0].revents != 0)
-			handle_signals(j);
 	}
+	for (int h = 0; h < j->nhosts; h++) {
+		struct host *hp = &j->hosts[h];
+		int fds[3] = { hp->from_fd, hp->err_fd, hp->to_fd };
 
-out:
+		for (int k = 0; k < 3; k++) {
+			if (fds[k] < 0 || (k == 2 && hp->out.len == 0))
+				continue;
+			l->pfd[n] = (struct pollfd){ .fd = fds[k], .events = k == 2 ? POLLOUT : POLLIN };
+			l->who[n] = NULL;
+			l->whose[n] = NULL;
+			l->whost[n] = hp;
+			n++;
+		}
+	}
+	extra_at = n;
+	for (int i = 0; i < nextra; i++)
+		l->pfd[n++] = extra[i];
+	rc = poll(l->pfd, (nfds_t)n, timeout);
+	if (rc < 0 && errno != EINTR) {
+		char ebuf[128];
+
+		say("poll failed: %s; killing the ranks", kerr_errno_str(errno, ebuf, sizeof(ebuf)));
+		procs_signal_all(j, SIGKILL);
+		j->gave_up = true;
+		return false;
+	}
+	if (rc <= 0)
+		return true;
+	for (int i = 0; i < nextra; i++)
+		extra[i].revents = l->pfd[extra_at + i].revents;
+	/* Output first, so what a rank printed just before it failed is not cut off. */
+	for (int i = 1; i < extra_at; i++) {
+		struct host *hp = l->whost[i];
+
+		if (l->pfd[i].revents == 0)
+			continue;
+		if (i == stdin_at) {
+			helper_read_stdin(j, l->hrx, &l->hrx_len);
+		} else if (hp == NULL) {
+			output_read(j, l->whose[i], l->who[i]);
+		} else if (l->pfd[i].fd == hp->from_fd) {
+			ssh_read(j, hp);
+		} else if (l->pfd[i].fd == hp->err_fd) {
+			ssh_read_err(j, hp);
+		} else if (l->pfd[i].fd == hp->to_fd && !frame_buf_flush(&hp->out, hp->to_fd)) {
+			close(hp->to_fd);
+			hp->to_fd = -1;
+		}
+	}
+	if (l->pfd[0].revents != 0)
+		handle_signals(j);
+	return true;
+}
+
+void loop_close(struct job *j, struct loop *l)
+{
 	/* Whatever is still open here is abandoned: print what we have of it. */
 	for (int r = 0; r < j->nstarted; r++) {
 		for (int k = 0; k < 2; k++) {
@@ -289,11 +361,26 @@ out:
 				output_emit(j, &j->ranks[r], &j->ranks[r].out[k], true);
 		}
 	}
-	free(hrx);
-	free(whost);
-	free(whose);
-	free(who);
-	free(pfd);
+	free(l->hrx);
+	free(l->whost);
+	free(l->whose);
+	free(l->who);
+	free(l->pfd);
+	memset(l, 0, sizeof(*l));
+}
+
+void loop_run(struct job *j)
+{
+	struct loop l;
+
+	if (!loop_open(j, &l)) {
+		say("out of memory while watching the ranks; killing them");
+		procs_signal_all(j, SIGKILL);
+	} else {
+		while (loop_turn(j, &l, NULL, 0, 1000)) {
+		}
+	}
+	loop_close(j, &l);
 }
 
 /*

@@ -57,6 +57,8 @@ void output_emit(struct job *j, struct rank *rk, struct stream *s, bool eof)
 	int cnt = 0, fcnt = 0;
 	size_t pos = 0;
 
+	if (s->buf == NULL)
+		return; /* released: its stream ended long ago */
 	for (;;) {
 		char *line = s->buf + pos;
 		size_t left = s->len - pos;
@@ -114,7 +116,7 @@ void output_close(struct job *j, struct rank *rk, struct stream *s)
 void output_feed(struct job *j, struct rank *rk, struct stream *s, const char *p,
                  size_t n)
 {
-	while (n > 0) {
+	while (n > 0 && s->buf != NULL) {
 		size_t take = LINE_BUF - s->len < n ? LINE_BUF - s->len : n;
 
 		memcpy(s->buf + s->len, p, take);
@@ -168,9 +170,80 @@ void output_free_ranks(struct job *j)
 				close(j->ranks[r].out[k].file);
 			free(j->ranks[r].out[k].buf);
 		}
+		free(j->ranks[r].worker);
 	}
 	free(j->ranks);
 	j->ranks = NULL;
+}
+
+/*
+ * Rank rk's line buffers, prefix and --output-filename files: DIR/rank.N/, or in an elastic
+ * job DIR/HOST:SLOT/, appended to, since a worker started again in its slot keeps its name.
+ */
+bool output_init_rank(struct job *j, struct rank *rk)
+{
+	char ebuf[128];
+
+	rk->pid = -1;
+	for (int k = 0; k < 2; k++) {
+		rk->out[k].fd = -1;
+		rk->out[k].file = -1;
+		rk->out[k].which = k;
+	}
+	if (!j->o.no_prefix && !j->helper) {
+		if (rk->worker != NULL)
+			rk->prefix_len = (size_t)snprintf(rk->prefix, sizeof(rk->prefix), "[%s] ",
+			                                  rk->worker);
+		else
+			rk->prefix_len = (size_t)snprintf(rk->prefix, sizeof(rk->prefix), "[%d] ",
+			                                  rk->id);
+		if (rk->prefix_len >= sizeof(rk->prefix))
+			rk->prefix_len = sizeof(rk->prefix) - 1;
+	}
+	for (int k = 0; k < 2; k++) {
+		rk->out[k].buf = malloc(LINE_BUF);
+		if (rk->out[k].buf == NULL) {
+			say("out of memory for the ranks' output buffers");
+			return false;
+		}
+	}
+	if (j->o.output_dir != NULL && !j->helper) {
+		char dir[PATH_MAX], file[PATH_MAX + 16];
+		int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (rk->worker != NULL ? O_APPEND : O_TRUNC);
+
+		if (rk->worker != NULL)
+			snprintf(dir, sizeof(dir), "%s/%s", j->o.output_dir, rk->worker);
+		else
+			snprintf(dir, sizeof(dir), "%s/rank.%d", j->o.output_dir, rk->id);
+		if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+			say("--output-filename: cannot make %s: %s", dir,
+			    kerr_errno_str(errno, ebuf, sizeof(ebuf)));
+			return false;
+		}
+		for (int k = 0; k < 2; k++) {
+			snprintf(file, sizeof(file), "%s/%s", dir, k == 0 ? "stdout" : "stderr");
+			rk->out[k].file = open(file, flags, 0644);
+			if (rk->out[k].file < 0) {
+				say("--output-filename: cannot open %s: %s", file,
+				    kerr_errno_str(errno, ebuf, sizeof(ebuf)));
+				return false;
+			}
+		}
+	}
+	return true;
+}
+
+void output_release_rank(struct rank *rk)
+{
+	for (int k = 0; k < 2; k++) {
+		if (rk->out[k].fd >= 0 || rk->out[k].len > 0)
+			continue;
+		if (rk->out[k].file >= 0)
+			close(rk->out[k].file);
+		rk->out[k].file = -1;
+		free(rk->out[k].buf);
+		rk->out[k].buf = NULL;
+	}
 }
 
 bool output_init_ranks(struct job *j)
@@ -178,13 +251,9 @@ bool output_init_ranks(struct job *j)
 	char ebuf[128];
 
 	for (int r = 0; r < j->nstarted; r++) {
-		struct rank *rk = &j->ranks[r];
-
-		rk->pid = -1;
 		for (int k = 0; k < 2; k++) {
-			rk->out[k].fd = -1;
-			rk->out[k].file = -1;
-			rk->out[k].which = k;
+			j->ranks[r].out[k].fd = -1;
+			j->ranks[r].out[k].file = -1;
 		}
 	}
 	if (j->o.output_dir != NULL && mkdir(j->o.output_dir, 0755) != 0 && errno != EEXIST) {
@@ -193,36 +262,8 @@ bool output_init_ranks(struct job *j)
 		return false;
 	}
 	for (int r = 0; r < j->nstarted; r++) {
-		struct rank *rk = &j->ranks[r];
-
-		if (!j->o.no_prefix && !j->helper)
-			rk->prefix_len = (size_t)snprintf(rk->prefix, sizeof(rk->prefix), "[%d] ", rk->id);
-		for (int k = 0; k < 2; k++) {
-			rk->out[k].buf = malloc(LINE_BUF);
-			if (rk->out[k].buf == NULL) {
-				say("out of memory for %d ranks' output buffers", j->nstarted);
-				return false;
-			}
-		}
-		if (j->o.output_dir != NULL && !j->helper) {
-			char dir[PATH_MAX], file[PATH_MAX + 16];
-
-			snprintf(dir, sizeof(dir), "%s/rank.%d", j->o.output_dir, r);
-			if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-				say("--output-filename: cannot make %s: %s", dir,
-				    kerr_errno_str(errno, ebuf, sizeof(ebuf)));
-				return false;
-			}
-			for (int k = 0; k < 2; k++) {
-				snprintf(file, sizeof(file), "%s/%s", dir, k == 0 ? "stdout" : "stderr");
-				rk->out[k].file = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-				if (rk->out[k].file < 0) {
-					say("--output-filename: cannot open %s: %s", file,
-					    kerr_errno_str(errno, ebuf, sizeof(ebuf)));
-					return false;
-				}
-			}
-		}
+		if (!output_init_rank(j, &j->ranks[r]))
+			return false;
 	}
 	return true;
 }

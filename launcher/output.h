@@ -10,6 +10,10 @@
 
 /* Line buffers, prefixes and, with --output-filename, the files of all j->nstarted ranks. */
 bool output_init_ranks(struct job *j);
+/* The same for one rank started later (the elastic driver's); the directory exists. */
+bool output_init_rank(struct job *j, struct rank *rk);
+/* Frees the buffers and closes the files of a rank whose streams have both ended. */
+void output_release_rank(struct rank *rk);
 /* Frees what output_init_ranks allocated and closes what the ranks left open. */
 void output_free_ranks(struct job *j);
 /* Prints the complete lines in s (at EOF also the rest) and keeps what is left. */

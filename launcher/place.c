@@ -73,6 +73,40 @@ static bool is_local_host(const char *name, const char *self, const struct ifadd
 	return local;
 }
 
+bool place_gather_hosts(const struct opts *o, struct hostlist *l, bool *from_slurm_out)
+{
+	bool bad = false;
+
+	*from_slurm_out = false;
+	if (o->nhost_args > 0) {
+		for (int i = 0; i < o->nhost_args; i++) {
+			if (!hostlist_parse_arg(o->host_args[i], l))
+				return false;
+		}
+	} else if (o->hostfile != NULL) {
+		if (!hostlist_parse_file(o->hostfile, l))
+			return false;
+	} else {
+		*from_slurm_out = slurm_hosts(l, &bad);
+	}
+	return !bad;
+}
+
+bool place_host_is_here(const char *name)
+{
+	struct ifaddrs *ifs = NULL;
+	char self[256] = "";
+	bool here;
+
+	(void)gethostname(self, sizeof(self) - 1);
+	if (getifaddrs(&ifs) != 0)
+		ifs = NULL;
+	here = is_local_host(name, self, ifs);
+	if (ifs != NULL)
+		freeifaddrs(ifs);
+	return here;
+}
+
 int place_ranks(struct job *j)
 {
 	struct hostlist l = { 0 };
@@ -83,21 +117,8 @@ int place_ranks(struct job *j)
 	int *seen = NULL, *count = NULL;
 	bool from_slurm = false;
 
-	if (j->o.nhost_args > 0) {
-		for (int i = 0; i < j->o.nhost_args; i++) {
-			if (!hostlist_parse_arg(j->o.host_args[i], &l))
-				goto fail_usage;
-		}
-	} else if (j->o.hostfile != NULL) {
-		if (!hostlist_parse_file(j->o.hostfile, &l))
-			goto fail_usage;
-	} else {
-		bool bad;
-
-		from_slurm = slurm_hosts(&l, &bad);
-		if (bad)
-			goto fail_usage;
-	}
+	if (!place_gather_hosts(&j->o, &l, &from_slurm))
+		goto fail_usage;
 	if (l.n == 0) {
 		/* No hosts: -np ranks here, as always. */
 		if (j->o.np == 0) {

@@ -54,6 +54,29 @@ static void host_signal(struct host *h, int sig)
 	}
 }
 
+void procs_signal_rank(struct job *j, struct rank *rk, int sig)
+{
+	struct host *h;
+	char buf[32];
+
+	if (!rk->running)
+		return;
+	if (rk->pid >= 0) {
+		if (kill(-rk->pid, sig) != 0)
+			(void)kill(rk->pid, sig);
+		return;
+	}
+	/* On another host: its helper signals it there ("k id sig"). */
+	h = &j->hosts[rk->host];
+	if (h->to_fd < 0)
+		return;
+	snprintf(buf, sizeof(buf), "%d %d", rk->id, sig);
+	if (!frame_puts(&h->out, 'k', buf) || !frame_buf_flush(&h->out, h->to_fd)) {
+		close(h->to_fd);
+		h->to_fd = -1;
+	}
+}
+
 /*
  * Finds the processes whose parent is khorrun but which are not running ranks: what ranks
  * left behind, re-parented to us because we are a subreaper. The live ones are listed in
@@ -183,7 +206,11 @@ static void running_list(struct job *j, char *buf, size_t len)
 			snprintf(buf + off, len - off, ", ...");
 			return;
 		}
-		off += (size_t)snprintf(buf + off, len - off, "%s%d", shown > 0 ? ", " : "", r);
+		if (j->ranks[r].worker != NULL)
+			off += (size_t)snprintf(buf + off, len - off, "%s%s", shown > 0 ? ", " : "",
+			                        j->ranks[r].worker);
+		else
+			off += (size_t)snprintf(buf + off, len - off, "%s%d", shown > 0 ? ", " : "", r);
 		shown++;
 	}
 }
@@ -218,7 +245,7 @@ void procs_escalate(struct job *j)
 
 /*
  * Rank rk ended with wait status st: here the first failure stops the job; in the helper
- * it is reported to khorrun, which decides.
+ * it is reported to khorrun, which decides; in an elastic job the driver decides.
  */
 void procs_rank_ended(struct job *j, struct rank *rk, int st)
 {
@@ -229,6 +256,8 @@ void procs_rank_ended(struct job *j, struct rank *rk, int st)
 		frame_sendf('X', "%d %d", rk->id, st);
 		return;
 	}
+	if (j->elastic)
+		return; /* the driver looks at every end after this turn (elastic.c) */
 	if (j->cause == CAUSE_NONE && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
 		j->cause = CAUSE_FAILURE;
 		j->first_fail = (int)(rk - j->ranks);

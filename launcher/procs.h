@@ -18,6 +18,8 @@ struct host *procs_host_of_ssh(struct job *j, pid_t pid);
 size_t procs_find_orphans(struct job *j, pid_t *pids, size_t cap, size_t *live_out);
 /* sig to every running rank's process group, every other host and every leftover. */
 void procs_signal_all(struct job *j, int sig);
+/* sig to one rank (its process group; on another host, through its helper). */
+void procs_signal_rank(struct job *j, struct rank *rk, int sig);
 /* Starts the stop: first_sig now, then SIGTERM and SIGKILL, --grace apart. */
 void procs_begin_stop(struct job *j, int first_sig);
 /* The grace period passed: send the next signal, or stop waiting after SIGKILL. */

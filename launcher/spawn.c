@@ -310,8 +310,12 @@ void spawn_all(struct job *j, const char *path, char **fixed, size_t nfixed,
 		    kerr_errno_str(err, ebuf, sizeof(ebuf)));
 		goto fail;
 	}
-	/* The slots are rewritten per rank, but env_build reads their names now. */
-	env_fill_slots(slots, &j->ranks[first], first);
+	/* The slots are rewritten per rank, but env_build reads their names (and which are
+	 * empty) now. */
+	if (hslots != NULL)
+		memcpy(slots, hslots[0], sizeof(slots));
+	else
+		env_fill_slots(slots, &j->ranks[first]);
 	env = env_build(&j->o, fixed, nfixed, slots);
 	if (env == NULL) {
 		err = ENOMEM;
@@ -346,7 +350,7 @@ void spawn_all(struct job *j, const char *path, char **fixed, size_t nfixed,
 		if (hslots != NULL)
 			memcpy(slots, hslots[i], sizeof(slots));
 		else
-			env_fill_slots(slots, rk, r);
+			env_fill_slots(slots, rk);
 		if (cpus != NULL)
 			bind_next(cpus, count, i);
 		err = spawn_rank(j, r, path, env, &attr, devnull);

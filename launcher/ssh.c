@@ -95,6 +95,12 @@ static void host_close_fd(struct job *j, int *fd)
 void ssh_start_failed(struct job *j, struct host *h, int code)
 {
 	h->failed = true;
+	if (j->elastic) {
+		/* Its ranks end as lost (ssh_check) and the driver decides; the job goes on. */
+		if (h->ssh_running)
+			(void)kill(-h->ssh_pid, SIGKILL);
+		return;
+	}
 	if (j->cause == CAUSE_NONE) {
 		j->cause = CAUSE_SPAWN;
 		j->spawn_exit = code;
@@ -155,7 +161,7 @@ void ssh_check(struct job *j, struct host *h)
 			output_emit(j, rk, &rk->out[k], true);
 		if (!rk->running)
 			continue;
-		if (h->failed) {
+		if (h->failed && !j->elastic) {
 			/* Never started, or stopped by the helper when the start failed. */
 			rk->running = false;
 			j->nrunning--;
@@ -297,7 +303,8 @@ void ssh_start_timed_out(struct job *j)
 	for (int i = 0; i < j->nhosts; i++) {
 		struct host *h = &j->hosts[i];
 
-		if (h->local || h->ready || h->failed || !h->ssh_running)
+		if (h->local || h->ready || h->failed || !h->ssh_running ||
+		    !kdeadline_passed(h->start_dl))
 			continue;
 		place_rank_range(h, ranks, sizeof(ranks));
 		if (h->early_len > 1) {
@@ -499,7 +506,7 @@ static bool host_setup_frames(struct job *j, struct host *h, const char *cwd,
 		char slots[NSLOTS][SLOT_LEN], head[16];
 		struct wbuf one = { 0 };
 
-		env_fill_slots(slots, &j->ranks[r], r);
+		env_fill_slots(slots, &j->ranks[r]);
 		snprintf(head, sizeof(head), "%d", r);
 		ok = frame_buf_put(&one, head, strlen(head) + 1);
 		for (size_t k = 0; ok && k < NSLOTS; k++)
@@ -590,6 +597,7 @@ bool ssh_start(struct job *j, struct host *h, const char *khorrun_path,
 	h->from_fd = out[0];
 	h->err_fd = errp[0];
 	h->ssh_running = true;
+	h->start_dl = kdeadline_in_ms(j->o.start_timeout_ms);
 	j->nssh++;
 	j->nhostfds += 2;
 	for (int r = h->first; r < h->first + h->n; r++) {

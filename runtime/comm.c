@@ -1105,6 +1105,11 @@ int comm_hosts_updated(const khor_comm *c)
 	return atomic_load_explicit(&c->ctx->hosts_updated, memory_order_acquire);
 }
 
+bool comm_is_elastic(const khor_comm *c)
+{
+	return c->ctx->cfg.elastic;
+}
+
 /* Whether the comma list l (a "tps/<rank>" value) names transport name. */
 static bool list_has(const char *l, const char *name)
 {

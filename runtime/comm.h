@@ -158,9 +158,11 @@ struct khor_comm {
  * the next one until KHOR_ELASTIC_TIMEOUT.
  */
 khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr *err);
-/* The generation the context joined; whether its driver announced a host change. */
+/* The generation the context joined; whether its driver announced a host change; whether
+ * the job is elastic. */
 int comm_generation(const khor_comm *c);
 int comm_hosts_updated(const khor_comm *c);
+bool comm_is_elastic(const khor_comm *c);
 void comm_finalize(khor_comm *c);
 
 /* Runs req in order (inline when nothing is queued); blocks until done. */

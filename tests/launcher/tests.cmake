@@ -1,5 +1,6 @@
 # tests/launcher -- the tests of launcher/ (included by tests/CMakeLists.txt).
 khor_test(test_khorrun launcher/test_khorrun.c 120)
+target_link_libraries(test_khorrun PRIVATE khor_testproc)
 add_dependencies(test_khorrun khorrun khor-bench)
 set_tests_properties(test_khorrun PROPERTIES ENVIRONMENT
   "KHORRUN=$<TARGET_FILE:khorrun>;KHOR_BENCH=$<TARGET_FILE:khor-bench>")

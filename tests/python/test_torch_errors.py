@@ -1,6 +1,6 @@
 """khor.torch's errors: tensors that differ across ranks in shape or dtype (allreduce,
 grouped_allreduce, allgather beyond dim 0, broadcast, alltoall, reducescatter) and
-broadcasts with different roots raise HorovodInternalError (which is khor.KhorError) on
+broadcasts with different roots raise HorovodInternalError (a khor.KhorError) on
 every rank, naming the tensor, and the job carries on; a name already in flight raises at
 once; Adasum raises NotImplementedError; bad arguments raise locally; the *_built() flags
 are False."""
@@ -17,7 +17,9 @@ from khortest import rank_size  # noqa: E402
 
 
 def test_horovod_internal_error_is_khor_error():
-    assert hvd.HorovodInternalError is khor.KhorError
+    import khor.exceptions
+    assert hvd.HorovodInternalError is khor.exceptions.HorovodInternalError
+    assert issubclass(hvd.HorovodInternalError, khor.KhorError)
     assert issubclass(hvd.HorovodInternalError, RuntimeError)
 
 

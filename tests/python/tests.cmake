@@ -18,6 +18,20 @@ if(KHOR_PYTHON AND NOT KHOR_SANITIZE)
       $<TARGET_FILE:khorrun> ${KHOR_PYTHON} ${PROJECT_SOURCE_DIR}/examples/python/train_cnn.py)
     set_tests_properties(example_train_cnn_n2 PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 ENVIRONMENT
       "PYTHONPATH=${PROJECT_SOURCE_DIR}/bindings/python;KHOR_LIBRARY_PATH=$<TARGET_FILE:khor>;PYTHONDONTWRITEBYTECODE=1")
+    # Elastic runs end to end: khorrun's elastic driver, a worker killed, hosts added and
+    # removed (tests/python/elastic/run_elastic.py). The horovod_* ones run Horovod's own
+    # test/integration/data/elastic_torch_main.py unchanged through the horovod alias:
+    # -DKHOR_HOROVOD_SRC=<a Horovod checkout> (or the variable in the environment), else they
+    # skip.
+    set(KHOR_HOROVOD_SRC "$ENV{KHOR_HOROVOD_SRC}" CACHE PATH
+      "A Horovod source tree, for the elastic_horovod_* tests (optional)")
+    foreach(s kill hosts horovod-hosts horovod-failure-exception horovod-failure-kill)
+      string(REPLACE "-" "_" t "elastic_${s}")
+      add_test(NAME ${t} COMMAND ${KHOR_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/elastic/run_elastic.py
+        $<TARGET_FILE:khorrun> ${KHOR_PYTHON} ${s})
+      set_tests_properties(${t} PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 ENVIRONMENT
+        "KHOR_LIBRARY_PATH=$<TARGET_FILE:khor>;KHOR_HOROVOD_SRC=${KHOR_HOROVOD_SRC}")
+    endforeach()
     add_dependencies(khor_testlib khorrun)
   else()
     message(STATUS "pytest not found for ${KHOR_PYTHON}: the Python tests are not run (apt-get install python3-pytest)")

@@ -20,15 +20,16 @@ from ._core import (Average, Sum, Adasum, Min, Max, Product, ProcessSet, global_
                     cross_rank, cross_size, is_homogeneous, add_process_set,
                     remove_process_set, poll, synchronize, start_timeline, stop_timeline)
 from ._lib import KhorError
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 __version__ = _lib.text(_lib.khor_version())
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet",
            "global_process_set", "init", "shutdown", "is_initialized", "rank", "size",
            "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
            "add_process_set", "remove_process_set", "poll", "synchronize", "start_timeline",
-           "stop_timeline", "KhorError", "allreduce", "allreduce_async", "allgather",
-           "allgather_async", "broadcast", "broadcast_async", "alltoall", "reducescatter",
-           "barrier", "join", "library_path"]
+           "stop_timeline", "KhorError", "HorovodInternalError", "HostsUpdatedInterrupt",
+           "allreduce", "allreduce_async", "allgather", "allgather_async", "broadcast",
+           "broadcast_async", "alltoall", "reducescatter", "barrier", "join", "library_path"]
 
 library_path = _lib.path
 

@@ -6,10 +6,14 @@ and call the functions here; nothing here knows numpy or torch.
 """
 
 import ctypes
+import sys
 import threading
+import warnings
+import weakref
 
 from . import _lib
 from ._lib import KhorError
+from .exceptions import HorovodInternalError, WorkerRemoved
 
 # Horovod's reduction ops, same values (horovod/common/basics).
 Average = 0
@@ -59,9 +63,32 @@ class _State:
         self.pending = {}       # int handle -> _Pending
         self.next_handle = 1
         self.counters = {}      # op kind -> noname counter
+        self.order = []         # the registered sets but the global one, in order
+        self.last_sets = []     # those of the job shutdown() left (an elastic reset's)
+        self.elastic = False    # the job joined is an elastic one
+        self.on_shutdown = []   # weak references to callables run by shutdown()
 
 
 _state = _State()
+
+# The statuses of failures that a new generation of an elastic job cures (docs/ELASTIC.md).
+_RESET_STATUSES = frozenset((_lib.ERR_MEMBERSHIP, _lib.ERR_REMOTE, _lib.ERR_TIMEOUT,
+                             _lib.ERR_SYSTEM, _lib.ERR_PROTOCOL))
+
+
+def collective_error(message, status):
+    """The exception for a failed collective: HorovodInternalError in a fixed job (any
+    failure, as Horovod), in an elastic job only for a failure that a reset cures; the other
+    failures there (a mismatch, a name in flight) stay plain KhorErrors, so that
+    hvd.elastic.run does not reset into the same mistake."""
+    if not _state.elastic or status in _RESET_STATUSES:
+        return HorovodInternalError(message, status)
+    return KhorError(message, status)
+
+
+def check_collective(status, message_fn):
+    if status != _lib.SUCCESS:
+        raise collective_error(message_fn() or _lib.text(_lib.khor_strerror(status)), status)
 
 
 def _engine_error():
@@ -113,6 +140,11 @@ def init(comm=None, process_sets=None, config=None):
     refuses one. ``config``: extra KHOR_* settings as a dict."""
     if comm is not None:
         raise ValueError("khor runs without MPI: init() takes no communicator")
+    if isinstance(process_sets, str):
+        if process_sets != "dynamic":
+            raise ValueError("process_sets: a list of ProcessSet or \"dynamic\", not %r"
+                             % (process_sets,))
+        process_sets = None         # khor's sets may always be added and removed
     with _state.lock:
         if _state.engine is not None:
             return
@@ -124,10 +156,14 @@ def init(comm=None, process_sets=None, config=None):
                            lambda: "unknown or bad setting %s=%r" % (k, v))
             err = ctypes.create_string_buffer(2048)
             world = ctypes.c_void_p()
-            _lib.check(_lib.khor_init(cfg, err, len(err), ctypes.byref(world)),
-                       lambda: _lib.text(err.value))
+            st = _lib.khor_init(cfg, err, len(err), ctypes.byref(world))
         finally:
             _lib.khor_config_destroy(cfg)
+        if st == _lib.ERR_REMOVED:
+            why = _lib.text(err.value) or "this worker is no longer in the elastic job"
+            sys.stderr.write("khor: %s; exiting with status 0\n" % why)
+            raise WorkerRemoved(why)
+        _lib.check(st, lambda: _lib.text(err.value))
         eng = ctypes.c_void_p()
         st = _lib.khor_engine_start(world, None, ctypes.byref(eng))
         if st != _lib.SUCCESS:
@@ -135,7 +171,9 @@ def init(comm=None, process_sets=None, config=None):
             _lib.khor_finalize(world)
             raise KhorError(msg, st)
         _state.comm, _state.engine = world, eng
+        _state.elastic = _lib.khor_is_elastic is not None and _lib.khor_is_elastic(world) == 1
         _state.sets = {0: global_process_set}
+        _state.order = []
         global_process_set.process_set_id = 0
         global_process_set._comm = world
         _state.counters = {}
@@ -145,10 +183,19 @@ def init(comm=None, process_sets=None, config=None):
 
 
 def shutdown():
-    """Stops the engine and leaves the job. Pending operations fail; init() may follow."""
+    """Stops the engine and leaves the job. Pending operations fail; init() may follow.
+    The process sets are unregistered; an elastic reset registers them again
+    (restore_process_sets)."""
     with _state.lock:
         if _state.engine is None:
             return
+        hooks, _state.on_shutdown = _state.on_shutdown, []
+        for ref in hooks:
+            fn = ref()
+            if fn is not None:
+                _state.on_shutdown.append(ref)
+                fn()
+        _state.last_sets = list(_state.order)
         _lib.khor_engine_stop(_state.engine)
         for pid, ps in list(_state.sets.items()):
             if pid != 0 and ps._comm:
@@ -158,7 +205,38 @@ def shutdown():
         _lib.khor_finalize(_state.comm)
         _state.comm = _state.engine = None
         _state.sets = {}
+        _state.order = []
         _state.pending.clear()
+
+
+def on_shutdown(method):
+    """Runs method (a bound method; held weakly) at every shutdown, before the engine stops:
+    for front-end objects that hold handles of the job, which die with it."""
+    with _state.lock:
+        _state.on_shutdown.append(weakref.WeakMethod(method))
+
+
+def restore_process_sets():
+    """After an elastic reset's init: registers again, in their order, the process sets of
+    the job left last, the same ProcessSet objects (so whatever holds one, such as a
+    DistributedOptimizer, uses it in the new generation). A set with a rank beyond the new
+    size cannot be: it stays unregistered, with a warning. Every rank of the new generation
+    must register the same sets in the same order: the survivors here, a new worker by the
+    add_process_set calls that its script makes before the elastic function."""
+    require_init()
+    n = size()
+    dropped = []
+    for ps in _state.last_sets:
+        if ps.ranks[-1] < n:
+            add_process_set(ps)
+        else:
+            dropped.append(ps)
+    _state.last_sets = []
+    if dropped:
+        warnings.warn("khor: the job has %d ranks now; process sets %s do not fit and are not "
+                      "registered again (register new ones in a reset callback)"
+                      % (n, ", ".join(str(ps.ranks) for ps in dropped)), RuntimeWarning)
+    return dropped
 
 
 def is_initialized():
@@ -199,11 +277,11 @@ def is_homogeneous():
     require_init()
     n = ctypes.c_int64(local_size())
     mx = ctypes.c_int64(n.value)
-    _lib.check(_lib.khor_allreduce(_state.comm, ctypes.byref(n), ctypes.byref(mx), 1,
-                                   _lib.INT64, _lib.MAX), _comm_error)
+    check_collective(_lib.khor_allreduce(_state.comm, ctypes.byref(n), ctypes.byref(mx), 1,
+                                         _lib.INT64, _lib.MAX), _comm_error)
     mn = ctypes.c_int64(n.value)
-    _lib.check(_lib.khor_allreduce(_state.comm, ctypes.byref(n), ctypes.byref(mn), 1,
-                                   _lib.INT64, _lib.MIN), _comm_error)
+    check_collective(_lib.khor_allreduce(_state.comm, ctypes.byref(n), ctypes.byref(mn), 1,
+                                         _lib.INT64, _lib.MIN), _comm_error)
     return mx.value == mn.value
 
 
@@ -227,19 +305,20 @@ def add_process_set(process_set):
         me = rank()
         member = me in ps.ranks
         sub = ctypes.c_void_p()
-        _lib.check(_lib.khor_comm_split(_state.comm, 1 if member else -1, me,
-                                        ctypes.byref(sub)), _comm_error)
+        check_collective(_lib.khor_comm_split(_state.comm, 1 if member else -1, me,
+                                              ctypes.byref(sub)), _comm_error)
         sid = ctypes.c_int(-1)
         if member:
-            _lib.check(_lib.khor_engine_add_process_set(_state.engine, sub,
-                                                        ctypes.byref(sid)), _engine_error)
+            check_collective(_lib.khor_engine_add_process_set(_state.engine, sub,
+                                                              ctypes.byref(sid)), _engine_error)
         # Every rank learns the id (members have it; the others take the max).
         v = ctypes.c_int64(sid.value)
-        _lib.check(_lib.khor_allreduce(_state.comm, ctypes.byref(v), ctypes.byref(v), 1,
-                                       _lib.INT64, _lib.MAX), _comm_error)
+        check_collective(_lib.khor_allreduce(_state.comm, ctypes.byref(v), ctypes.byref(v), 1,
+                                             _lib.INT64, _lib.MAX), _comm_error)
         ps.process_set_id = int(v.value)
         ps._comm = sub.value and sub or None
         _state.sets[ps.process_set_id] = ps
+        _state.order.append(ps)
     return ps
 
 
@@ -251,11 +330,13 @@ def remove_process_set(process_set):
         if ps is global_process_set or ps.process_set_id not in _state.sets:
             return False
         if ps._comm:
-            _lib.check(_lib.khor_engine_remove_process_set(_state.engine, ps.process_set_id),
-                       _engine_error)
+            check_collective(_lib.khor_engine_remove_process_set(_state.engine,
+                                                                 ps.process_set_id),
+                             _engine_error)
             _lib.khor_comm_free(ps._comm)
-        _lib.check(_lib.khor_barrier(_state.comm), _comm_error)
+        check_collective(_lib.khor_barrier(_state.comm), _comm_error)
         del _state.sets[ps.process_set_id]
+        _state.order.remove(ps)
         ps.process_set_id = None
         ps._comm = None
     return True
@@ -310,7 +391,7 @@ def _enqueue(fn, *args):
     h = ctypes.c_void_p()
     st = fn(_state.engine, *args, ctypes.byref(h))
     if st != _lib.SUCCESS:
-        raise KhorError(_engine_error(), st)
+        raise collective_error(_engine_error(), st)
     return h
 
 
@@ -451,10 +532,10 @@ def synchronize(handle):
         raise ValueError("unknown handle %r (already synchronized?)" % (handle,))
     st = _lib.khor_handle_wait(p.h)
     if st == _lib.ERR_TIMEOUT:
-        raise KhorError(_lib.text(_lib.khor_handle_error(p.h)), st)
+        raise collective_error(_lib.text(_lib.khor_handle_error(p.h)), st)
     try:
         if st != _lib.SUCCESS:
-            raise KhorError(_lib.text(_lib.khor_handle_error(p.h)), st)
+            raise collective_error(_lib.text(_lib.khor_handle_error(p.h)), st)
         return p.finish(p) if p.finish is not None else None
     finally:
         with _state.lock:
@@ -471,3 +552,58 @@ def start_timeline(file_path, mark_cycles=False):
 def stop_timeline():
     require_init()
     _lib.check(_lib.khor_engine_timeline_stop(_state.engine), _engine_error)
+
+
+# ---- the elastic mode's calls (docs/ELASTIC.md) --------------------------------------------
+
+def _elastic_fn(name):
+    fn = getattr(_lib, name)
+    if fn is None:
+        raise KhorError("khor: %s has no elastic mode (it lacks %s); use a libkhor built "
+                        "with it" % (_lib.path, ", ".join(_lib.elastic_missing)),
+                        _lib.ERR_NOT_SUPPORTED)
+    return fn
+
+
+def is_elastic():
+    """True when the job joined is an elastic one (khorrun's elastic driver)."""
+    return _state.elastic
+
+
+def generation():
+    """The generation joined: the driver's number in an elastic job (1, 2, ...), this
+    process's count of inits in a fixed one."""
+    require_init()
+    return int(_elastic_fn("khor_generation")(_state.comm))
+
+
+def hosts_updated():
+    """What the driver said of this generation's hosts: bit 1 added, bit 2 removed, 0 none
+    (read locally; it costs nothing)."""
+    require_init()
+    return int(_elastic_fn("khor_hosts_updated")(_state.comm))
+
+
+def allreduce_ints(values, op, name):
+    """The int32 allreduce of a few numbers over the global set, through the engine (so it
+    orders with the script's other named collectives); returns the list."""
+    arr = (ctypes.c_int32 * len(values))(*values)
+    buf = Buf(ctypes.addressof(arr), _lib.INT32, (len(values),), arr)
+    synchronize(enqueue_allreduce([name], [buf], [buf], op, 1.0, 1.0, global_process_set,
+                                  None, None))
+    return list(arr)
+
+
+def broadcast_bytes(data, root_rank, name):
+    """root_rank's bytes on every rank (data is ignored elsewhere), in two broadcasts: the
+    length, then the bytes."""
+    me = rank()
+    n = (ctypes.c_int64 * 1)(len(data) if me == root_rank else 0)
+    nbuf = Buf(ctypes.addressof(n), _lib.INT64, (1,), n)
+    synchronize(enqueue_broadcast(name + ".size", nbuf, nbuf, root_rank, global_process_set,
+                                  None, None))
+    raw = ctypes.create_string_buffer(data if me == root_rank else b"", max(1, n[0]))
+    dbuf = Buf(ctypes.addressof(raw) if n[0] else 0, _lib.UINT8, (n[0],), raw)
+    synchronize(enqueue_broadcast(name + ".data", dbuf, dbuf, root_rank, global_process_set,
+                                  None, None))
+    return raw.raw[:n[0]]

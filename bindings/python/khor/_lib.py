@@ -25,6 +25,8 @@ ERR_PROTOCOL = 7
 ERR_AUTH = 8
 ERR_NOT_SUPPORTED = 9
 ERR_INTERNAL = 10
+ERR_MEMBERSHIP = 11   # an elastic job's membership changed: reset (finalize, init again)
+ERR_REMOVED = 12      # khor_init: this worker is no longer in the elastic job
 
 FLOAT32, FLOAT64, INT32, INT64, FLOAT16, BFLOAT16, INT8, UINT8, BOOL, INT16 = range(10)
 SUM, AVG, MIN, MAX, PROD = range(5)
@@ -167,6 +169,23 @@ _proto("khor_handle_output", c_int, c_void_p, c_int, P(c_void_p), P(c_int), P(c_
 _proto("khor_handle_splits", c_int, c_void_p, P(c_int64), c_int)
 _proto("khor_handle_join_rank", c_int, c_void_p)
 _proto("khor_handle_free", None, c_void_p)
+
+
+def _proto_optional(name, restype, *argtypes):
+    """Declares a function that an older libkhor lacks; None there."""
+    try:
+        _proto(name, restype, *argtypes)
+    except AttributeError:
+        globals()[name] = None
+
+
+# The elastic mode's calls (docs/ELASTIC.md). Without them the library has no elastic mode,
+# and only the elastic calls say so (elastic_missing names what is missing).
+_proto_optional("khor_generation", c_int, c_void_p)
+_proto_optional("khor_hosts_updated", c_int, c_void_p)
+_proto_optional("khor_is_elastic", c_int, c_void_p)
+elastic_missing = [n for n in ("khor_generation", "khor_hosts_updated", "khor_is_elastic")
+                   if globals()[n] is None]
 
 NULL_ALLOC = ALLOC_FN()
 

@@ -2,7 +2,7 @@
 
 Same names, arguments, defaults and exceptions as ``horovod.torch``: init, size, rank, the
 collectives (plain, in place, async, grouped), DistributedOptimizer, the broadcast helpers,
-SyncBatchNorm, process sets and the timeline. Nothing is compiled: the engine is libkhor's,
+SyncBatchNorm, process sets, the timeline and the elastic API (hvd.elastic). Nothing is compiled: the engine is libkhor's,
 reached through ctypes. CPU tensors only (the GPU path is a later piece of work), and no
 Adasum. HOROVOD_* settings (fusion threshold, cycle time, cache capacity, timeline, stall
 check, autotune) are read by the engine as aliases of its KHOR_* ones.
@@ -14,6 +14,8 @@ from .._core import (Average, Sum, Adasum, Min, Max, Product, ProcessSet, global
                      local_rank, local_size, cross_rank, cross_size, is_homogeneous, poll,
                      start_timeline, stop_timeline)
 from .._lib import KhorError
+from ..exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from . import elastic
 from .compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
@@ -29,13 +31,10 @@ from .sync_batch_norm import SyncBatchNorm
 
 __version__ = _core._lib.text(_core._lib.khor_version())
 
-# Horovod's exception for failures inside the runtime (a dead rank, a mismatch, a timeout).
-HorovodInternalError = KhorError
-
-
 def init(comm=None, process_sets=None):
     """Joins the job and starts the engine (Horovod: hvd.init). Safe to call again after
-    shutdown()."""
+    shutdown(). process_sets: ProcessSets to register at once, or "dynamic" (khor's sets
+    always are)."""
     _core.init(comm, process_sets)
 
 

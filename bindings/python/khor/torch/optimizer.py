@@ -13,6 +13,7 @@ import warnings
 
 import torch
 
+from .. import _core
 from .._core import Average, Adasum, global_process_set
 from .compression import Compression
 from .mpi_ops import allreduce_async_, grouped_allreduce_async_, synchronize
@@ -72,13 +73,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     self._p_to_group[p] = gi
         # Hooks on every size, 1 included: one code path (a one-rank set runs at once).
         self._register_hooks()
+        _core.on_shutdown(self._forget_handles)
 
-    def load_state_dict(self, *args, **kwargs):
+    def _forget_handles(self):
+        """The job ended (an elastic reset, say) with gradients in flight: their handles
+        died with it, and the next generation starts the step afresh."""
         self._handles = {}
+        self._group_counts = {}
         self._synchronized = False
-        self._should_synchronize = True
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
+
+    def load_state_dict(self, *args, **kwargs):
+        self._forget_handles()
+        self._should_synchronize = True
         super(self.__class__, self).load_state_dict(*args, **kwargs)
 
     @staticmethod

@@ -1,0 +1,206 @@
+"""khor.elastic: Horovod's elastic API without a framework (``horovod.common.elastic``).
+
+A script keeps its training state in a State, commits it every few batches and runs its
+training function under ``run``:
+
+    state = khor.elastic.ObjectState(epoch=0, batch=0)
+
+    @khor.elastic.run
+    def train(state):
+        while state.epoch < 10:
+            ...                      # collectives
+            state.batch += 1
+            state.commit()           # saves, then asks whether hosts changed
+
+    train(state)
+
+``run`` syncs the state from rank 0, then calls the function. When a collective fails
+because the job lost a rank (HorovodInternalError) it restores the last commit; when the
+driver added or removed hosts (HostsUpdatedInterrupt, raised by commit) it keeps the state
+as it is. Either way it resets (shutdown, init: the worker joins the job's next generation,
+with its new rank and size; the process sets registered before are registered again), runs
+the reset callbacks and loops. A worker that init finds out of the job leaves with exit
+status 0 (WorkerRemoved). The driver side is khorrun's elastic mode (docs/ELASTIC.md).
+"""
+
+import functools
+import pickle
+
+from . import _core
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, WorkerRemoved
+
+# khor_hosts_updated's bits.
+HOSTS_ADDED = 1
+HOSTS_REMOVED = 2
+
+_HOSTS_NAME = "khor.elastic.hosts_updated"
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """obj of root_rank, pickled, on every rank (the framework-free State's default)."""
+    name = name or "khor.elastic.broadcast_object"
+    data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL) if _core.rank() == root_rank else b""
+    data = _core.broadcast_bytes(data, root_rank, name)
+    return obj if _core.rank() == root_rank else pickle.loads(data)
+
+
+class _HostMessages:
+    """State._host_messages. In Horovod a queue that the driver's notifications fill; here
+    the driver's word is this generation's khor_hosts_updated, read locally, so empty() is
+    False from the moment this rank's heartbeat has seen an update that check_host_updates
+    has not yet acted on."""
+
+    def __init__(self, state):
+        self._state = state
+
+    def empty(self):
+        return self.qsize() == 0
+
+    def qsize(self):
+        return 1 if self._state._local_update() else 0
+
+
+class State:
+    """Training state that survives a reset: save() keeps a copy in host memory, restore()
+    goes back to it, sync() makes every rank's equal rank 0's. bcast_object(obj) and
+    get_rank() default to khor's; Horovod's frameworks pass their own."""
+
+    def __init__(self, bcast_object=None, get_rank=None):
+        self._bcast_object = bcast_object or broadcast_object
+        self._rank = get_rank or _core.rank
+        self._host_messages = _HostMessages(self)
+        # The generation whose host update this state last raised for (Horovod: the time
+        # of the driver's last notification); 0 raises for the current one again.
+        self._last_updated_timestamp = 0
+        self._reset_callbacks = []
+
+    def register_reset_callbacks(self, callbacks):
+        """Functions to call after each reset, once init has joined the new generation
+        and before the state is synced (e.g. to scale the learning rate to the new size)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self):
+        self._host_messages = _HostMessages(self)
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self):
+        """Saves the state, then raises HostsUpdatedInterrupt if the hosts changed. A
+        commit copies the state, so committing every few batches trades the steps lost to
+        a failure against the time the copies take."""
+        self.save()
+        self.check_host_updates()
+
+    def _local_update(self):
+        """This rank's news of hosts not yet acted on: khor_hosts_updated's bits."""
+        if _core.generation() <= self._last_updated_timestamp:
+            return 0
+        return _core.hosts_updated()
+
+    def check_host_updates(self):
+        """Raises HostsUpdatedInterrupt on every rank at the same step when the driver has
+        added or removed hosts (one 3-int allreduce: every rank's news, taken together)."""
+        bits = self._local_update()
+        mine = [1 if bits & HOSTS_ADDED else 0, 1 if bits & HOSTS_REMOVED else 0,
+                _core.generation() if bits else 0]
+        added, removed, gen = _core.allreduce_ints(mine, _core.Max, _HOSTS_NAME)
+        if added or removed:
+            self._last_updated_timestamp = gen
+            raise HostsUpdatedInterrupt(skip_sync=not added)
+
+    def save(self):
+        """Saves the state to host memory."""
+        raise NotImplementedError()
+
+    def restore(self):
+        """Goes back to the last saved state, undoing what changed since."""
+        raise NotImplementedError()
+
+    def sync(self):
+        """Makes every rank's state rank 0's."""
+        raise NotImplementedError()
+
+    def reset(self):
+        """Adjusts what depends on the job's ranks after a reset (before the sync)."""
+
+
+class ObjectState(State):
+    """State of plain Python objects, given as keyword arguments and kept as attributes."""
+
+    def __init__(self, bcast_object=None, get_rank=None, **kwargs):
+        self._saved_state = kwargs
+        self._set_attrs()
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
+
+    def save(self):
+        self._saved_state = {k: getattr(self, k) for k in self._saved_state}
+
+    def restore(self):
+        self._set_attrs()
+
+    def sync(self):
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+    def _set_attrs(self):
+        for k, v in self._saved_state.items():
+            setattr(self, k, v)
+
+
+def run_fn(func, reset):
+    """func(state, ...) under Horovod's elastic loop, reset() being the framework's."""
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        skip_sync = False
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except HorovodInternalError:
+                if not _core.is_elastic():
+                    raise       # a fixed job has no next generation to join
+                state.restore()
+                skip_sync = False
+            except HostsUpdatedInterrupt as e:
+                skip_sync = e.skip_sync
+            if not _reset_until_joined(reset):
+                skip_sync = False   # that generation failed too: who is in the next is new
+            state.on_reset()
+    return wrapper
+
+
+def _reset_until_joined(reset):
+    """reset() until a generation forms around this worker: one that fails while the
+    survivors register their process sets again (another loss) is left for the next one.
+    False when it took more than one."""
+    first = True
+    while True:
+        try:
+            reset()
+            return first
+        except HorovodInternalError:
+            if not _core.is_elastic():
+                raise
+            first = False
+
+
+def reset():
+    """Leaves the generation and joins the next one: shutdown, init (WorkerRemoved, a
+    SystemExit(0), when this worker is out of the job), then the process sets again."""
+    _core.shutdown()
+    _core.init()
+    _core.restore_process_sets()
+
+
+def run(func):
+    """Runs func(state, ...) until it returns, through failures and host changes (see the
+    module's text). The function must start with no collective of its own before the
+    state's sync: a worker that joins runs only that sync to catch up."""
+    return run_fn(func, reset)
+
+
+__all__ = ["State", "ObjectState", "run", "run_fn", "reset", "broadcast_object",
+           "HorovodInternalError", "HostsUpdatedInterrupt", "WorkerRemoved"]

@@ -1,0 +1,1137 @@
+/*
+ * elastic.c -- khorrun's elastic driver (docs/ELASTIC.md, "The driver"). It runs on
+ * khorrun's one thread, between the turns of the poll loop (loop.c), so a worker's end is
+ * seen within the turn it is reaped in and its generation's abort written right after:
+ *
+ *   loop_turn: output, reaping, ssh  ->  ends(): a loss writes <job>/<g>/abort at once
+ *                                     ->  discovery: a run of the script, or the fixed hosts
+ *                                     ->  every POLL_MS: el/want/<g>, the heartbeats
+ *                                     ->  a new generation when one is needed and possible
+ *
+ * It talks to khorrun's own store as a client, like any rank, through the generic store
+ * interface, and keeps no state there but what the contract names: el/plan/<g>, el/gen,
+ * el/update/<g>, el/done and the aborts. What a generation is made of comes from
+ * elastic_plan.c; the processes are started by batch.c and signalled by procs.c.
+ *
+ * A generation ends by a loss (a worker exited non-zero, was killed, its host's connection
+ * ended, or its heartbeat stalled and khorrun killed it), or by the workers asking for a new
+ * one (el/want/<g>: after el/update/<g>, or after an error of their own). The next one is
+ * planned as soon as --min-np slots are there; the fenced must be reaped first, so that a
+ * slot given again never has two processes under one worker id.
+ */
+#include "elastic.h"
+
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "base/parse.h"
+#include "khor.h"
+#include "rendezvous/store.h"
+#include "runtime/config.h"
+
+#include "batch.h"
+#include "discover.h"
+#include "elastic_plan.h"
+#include "env.h"
+#include "hosts.h"
+#include "loop.h"
+#include "output.h"
+#include "procs.h"
+#include "say.h"
+#include "spawn.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* How often the store is asked for el/want/<g> and the heartbeats. */
+#define POLL_MS 100
+/* Horovod's discovery period. */
+#define DISCOVER_EVERY_MS 1000
+/* Settings' defaults for when runtime/config.c's table has none. */
+#define DEF_HEARTBEAT_TIMEOUT "10s"
+#define DEF_ELASTIC_TIMEOUT "600s"
+
+/* What the driver knows of one worker; e->w[i] is j->ranks[i]. */
+struct ew {
+	int host, slot;       /* index into st.hosts; its slot there */
+	int rank;             /* its rank in generation e->gen; -1: none */
+	bool dropped;         /* a plan dropped it: it should exit 0 */
+	bool fenced;          /* khorrun killed it (its heartbeat stalled, or its id is wanted) */
+	int64_t fenced_at;
+	int64_t hb, hb_at;    /* the last heartbeat count seen in generation e->gen, and when */
+	int64_t stop_at;      /* dropped: when to signal it if it has not exited */
+	int stop_sigs;        /* signals sent to it since it was dropped */
+};
+
+struct elastic {
+	struct job *j;
+	const struct elastic_env *env;
+	const sigset_t *child_mask;
+	struct ep_state st;
+	bool *here;           /* per host of st: this host (no ssh) */
+	int nhere;
+	bool have_script;
+	struct discover disc;
+	struct ep_list fixed; /* the hosts, without a script */
+	int64_t disc_next;
+	char disc_err[512];   /* the last failure said, so a failing script is not said every second */
+	store *s;
+	struct ew *w;
+	int nw;
+
+	int gen;              /* the newest generation planned; 0: none yet */
+	struct ep_slot *plan; /* its ranks */
+	int nplan;
+	bool gen_over;        /* it has ended (a loss, or its workers asked for a new one) */
+	unsigned updates;     /* el/update/<gen> as said so far */
+	bool need_gen;
+	int64_t wait_since;   /* waiting for slots since then; -1: not waiting */
+	int64_t gen_beat_at;  /* the first heartbeat of any rank of gen; 0: none yet */
+	int64_t next_poll;
+	bool finishing;       /* a worker of gen exited 0: no new generation */
+	bool done_said;       /* el/done written */
+	bool ending;
+	int rc;
+	char *path;           /* the program here, once looked up */
+
+	int64_t hb_timeout_ms; /* -1: no heartbeat check */
+	int64_t elastic_timeout_ms;
+	const char *elastic_timeout_arg; /* KHOR_ELASTIC_TIMEOUT for the ranks; NULL: theirs */
+	char timeout_arg[32];
+	uint64_t rnd;
+};
+
+static int64_t now_ms(void)
+{
+	return (int64_t)(kclock_ns() / 1000000u);
+}
+
+/* A draw in [0, 1) for the cooldown (xorshift; its quality does not matter here). */
+static double draw(struct elastic *e)
+{
+	e->rnd ^= e->rnd << 13;
+	e->rnd ^= e->rnd >> 7;
+	e->rnd ^= e->rnd << 17;
+	return (double)(e->rnd >> 11) / (double)(1ull << 53);
+}
+
+/*
+ * A duration the ranks read too: -x VAR=..., else khorrun's environment (then the Horovod
+ * alias), else the settings table's default. False with the reason said.
+ */
+static bool rank_duration(const struct opts *o, const char *name, const char *alias,
+                          const char *fallback, int64_t *out)
+{
+	const char *v = env_rank_value(o, name), *from = name;
+
+	if ((v == NULL || *v == '\0') && alias != NULL) {
+		v = env_rank_value(o, alias);
+		from = alias;
+	}
+	if (v == NULL || *v == '\0') {
+		v = config_default(name) != NULL ? config_default(name) : fallback;
+		from = name;
+	}
+	if (!kparse_duration_ms(v, out)) {
+		say("%s=%s: wants a duration like 10s, 500ms or 2m", from, v);
+		return false;
+	}
+	return true;
+}
+
+/* Makes e->w cover every rank started so far. */
+static bool ew_room(struct elastic *e)
+{
+	struct ew *w;
+
+	if (e->nw >= e->j->nstarted)
+		return true;
+	w = realloc(e->w, (size_t)e->j->cap_ranks * sizeof(*w));
+	if (w == NULL)
+		return false;
+	e->w = w;
+	memset(w + e->nw, 0, (size_t)(e->j->cap_ranks - e->nw) * sizeof(*w));
+	for (int i = e->nw; i < e->j->cap_ranks; i++)
+		w[i].rank = -1;
+	e->nw = e->j->cap_ranks;
+	return true;
+}
+
+/* The job cannot go on: say why, tell the workers waiting in init, stop the others. */
+static void fail_job(struct elastic *e, int rc, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void tell_done(struct elastic *e)
+{
+	kerr err;
+
+	if (e->done_said || e->s == NULL)
+		return;
+	e->done_said = true;
+	store_set_prefix(e->s, e->env->job_id, 0);
+	if (store_set(e->s, "el/done", "1", 1, &err) != KHOR_SUCCESS)
+		KLOG_WARN("khorrun: elastic: cannot write el/done: %s", err.text);
+}
+
+static void fail_job(struct elastic *e, int rc, const char *fmt, ...)
+{
+	char msg[2048];
+	va_list ap;
+
+	if (e->ending)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	say("%s", msg);
+	e->ending = true;
+	e->rc = rc;
+	tell_done(e);
+	e->j->keep_open = false;
+	if (e->j->nrunning > 0 && !e->j->stopping)
+		procs_begin_stop(e->j, SIGTERM);
+}
+
+static void store_failed(struct elastic *e, const char *what, const kerr *err)
+{
+	fail_job(e, 1, "elastic: the store failed (%s): %s", what, err->text);
+}
+
+static bool put(struct elastic *e, int gen, const char *key, const char *val)
+{
+	kerr err;
+
+	kerr_clear(&err);
+	store_set_prefix(e->s, e->env->job_id, gen);
+	if (store_set(e->s, key, val, strlen(val), &err) != KHOR_SUCCESS) {
+		store_failed(e, key, &err);
+		return false;
+	}
+	return true;
+}
+
+/* A counter's value without changing it (absent: 0). */
+static bool count(struct elastic *e, int gen, const char *key, int64_t *out)
+{
+	kerr err;
+
+	kerr_clear(&err);
+	store_set_prefix(e->s, e->env->job_id, gen);
+	if (store_add(e->s, key, 0, out, &err) != KHOR_SUCCESS) {
+		store_failed(e, key, &err);
+		return false;
+	}
+	return true;
+}
+
+/* A key's value if it is there now (malloc'd), else NULL. */
+static char *peek(struct elastic *e, int gen, const char *key)
+{
+	void *v = NULL;
+	size_t len;
+	kerr err;
+
+	kerr_clear(&err);
+	store_set_prefix(e->s, e->env->job_id, gen);
+	if (store_get(e->s, key, kdeadline_in_ms(0), &v, &len, &err) != KHOR_SUCCESS)
+		return NULL;
+	return v;
+}
+
+/* Ends generation gen for its ranks: the first abort written is the one they report. */
+static void write_abort(struct elastic *e, int gen, const char *text)
+{
+	int64_t n = 0;
+	kerr err;
+
+	kerr_clear(&err);
+	store_set_prefix(e->s, e->env->job_id, gen);
+	if (store_add(e->s, "abort_count", 1, &n, &err) != KHOR_SUCCESS) {
+		store_failed(e, "abort_count", &err);
+		return;
+	}
+	if (n == 1)
+		(void)put(e, gen, "abort", text);
+}
+
+/* "killed by signal 9 (SIGKILL)", or what is known of a rank on a host now gone. */
+static void end_text(const struct elastic *e, int i, char *buf, size_t len)
+{
+	const struct rank *rk = &e->j->ranks[i];
+	const struct host *h = &e->j->hosts[rk->host];
+	char name[32];
+	int st = rk->wstatus;
+
+	if (rk->lost) {
+		if (h->failed && !h->ready)
+			snprintf(buf, len, "it could not be started there%s%s", h->last_err[0] ? ": " : "",
+			         h->last_err);
+		else
+			snprintf(buf, len, "the ssh connection to %s ended before its exit was known%s%s",
+			         h->name, h->last_err[0] ? ": " : "", h->last_err);
+	} else if (WIFEXITED(st)) {
+		snprintf(buf, len, "exited with status %d", WEXITSTATUS(st));
+	} else if (WIFSIGNALED(st)) {
+		snprintf(buf, len, "killed by signal %d (%s)%s", WTERMSIG(st),
+		         say_sig_name(WTERMSIG(st), name, sizeof(name)),
+		         WCOREDUMP(st) ? ", core dumped" : "");
+	} else {
+		snprintf(buf, len, "ended with wait status 0x%x", (unsigned)st);
+	}
+}
+
+static int status_to_exit(int st)
+{
+	if (WIFEXITED(st))
+		return WEXITSTATUS(st);
+	if (WIFSIGNALED(st))
+		return 128 + WTERMSIG(st);
+	return 1;
+}
+
+/* A new generation is needed (counted against --reset-limit once). */
+static void want_gen(struct elastic *e)
+{
+	if (e->need_gen || e->ending || e->finishing)
+		return;
+	if (e->gen > 0 && !ep_take_reset(&e->st)) {
+		fail_job(e, 3, "Horovod was shutdown because number of resets during elastic job "
+		         "exceeded limit: %d", e->st.reset_limit);
+		return;
+	}
+	e->need_gen = true;
+}
+
+/* Every host of the newest generation is blacklisted: Horovod's end of the job. */
+static bool all_blacklisted(const struct elastic *e)
+{
+	for (int r = 0; r < e->nplan; r++) {
+		if (!e->st.hosts[e->plan[r].host].blacklisted)
+			return false;
+	}
+	return e->nplan > 0;
+}
+
+/*
+ * Worker i is lost (why: how). Its generation ends for everyone at once; on several hosts
+ * its host is blacklisted (its other workers are dropped by the next plan), on one host
+ * its slot gets a fresh worker.
+ */
+static void lost(struct elastic *e, int i, const char *why)
+{
+	struct ew *w = &e->w[i];
+	struct rank *rk = &e->j->ranks[i];
+	const char *host = e->st.hosts[w->host].name;
+	char text[1024], tail[160];
+
+	if (e->finishing) {
+		fail_job(e, rk->lost ? 255 : status_to_exit(rk->wstatus),
+		         "elastic: rank %d on %s (worker %s) failed after the job began to finish: %s",
+		         w->rank, host, rk->worker, why);
+		return;
+	}
+	snprintf(text, sizeof(text), "rank %d on %s (worker %s) was lost in generation %d: %s",
+	         w->rank, host, rk->worker, e->gen, why);
+	if (!e->gen_over) {
+		write_abort(e, e->gen, text);
+		e->gen_over = true;
+	}
+	if (ep_count_hosts(e->plan, e->nplan) > 1) {
+		if (e->st.hosts[w->host].blacklisted) {
+			snprintf(tail, sizeof(tail), "; host %s is blacklisted already", host);
+		} else {
+			int64_t cd = ep_blacklist(&e->st, w->host, now_ms(), draw(e));
+
+			if (cd < 0)
+				snprintf(tail, sizeof(tail), "; host %s blacklisted", host);
+			else
+				snprintf(tail, sizeof(tail), "; host %s blacklisted for %lld s", host,
+				         (long long)((cd + 999) / 1000));
+		}
+	} else {
+		snprintf(tail, sizeof(tail), "; a fresh worker takes its slot");
+	}
+	say("elastic: generation %d: rank %d on %s (worker %s) was lost: %s%s", e->gen, w->rank,
+	    host, rk->worker, why, tail);
+	if (all_blacklisted(e)) {
+		fail_job(e, 1, "elastic: every host of generation %d is blacklisted; the job cannot "
+		         "go on", e->gen);
+		return;
+	}
+	want_gen(e);
+}
+
+/* Kills worker i, whose heartbeat stalled, before anyone hears of it (fencing). */
+static void fence(struct elastic *e, int i, int64_t stalled_ms)
+{
+	char why[160];
+
+	procs_signal_rank(e->j, &e->j->ranks[i], SIGKILL);
+	e->w[i].fenced = true;
+	e->w[i].fenced_at = now_ms();
+	snprintf(why, sizeof(why), "its heartbeat stopped for %.1f s (KHOR_HEARTBEAT_TIMEOUT %.1f s); "
+	         "khorrun killed it", (double)stalled_ms / 1000.0, (double)e->hb_timeout_ms / 1000.0);
+	lost(e, i, why);
+}
+
+/* The ends the loop reaped (or hosts reported) since the last turn. */
+static void ends(struct elastic *e)
+{
+	struct job *j = e->j;
+
+	for (int i = 0; i < j->nstarted; i++) {
+		struct rank *rk = &j->ranks[i];
+		struct ew *w = &e->w[i];
+		char why[600];
+
+		if (rk->running || rk->noted)
+			continue;
+		rk->noted = true;
+		if (e->ending || w->dropped || w->fenced)
+			continue; /* expected, or said when it was fenced */
+		if (!rk->lost && WIFEXITED(rk->wstatus) && WEXITSTATUS(rk->wstatus) == 0) {
+			if (!e->finishing)
+				KLOG_INFO("khorrun: elastic: worker %s (rank %d of generation %d) exited 0: "
+				          "the job is finishing, no new generation", rk->worker, w->rank,
+				          e->gen);
+			e->finishing = true;
+			e->need_gen = false;
+			tell_done(e);
+			continue;
+		}
+		end_text(e, i, why, sizeof(why));
+		lost(e, i, why);
+	}
+	/* Buffers of ranks whose output has all come are not kept for the rest of the job. */
+	for (int i = 0; i < j->nstarted; i++) {
+		const struct rank *rk = &j->ranks[i];
+
+		if (rk->noted && (rk->pid >= 0 || j->hosts[rk->host].finished))
+			output_release_rank(&j->ranks[i]);
+	}
+}
+
+/*
+ * Whether each host first seen is this one (computed once: it may ask DNS); one the ranks
+ * could not reach the store from is left out for good.
+ */
+static bool note_new_hosts(struct elastic *e)
+{
+	if (e->nhere >= e->st.nhosts)
+		return true;
+	bool *h = realloc(e->here, (size_t)e->st.cap * sizeof(*h));
+
+	if (h == NULL)
+		return false;
+	e->here = h;
+	for (int i = e->nhere; i < e->st.nhosts; i++) {
+		h[i] = place_host_is_here(e->st.hosts[i].name);
+		if (!h[i] && e->env != NULL && e->env->store_loopback) {
+			say("elastic: host %s cannot reach the store, which listens on %s only; it is "
+			    "left out (give --bind-store with an address every host reaches)",
+			    e->st.hosts[i].name, e->env->store_host);
+			ep_exclude(&e->st, i);
+		}
+	}
+	e->nhere = e->st.nhosts;
+	return true;
+}
+
+static void update_words(unsigned flags, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s%s%s", flags & EP_ADDED ? "added" : "",
+	         flags == (EP_ADDED | EP_REMOVED) ? "," : "", flags & EP_REMOVED ? "removed" : "");
+}
+
+/* A discovery's hosts: the state takes them in; a change the ranks must act on is told. */
+static void take_hosts(struct elastic *e, const struct ep_list *l)
+{
+	int flags = ep_update(&e->st, l, now_ms());
+	struct ep_slot *next;
+	int n, cap;
+	char words[32], slots[512], key[64];
+
+	if (flags < 0 || !note_new_hosts(e)) {
+		fail_job(e, 1, "elastic: out of memory taking in the hosts");
+		return;
+	}
+	if (flags == 0 || e->gen == 0 || e->gen_over || e->finishing || e->ending)
+		return;
+	cap = ep_available_slots(&e->st) + 1;
+	next = calloc((size_t)cap, sizeof(*next));
+	if (next == NULL) {
+		fail_job(e, 1, "elastic: out of memory taking in the hosts");
+		return;
+	}
+	n = ep_assign(&e->st, next, cap);
+	if (n >= 0 && ep_same_assignment(e->plan, e->nplan, next, n)) {
+		free(next);
+		return; /* nothing the ranks would do differently (Horovod skips it too) */
+	}
+	e->updates |= (unsigned)flags;
+	update_words(e->updates, words, sizeof(words));
+	ep_describe_slots(&e->st, next, n < 0 ? 0 : n, slots, sizeof(slots));
+	free(next);
+	snprintf(key, sizeof(key), "el/update/%d", e->gen);
+	if (!put(e, 0, key, words))
+		return;
+	update_words((unsigned)flags, words, sizeof(words));
+	say("elastic: hosts %s during generation %d; the ranks go to a new generation at their "
+	    "next commit (%s)", words, e->gen, slots[0] ? slots : "no slots");
+}
+
+/* The discovery script, or the fixed hosts again (a cooldown may have ended). */
+static void discovery(struct elastic *e, short revents)
+{
+	int64_t now = now_ms();
+	char why[512];
+	bool ok;
+
+	if (!e->have_script) {
+		if (now >= e->disc_next) {
+			take_hosts(e, &e->fixed);
+			e->disc_next = now + DISCOVER_EVERY_MS;
+		}
+		return;
+	}
+	if (!e->disc.running) {
+		if (now < e->disc_next)
+			return;
+		if (!discover_start(e->j, &e->disc, e->child_mask, why, sizeof(why))) {
+			say("elastic: cannot run the host discovery script: %s; trying again in 1 s", why);
+			e->disc_next = now + DISCOVER_EVERY_MS;
+		}
+		return;
+	}
+	if (!discover_step(e->j, &e->disc, revents, &ok, why, sizeof(why)))
+		return;
+	e->disc_next = now_ms() + DISCOVER_EVERY_MS;
+	if (ok) {
+		struct ep_list l;
+
+		if (ep_parse_hosts(e->disc.out, e->disc.len, e->j->o.slots_per_host, &l, why,
+		                   sizeof(why))) {
+			if (e->disc_err[0] != '\0')
+				say("elastic: the host discovery script works again");
+			e->disc_err[0] = '\0';
+			take_hosts(e, &l);
+			ep_list_free(&l);
+			return;
+		}
+	}
+	/* Horovod's rule: after the first run, a failure is said and the hosts stay. */
+	if (strcmp(why, e->disc_err) != 0)
+		say("elastic: the host discovery script failed: %s; the hosts stay as they were, and "
+		    "it runs again every second", why);
+	kstrlcpy(e->disc_err, why, sizeof(e->disc_err));
+}
+
+/* The reason a worker gave for asking for a new generation. */
+static char *asked_why(struct elastic *e, int *who)
+{
+	for (int i = 0; i < e->j->nstarted; i++) {
+		char key[STORE_KEY_MAX];
+		char *v;
+
+		if (e->w[i].rank < 0 || e->w[i].dropped)
+			continue;
+		snprintf(key, sizeof(key), "el/why/%d/%s", e->gen, e->j->ranks[i].worker);
+		v = peek(e, 0, key);
+		if (v != NULL) {
+			*who = i;
+			return v;
+		}
+	}
+	*who = -1;
+	return NULL;
+}
+
+/* el/want/<gen>: the ranks want a new generation (a host update, or an error of theirs). */
+static void check_want(struct elastic *e)
+{
+	char key[64], text[1400];
+	int64_t n = 0;
+	int who;
+	char *why;
+
+	snprintf(key, sizeof(key), "el/want/%d", e->gen);
+	if (!count(e, 0, key, &n) || n == 0)
+		return;
+	e->gen_over = true;
+	if (e->updates != 0) {
+		KLOG_INFO("khorrun: elastic: the ranks of generation %d asked for a new one after the "
+		          "host update", e->gen);
+		want_gen(e);
+		return;
+	}
+	why = asked_why(e, &who);
+	if (who >= 0)
+		snprintf(text, sizeof(text), "generation %d ended: rank %d on %s (worker %s) asked for "
+		         "a new one: %s", e->gen, e->w[who].rank, e->st.hosts[e->w[who].host].name,
+		         e->j->ranks[who].worker, why);
+	else
+		snprintf(text, sizeof(text), "generation %d ended: a rank asked for a new one",
+		         e->gen);
+	free(why);
+	write_abort(e, e->gen, text);
+	say("elastic: %s", text);
+	want_gen(e);
+}
+
+/* Each rank's heartbeat in this generation; a stalled one is fenced. */
+static void check_heartbeats(struct elastic *e, int64_t now)
+{
+	for (int i = 0; i < e->j->nstarted && !e->gen_over; i++) {
+		struct ew *w = &e->w[i];
+		char key[32], *val;
+		int64_t v, since;
+
+		if (w->rank < 0 || w->dropped || w->fenced || !e->j->ranks[i].running)
+			continue;
+		/* Read, never added to: khor_finalize removes the counter, and it must stay gone. */
+		snprintf(key, sizeof(key), "hb/%d", w->rank);
+		val = peek(e, e->gen, key);
+		if (val == NULL && w->hb > 0)
+			continue; /* it beat, then left the generation (finalize): going, not stalled */
+		v = val != NULL ? strtoll(val, NULL, 10) : 0;
+		free(val);
+		if (v != w->hb) {
+			if (e->gen_beat_at == 0)
+				e->gen_beat_at = now;
+			w->hb = v;
+			w->hb_at = now;
+			continue;
+		}
+		/*
+		 * Before its first beat a rank is still joining; but once any rank of the
+		 * generation beats, all have joined (the bootstrap is collective), so one that
+		 * has not beaten since then is stalled too.
+		 */
+		since = w->hb > 0 ? w->hb_at : e->gen_beat_at;
+		if (since > 0 && now - since > e->hb_timeout_ms)
+			fence(e, i, now - since);
+	}
+}
+
+/* Dropped workers exit 0 on their own; one that does not is stopped, in steps. */
+static void stop_dropped(struct elastic *e, int64_t now)
+{
+	for (int i = 0; i < e->j->nstarted; i++) {
+		struct ew *w = &e->w[i];
+		struct rank *rk = &e->j->ranks[i];
+
+		if (!w->dropped || !rk->running || now < w->stop_at || w->stop_sigs >= 2)
+			continue;
+		if (w->stop_sigs == 0)
+			say("elastic: worker %s was dropped but has not exited; stopping it",
+			    rk->worker);
+		procs_signal_rank(e->j, rk, w->stop_sigs == 0 ? SIGTERM : SIGKILL);
+		w->stop_sigs++;
+		w->stop_at = now + e->j->o.grace_ms;
+	}
+}
+
+/* The environment of a batch of workers of this generation (fixed[], returns how many). */
+static size_t batch_env(struct elastic *e, const char *host, bool here, char **fixed,
+                        size_t *ncommon)
+{
+	size_t n = 0;
+	bool ok = true;
+
+	for (size_t i = 0; i < e->env->ncommon && ok; i++)
+		ok = env_add_fixed(fixed, &n, "%s", e->env->common[i]);
+	for (size_t p = 0; p < NPREFIXES && ok; p++)
+		ok = env_add_fixed(fixed, &n, "%sSIZE=%d", env_id_prefixes[p], e->nplan) &&
+		     env_add_fixed(fixed, &n, "%sELASTIC=1", env_id_prefixes[p]);
+	if (ok && e->elastic_timeout_arg != NULL)
+		ok = env_add_fixed(fixed, &n, "KHOR_ELASTIC_TIMEOUT=%s", e->elastic_timeout_arg);
+	*ncommon = n;
+	if (ok && here)
+		ok = env_add_fixed(fixed, &n, "KHOR_HOSTNAME=%s", host) &&
+		     env_add_fixed(fixed, &n, "HOROVOD_HOSTNAME=%s", host) &&
+		     (e->env->local_cpus <= 0 ||
+		      env_add_fixed(fixed, &n, "KHOR_LOCAL_CPUS=%d", e->env->local_cpus));
+	if (!ok) {
+		for (size_t i = 0; i < n; i++)
+			free(fixed[i]);
+		return 0;
+	}
+	return n;
+}
+
+/* Starts the fresh workers of the new plan, one batch per host. */
+static void start_workers(struct elastic *e, const int *keep)
+{
+	struct batch_rank *br = calloc((size_t)e->nplan, sizeof(*br));
+
+	if (br == NULL) {
+		fail_job(e, 1, "elastic: out of memory starting generation %d", e->gen);
+		return;
+	}
+	for (int r = 0; r < e->nplan && !e->ending && e->j->cause == CAUSE_NONE; r++) {
+		int h = e->plan[r].host, n = 0, first;
+		char *fixed[MAX_FIXED];
+		size_t nfixed, ncommon;
+		struct batch b;
+
+		if (r > 0 && e->plan[r - 1].host == h)
+			continue; /* each host once, at its first rank */
+		for (int q = r; q < e->nplan && e->plan[q].host == h; q++) {
+			const struct ep_slot *s = &e->plan[q];
+
+			if (keep[q] < 0)
+				br[n++] = (struct batch_rank){ s->rank, s->local_rank, s->local_size,
+					                       s->cross_rank, s->cross_size, s->local_rank };
+		}
+		if (n == 0)
+			continue;
+		if (e->here[h] && e->path == NULL) {
+			int rc = spawn_resolve_program(e->j->o.prog_argv[0], &e->path);
+
+			if (rc != 0) {
+				e->j->cause = CAUSE_SPAWN;
+				e->j->spawn_exit = rc;
+				break;
+			}
+		}
+		nfixed = batch_env(e, e->st.hosts[h].name, e->here[h], fixed, &ncommon);
+		if (nfixed == 0) {
+			fail_job(e, 1, "elastic: out of memory building the ranks' environment");
+			break;
+		}
+		b = (struct batch){ .host = e->st.hosts[h].name, .here = e->here[h], .r = br, .n = n,
+			            .fixed = fixed, .nfixed = nfixed, .ncommon = ncommon,
+			            .path = e->path, .self_path = e->env->self_path, .cwd = e->env->cwd,
+			            .child_mask = e->child_mask };
+		first = batch_start(e->j, &b);
+		for (size_t i = 0; i < nfixed; i++)
+			free(fixed[i]);
+		if (first < 0 || !ew_room(e)) {
+			fail_job(e, 1, "elastic: cannot start generation %d's workers on %s",
+			         e->gen, e->st.hosts[h].name);
+			break;
+		}
+		for (int k = 0; k < n; k++)
+			e->w[first + k] = (struct ew){ .host = h, .slot = br[k].slot,
+				                       .rank = br[k].rank };
+	}
+	free(br);
+}
+
+/* The workers that go on into a new generation: running, and neither dropped nor fenced. */
+static int live_workers(const struct elastic *e, struct ep_worker *lw, int *idx)
+{
+	int n = 0;
+
+	for (int i = 0; i < e->j->nstarted; i++) {
+		const struct ew *w = &e->w[i];
+
+		if (!e->j->ranks[i].running || w->dropped || w->fenced)
+			continue;
+		lw[n] = (struct ep_worker){ w->host, w->slot };
+		idx[n++] = i;
+	}
+	return n;
+}
+
+/*
+ * A fresh worker is about to get the id of a process that has not gone yet (a dropped
+ * worker of a host that came back, a fenced one not yet reaped): kill it and wait. True
+ * while such a wait is on.
+ */
+static bool id_taken(struct elastic *e, const struct ep_slot *s, int n, const int *keep)
+{
+	bool wait = false;
+	int64_t now = now_ms();
+
+	for (int i = 0; i < e->j->nstarted; i++) {
+		struct ew *w = &e->w[i];
+
+		if (!e->j->ranks[i].running || !(w->dropped || w->fenced))
+			continue;
+		for (int r = 0; r < n; r++) {
+			if (keep[r] >= 0 || s[r].host != w->host || s[r].local_rank != w->slot)
+				continue;
+			if (!w->fenced) {
+				procs_signal_rank(e->j, &e->j->ranks[i], SIGKILL);
+				w->fenced = true;
+				w->fenced_at = now;
+			}
+			/* One that SIGKILL does not end (a host gone silent) is not waited for
+			 * forever; its helper kills it when the host is reached again. */
+			if (now - w->fenced_at < KILL_WAIT_MS)
+				wait = true;
+		}
+	}
+	return wait;
+}
+
+/* Not enough slots for a new generation yet: wait, at most --elastic-timeout. */
+static void short_of_slots(struct elastic *e, int need)
+{
+	int64_t now = now_ms();
+	char why[1024];
+
+	ep_describe_shortage(&e->st, need, now, why, sizeof(why));
+	if (e->wait_since < 0) {
+		e->wait_since = now;
+		say("elastic: generation %d waits for %d slot%s: %s (at most %.0f s, "
+		    "--elastic-timeout)", e->gen + 1, need, need == 1 ? "" : "s", why,
+		    (double)e->elastic_timeout_ms / 1000.0);
+		return;
+	}
+	if (now - e->wait_since >= e->elastic_timeout_ms)
+		fail_job(e, 1, "elastic: timed out after %.0f s (--elastic-timeout) waiting for the "
+		         "slots of generation %d: %s. Check that there are enough hosts to run at "
+		         "least %d processes", (double)e->elastic_timeout_ms / 1000.0, e->gen + 1, why,
+		         need);
+}
+
+/* Plans the next generation and starts its fresh workers, once it can. */
+static void plan_next(struct elastic *e)
+{
+	int cap = ep_available_slots(&e->st) + 1, need = e->gen == 0 ? e->j->o.np : e->st.min_np;
+	struct ep_slot *s = calloc((size_t)cap, sizeof(*s));
+	struct ep_worker *lw = calloc((size_t)e->j->nstarted + 1, sizeof(*lw));
+	int *idx = calloc((size_t)e->j->nstarted + 1, sizeof(*idx));
+	int *keep = calloc((size_t)cap, sizeof(*keep));
+	bool *drop = calloc((size_t)e->j->nstarted + 1, sizeof(*drop));
+	char **drops = calloc((size_t)e->j->nstarted + 1, sizeof(*drops));
+	char *text = NULL, num[32], slots[512];
+	int n, nl, nd = 0, g = e->gen + 1;
+
+	if (s == NULL || lw == NULL || idx == NULL || keep == NULL || drop == NULL || drops == NULL) {
+		fail_job(e, 1, "elastic: out of memory planning generation %d", g);
+		goto out;
+	}
+	n = ep_assign(&e->st, s, cap);
+	if (n < need) {
+		short_of_slots(e, need);
+		goto out;
+	}
+	if (!ep_keeps_a_host(e->plan, e->nplan, s, n)) {
+		ep_describe_slots(&e->st, s, n, slots, sizeof(slots));
+		fail_job(e, 1, "elastic: generation %d would have none of generation %d's hosts (%s), "
+		         "so no rank to take the state from; the job cannot go on", g, e->gen, slots);
+		goto out;
+	}
+	nl = live_workers(e, lw, idx);
+	ep_match(s, n, lw, nl, keep, drop);
+	for (int r = 0; r < n; r++)
+		keep[r] = keep[r] >= 0 ? idx[keep[r]] : -1;
+	if (id_taken(e, s, n, keep))
+		goto out;
+	for (int k = 0; k < nl; k++) {
+		if (drop[k])
+			drops[nd++] = e->j->ranks[idx[k]].worker;
+	}
+	text = ep_plan_text(&e->st, g, s, n, drops, nd);
+	if (text == NULL) {
+		fail_job(e, 1, "elastic: out of memory planning generation %d", g);
+		goto out;
+	}
+	snprintf(num, sizeof(num), "%d", g);
+	{
+		char key[32];
+
+		snprintf(key, sizeof(key), "el/plan/%d", g);
+		if (!put(e, 0, key, text) || !put(e, 0, "el/gen", num))
+			goto out;
+	}
+	for (int i = 0; i < e->j->nstarted; i++)
+		e->w[i].rank = -1;
+	for (int k = 0; k < nl; k++) {
+		struct ew *w = &e->w[idx[k]];
+
+		if (drop[k]) {
+			w->dropped = true;
+			w->stop_at = now_ms() + (e->hb_timeout_ms > 0 ? e->hb_timeout_ms : 10000) +
+			             e->j->o.grace_ms;
+		}
+	}
+	for (int r = 0; r < n; r++) {
+		if (keep[r] >= 0) {
+			e->w[keep[r]].rank = r;
+			e->w[keep[r]].hb = e->w[keep[r]].hb_at = 0;
+		}
+	}
+	free(e->plan);
+	e->plan = s;
+	s = NULL;
+	e->nplan = n;
+	e->gen = g;
+	e->gen_over = false;
+	e->updates = 0;
+	e->need_gen = false;
+	e->wait_since = -1;
+	e->gen_beat_at = 0;
+	ep_describe_slots(&e->st, e->plan, n, slots, sizeof(slots));
+	if (nd > 0)
+		snprintf(num, sizeof(num), "; %d dropped", nd);
+	else
+		num[0] = '\0';
+	if (g == 1)
+		KLOG_INFO("khorrun: elastic: generation 1: %d rank%s on %d host%s (%s)", n,
+		          n == 1 ? "" : "s", ep_count_hosts(e->plan, n),
+		          ep_count_hosts(e->plan, n) == 1 ? "" : "s", slots);
+	else
+		say("elastic: generation %d: %d rank%s on %d host%s (%s)%s", g, n, n == 1 ? "" : "s",
+		    ep_count_hosts(e->plan, n), ep_count_hosts(e->plan, n) == 1 ? "" : "s", slots,
+		    num);
+	start_workers(e, keep);
+out:
+	free(text);
+	free(drops);
+	free(drop);
+	free(keep);
+	free(idx);
+	free(lw);
+	free(s);
+}
+
+/* One turn of the driver, after one turn of the loop. */
+static void drive(struct elastic *e, short disc_revents)
+{
+	struct job *j = e->j;
+	int64_t now;
+
+	if (!ew_room(e)) {
+		fail_job(e, 1, "elastic: out of memory");
+		return;
+	}
+	if (j->cause != CAUSE_NONE && !e->ending) {
+		/* Interrupted, or a start failed here: the job stops as a fixed one would. */
+		e->ending = true;
+		e->rc = -1;
+		tell_done(e);
+		j->keep_open = false;
+	}
+	ends(e);
+	if (e->ending)
+		return;
+	discovery(e, disc_revents);
+	now = now_ms();
+	if (now >= e->next_poll && e->gen > 0 && !e->ending) {
+		e->next_poll = now + POLL_MS;
+		if (!e->gen_over && !e->finishing)
+			check_want(e);
+		if (!e->gen_over && !e->finishing && e->hb_timeout_ms > 0)
+			check_heartbeats(e, now);
+	}
+	stop_dropped(e, now);
+	if (e->need_gen && !e->ending)
+		plan_next(e);
+	if (e->finishing && j->nrunning == 0 && !e->ending) {
+		e->ending = true;
+		e->rc = 0;
+		j->keep_open = false;
+	}
+}
+
+int elastic_run(struct elastic *e, const struct elastic_env *env)
+{
+	struct job *j = e->j;
+	struct loop l;
+	kerr err;
+
+	e->env = env;
+	if (!note_new_hosts(e)) /* now that the store's reach is known */
+		return 1;
+	kerr_clear(&err);
+	if (store_tcp_connect(env->store_host, env->store_port, env->secret, env->job_id,
+	                      kdeadline_in_ms(10000), &e->s, &err) != KHOR_SUCCESS) {
+		say("elastic: cannot reach the job's store at %s:%u: %s", env->store_host,
+		    (unsigned)env->store_port, err.text);
+		return 1;
+	}
+	if (!output_init_ranks(j) || !loop_open(j, &l)) {
+		say("elastic: cannot set up the ranks' output");
+		return 1;
+	}
+	j->keep_open = true;
+	e->need_gen = true;
+	e->wait_since = -1;
+	e->disc_next = now_ms() + DISCOVER_EVERY_MS;
+	drive(e, 0);
+	for (;;) {
+		struct pollfd extra = { .fd = e->disc.fd, .events = POLLIN };
+		int nextra = e->have_script && e->disc.fd >= 0 ? 1 : 0;
+		int timeout = POLL_MS;
+
+		if (e->have_script)
+			timeout = discover_wait_ms(&e->disc, timeout);
+		if (!loop_turn(j, &l, &extra, nextra, timeout))
+			break;
+		drive(e, nextra > 0 ? extra.revents : 0);
+	}
+	loop_close(j, &l);
+	if (e->rc < 0 || j->cause != CAUSE_NONE)
+		return -1;
+	return e->rc;
+}
+
+/* The first run of the discovery script, before anything else of the job exists. */
+static int first_discovery(struct elastic *e, struct ep_list *out)
+{
+	struct job *j = e->j;
+	struct discover *d = &e->disc;
+	char why[512];
+	bool ok = false;
+
+	if (!discover_start(j, d, e->child_mask, why, sizeof(why))) {
+		say("elastic: cannot run the host discovery script: %s", why);
+		return 1;
+	}
+	while (d->running) {
+		struct pollfd p[2] = { { .fd = j->sfd, .events = POLLIN },
+			               { .fd = d->fd, .events = POLLIN } };
+		struct signalfd_siginfo si;
+		int st;
+
+		(void)poll(p, d->fd >= 0 ? 2 : 1, discover_wait_ms(d, 100));
+		while (read(j->sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+			char name[32];
+
+			if (si.ssi_signo == SIGCHLD)
+				continue;
+			(void)kill(-j->script_pid, SIGKILL);
+			(void)waitpid(j->script_pid, NULL, 0);
+			say("interrupted by %s during the first host discovery",
+			    say_sig_name((int)si.ssi_signo, name, sizeof(name)));
+			return 128 + (int)si.ssi_signo;
+		}
+		if (!j->script_reaped && waitpid(j->script_pid, &st, WNOHANG) == j->script_pid) {
+			j->script_reaped = true;
+			j->script_status = st;
+			j->script_pid = -1;
+		}
+		if (discover_step(j, d, d->fd >= 0 ? p[1].revents : 0, &ok, why, sizeof(why)))
+			break;
+	}
+	if (!ok) {
+		say("elastic: the host discovery script failed on its first run, so the job does not "
+		    "start: %s", why);
+		return 1;
+	}
+	if (!ep_parse_hosts(d->out, d->len, j->o.slots_per_host, out, why, sizeof(why))) {
+		say("elastic: the host discovery script's first output is not a list of hosts, so the "
+		    "job does not start: %s", why);
+		return 1;
+	}
+	return -1;
+}
+
+/* The hosts without a script: -H, --hostfile, Slurm, else this host. */
+static int fixed_hosts(struct elastic *e)
+{
+	struct job *j = e->j;
+	struct hostlist l = { 0 };
+	bool slurm;
+
+	if (!place_gather_hosts(&j->o, &l, &slurm)) {
+		hostlist_free(&l);
+		return 2;
+	}
+	for (int i = 0; i < l.n; i++) {
+		if (!ep_list_add(&e->fixed, l.h[i].name, l.h[i].slots)) {
+			hostlist_free(&l);
+			say("out of memory");
+			return 1;
+		}
+	}
+	hostlist_free(&l);
+	if (e->fixed.n == 0 && !ep_list_add(&e->fixed, "localhost",
+	                                    j->o.max_np > 0 ? j->o.max_np : j->o.np)) {
+		say("out of memory");
+		return 1;
+	}
+	return -1;
+}
+
+int elastic_prepare(struct job *j, const sigset_t *child_mask, struct elastic **out)
+{
+	struct elastic *e = calloc(1, sizeof(*e));
+	struct ep_list first = { 0 };
+	int rc;
+
+	if (e == NULL) {
+		say("out of memory");
+		return 1;
+	}
+	*out = e;
+	e->j = j;
+	e->child_mask = child_mask;
+	e->rnd = kclock_ns() | 1;
+	j->elastic = true;
+	j->script_pid = -1;
+	ep_init(&e->st, j->o.min_np, j->o.max_np, j->o.cool_min_ms, j->o.cool_max_ms,
+	        j->o.reset_limit);
+	if (!rank_duration(&j->o, "KHOR_HEARTBEAT_TIMEOUT", NULL, DEF_HEARTBEAT_TIMEOUT,
+	                   &e->hb_timeout_ms))
+		return 2;
+	if (j->o.elastic_timeout_ms >= 0) {
+		e->elastic_timeout_ms = j->o.elastic_timeout_ms;
+		/* The ranks wait in khor_init as long as the driver waits for slots, unless told. */
+		if (env_rank_value(&j->o, "KHOR_ELASTIC_TIMEOUT") == NULL) {
+			snprintf(e->timeout_arg, sizeof(e->timeout_arg), "%lldms",
+			         (long long)j->o.elastic_timeout_ms + 10000);
+			e->elastic_timeout_arg = e->timeout_arg;
+		}
+	} else if (!rank_duration(&j->o, "KHOR_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT",
+	                          DEF_ELASTIC_TIMEOUT, &e->elastic_timeout_ms)) {
+		return 2;
+	}
+	if (e->elastic_timeout_ms < 0)
+		e->elastic_timeout_ms = INT64_MAX / 2;
+	if (j->o.discovery != NULL) {
+		e->have_script = true;
+		discover_init(&e->disc, j->o.discovery, j->o.discovery_timeout_ms);
+		rc = first_discovery(e, &first);
+		if (rc >= 0)
+			return rc;
+		rc = ep_update(&e->st, &first, now_ms()) < 0 ? 1 : -1;
+		ep_list_free(&first);
+	} else {
+		rc = fixed_hosts(e);
+		if (rc >= 0)
+			return rc;
+		rc = ep_update(&e->st, &e->fixed, now_ms()) < 0 ? 1 : -1;
+	}
+	if (rc < 0 && !note_new_hosts(e))
+		rc = 1;
+	if (rc == 1)
+		say("out of memory");
+	return rc;
+}
+
+const char *elastic_remote_host(const struct elastic *e)
+{
+	for (int i = 0; i < e->st.norder; i++) {
+		if (!e->here[e->st.order[i]])
+			return e->st.hosts[e->st.order[i]].name;
+	}
+	return NULL;
+}
+
+void elastic_free(struct elastic *e)
+{
+	if (e == NULL)
+		return;
+	if (e->s != NULL)
+		store_close(e->s);
+	discover_free(&e->disc);
+	ep_list_free(&e->fixed);
+	ep_free(&e->st);
+	free(e->plan);
+	free(e->here);
+	free(e->w);
+	free(e->path);
+	free(e);
+}

@@ -1,0 +1,18 @@
+# tests/elastic -- khorrun's elastic driver (included by tests/CMakeLists.txt).
+# The planning rules alone, on launcher/elastic_plan.c's pure functions.
+add_executable(test_elastic_plan elastic/test_elastic_plan.c
+  ${PROJECT_SOURCE_DIR}/launcher/elastic_plan.c)
+target_link_libraries(test_elastic_plan PRIVATE ${CRITERION_LINK_LIBRARIES})
+target_include_directories(test_elastic_plan PRIVATE ${PROJECT_SOURCE_DIR}
+  ${CRITERION_INCLUDE_DIRS})
+add_test(NAME test_elastic_plan COMMAND test_elastic_plan --jobs 1)
+set_tests_properties(test_elastic_plan PROPERTIES TIMEOUT 30)
+# A real elastic worker on the public C API only, for the driver's cases.
+add_executable(elastic_worker elastic/elastic_worker.c)
+target_link_libraries(elastic_worker PRIVATE khor)
+# The driver with those workers: losses, fencing, discovery, limits, a host over ssh.
+khor_test(test_elastic_driver elastic/test_elastic_driver.c 120)
+target_link_libraries(test_elastic_driver PRIVATE khor_testproc)
+add_dependencies(test_elastic_driver khorrun elastic_worker)
+set_tests_properties(test_elastic_driver PROPERTIES ENVIRONMENT
+  "KHORRUN=$<TARGET_FILE:khorrun>;ELASTIC_WORKER=$<TARGET_FILE:elastic_worker>")
