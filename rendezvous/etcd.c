@@ -24,8 +24,8 @@
 #include <strings.h>
 #include <time.h>
 
-/* Tokens of one reply: a range of one key needs ~20, a watch batch ~15 per event. */
-#define ETCD_TOKENS 2048
+/* Tokens of one reply: a range of one key needs ~20, a watch batch and a listed key ~15. */
+#define ETCD_TOKENS (16 * ETCD_LIST_MAX + 64)
 /* The largest reply: a 1 MiB value (the store's limit) is 1.4 MiB in base64. */
 #define ETCD_REPLY_MAX (2u << 20)
 #define ETCD_BACKOFF_FIRST_MS 10
@@ -301,10 +301,19 @@ fail:
 void etcd_kv_free(struct etcd_kv *kv)
 {
 	if (kv != NULL) {
+		free(kv->key);
 		free(kv->val);
+		kv->key = NULL;
 		kv->val = NULL;
 		kv->found = false;
 	}
+}
+
+void etcd_kvs_free(struct etcd_kv *kvs, int n)
+{
+	for (int i = 0; i < n; i++)
+		etcd_kv_free(&kvs[i]);
+	free(kvs);
 }
 
 /* Reads a kv object ({"key", "value", "mod_revision", ...}; absent fields are zero). */
@@ -374,6 +383,64 @@ khor_status etcd_get(etcd *e, const char *key, kdeadline dl, struct etcd_kv *kv_
 		return kerr_set(err, KHOR_ERR_PROTOCOL, "%s: get '%s': the reply has no revision",
 		                e->where, key);
 	return read_range(e, &d, root, "get", key, kv_out, err);
+}
+
+khor_status etcd_list(etcd *e, const char *prefix, kdeadline dl, struct etcd_kv **kvs_out,
+                      int *n_out, kerr *err)
+{
+	size_t pl = strlen(prefix);
+	char *end = malloc(pl + 1);
+	struct jbuf b = { 0 };
+	struct etcd_kv *kvs;
+	bool more = false;
+	json_doc d;
+	int root, list, n = 0;
+	khor_status st;
+
+	/* The range's end: the prefix with its last byte one up (a prefix of 0xff bytes only
+	 * would need "\0", every key after it; never one of ours). */
+	if (end == NULL || pl == 0 || (unsigned char)prefix[pl - 1] == 0xff) {
+		free(end);
+		return kerr_set(err, end == NULL ? KHOR_ERR_NO_MEMORY : KHOR_ERR_INVALID_ARG,
+		                "%s: list '%s': %s", e->where, prefix,
+		                end == NULL ? "out of memory" : "not a prefix that can be listed");
+	}
+	memcpy(end, prefix, pl);
+	end[pl - 1] = (char)((unsigned char)end[pl - 1] + 1);
+	jb_add(&b, "{");
+	jb_key(&b, prefix);
+	jb_add(&b, ",");
+	jb_b64(&b, "range_end", end, pl);
+	jb_add(&b, ",\"limit\":\"%d\",\"sort_order\":\"ASCEND\",\"sort_target\":\"CREATE\"}",
+	       ETCD_LIST_MAX + 1);
+	free(end);
+	st = call(e, "list", prefix, "/v3/kv/range", &b, true, false, dl, &d, &root, err);
+	if (st != KHOR_SUCCESS)
+		return st;
+	list = json_member(&d, root, "kvs");
+	(void)json_bool(&d, json_member(&d, root, "more"), &more);
+	if (more || (list >= 0 && d.tok[list].count > ETCD_LIST_MAX))
+		return kerr_set(err, KHOR_ERR_NOT_SUPPORTED, "%s: list '%s': over %d keys", e->where,
+		                prefix, ETCD_LIST_MAX);
+	kvs = calloc(list >= 0 ? d.tok[list].count + 1 : 1, sizeof(*kvs));
+	if (kvs == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: list '%s': out of memory", e->where,
+		                prefix);
+	for (int kv = json_first(&d, list); kv >= 0; kv = json_after(&d, list, kv), n++) {
+		uint8_t *key = NULL;
+		size_t kl;
+		if (!read_kv(&d, kv, &kvs[n]) ||
+		    !json_b64(&d, json_member(&d, kv, "key"), &key, &kl) || strlen((char *)key) != kl) {
+			free(key);
+			etcd_kvs_free(kvs, n + 1);
+			return kerr_set(err, KHOR_ERR_PROTOCOL,
+			                "%s: list '%s': the reply's kvs are not etcd's", e->where, prefix);
+		}
+		kvs[n].key = (char *)key;
+	}
+	*kvs_out = kvs;
+	*n_out = n;
+	return KHOR_SUCCESS;
 }
 
 static void jb_put(struct jbuf *b, const char *key, const void *val, size_t len, int64_t lease)

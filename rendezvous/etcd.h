@@ -31,6 +31,7 @@ typedef struct etcd etcd;
 /* A key's value and revisions, as a range or a failed compare returns it. */
 struct etcd_kv {
 	bool found;
+	char *key;    /* the key (etcd_list's entries; NULL elsewhere) */
 	uint8_t *val; /* NULL when not found */
 	size_t len;
 	int64_t mod_revision, create_revision, lease;
@@ -50,6 +51,15 @@ khor_status etcd_get(etcd *e, const char *key, kdeadline dl, struct etcd_kv *kv_
 /* Puts a value, bound to lease (0: none): the key goes when the lease does. */
 khor_status etcd_put(etcd *e, const char *key, const void *val, size_t len, int64_t lease,
                      kdeadline dl, kerr *err);
+/*
+ * Every key that starts with prefix, oldest first (by create revision): *kvs_out is a
+ * malloc'd array of *n_out entries with their keys (free with etcd_kvs_free). More than
+ * ETCD_LIST_MAX keys is an error: the listing is for a job's hosts, not a database.
+ */
+#define ETCD_LIST_MAX 500
+khor_status etcd_list(etcd *e, const char *prefix, kdeadline dl, struct etcd_kv **kvs_out,
+                      int *n_out, kerr *err);
+void etcd_kvs_free(struct etcd_kv *kvs, int n);
 /* Deletes a key; an absent key is not an error. */
 khor_status etcd_del(etcd *e, const char *key, kdeadline dl, kerr *err);
 

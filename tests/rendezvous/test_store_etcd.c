@@ -208,6 +208,38 @@ Test(etcd, compare_and_swap, .timeout = 30)
 	backend_stop();
 }
 
+Test(etcd, list_a_prefix_oldest_first, .timeout = 30)
+{
+	etcd *e = open_etcd(backend_start());
+	kdeadline dl = kdeadline_in_ms(10000);
+	struct etcd_kv *kvs;
+	int n;
+	kerr err;
+
+	cr_assert_eq(etcd_list(e, "job/0/el/agent/", dl, &kvs, &n, &err), KHOR_SUCCESS, "%s",
+	             err.text);
+	cr_assert_eq(n, 0);
+	etcd_kvs_free(kvs, n);
+	/* Registered in this order; names that sort otherwise, and keys just outside. */
+	cr_assert_eq(etcd_put(e, "job/0/el/agent/zeta", "2", 1, 0, dl, &err), KHOR_SUCCESS);
+	cr_assert_eq(etcd_put(e, "job/0/el/agent/alpha", "4", 1, 0, dl, &err), KHOR_SUCCESS);
+	cr_assert_eq(etcd_put(e, "job/0/el/agent0", "x", 1, 0, dl, &err), KHOR_SUCCESS);
+	cr_assert_eq(etcd_put(e, "job/0/el/agent.", "x", 1, 0, dl, &err), KHOR_SUCCESS);
+	cr_assert_eq(etcd_put(e, "job/0/el/agent/mid", "", 0, 0, dl, &err), KHOR_SUCCESS);
+	cr_assert_eq(etcd_list(e, "job/0/el/agent/", dl, &kvs, &n, &err), KHOR_SUCCESS, "%s",
+	             err.text);
+	cr_assert_eq(n, 3);
+	cr_assert_str_eq(kvs[0].key, "job/0/el/agent/zeta");
+	cr_assert_str_eq((char *)kvs[0].val, "2");
+	cr_assert_str_eq(kvs[1].key, "job/0/el/agent/alpha");
+	cr_assert_str_eq(kvs[2].key, "job/0/el/agent/mid");
+	cr_assert_eq(kvs[2].len, 0);
+	cr_assert_lt(kvs[0].create_revision, kvs[1].create_revision);
+	etcd_kvs_free(kvs, n);
+	etcd_close(e);
+	backend_stop();
+}
+
 struct killer {
 	struct etcd_proc *p;
 	int after_ms;
