@@ -58,6 +58,8 @@
  *   spawn.c      starting the ranks of this host
  *   ssh.c        khorrun's side of each other host
  *   loop.c       the poll loop, and the sweep after it
+ *   batch.c, discover.c, elastic_plan.c, elastic.c  the elastic driver (elastic.h)
+ *   agent.c      one host's agent of an elastic job over etcd (--rdzv-backend etcd)
  *   helper.c     the remote helper's side (khorrun --remote-helper)
  *   khorrun.c    main: the flow that ties them together
  */
@@ -69,6 +71,7 @@
 #include "rendezvous/store.h"
 #include "runtime/cpubind.h"
 
+#include "agent.h"
 #include "cli.h"
 #include "elastic.h"
 #include "env.h"
@@ -346,6 +349,18 @@ int main(int argc, char **argv)
 	}
 	if (!procs_setup_signals(j, &old_mask))
 		goto out_free_path;
+	if (j->o.rdzv_backend != NULL) {
+		struct agent_env env = { .cwd = cwd, .child_mask = &old_mask,
+			                 .local_cpus = have_cpus ? cpus.n : 0 };
+
+		/* One host's agent: etcd is the store, and the job has no khorrun of its own. */
+		rc = agent_run(j, &env);
+		loop_sweep_leftovers(j);
+		if (rc < 0)
+			rc = report(j);
+		output_free_ranks(j);
+		goto out_close_sfd;
+	}
 	if (j->o.elastic) {
 		rc = elastic_prepare(j, &old_mask, &el);
 		if (rc >= 0) {
