@@ -94,6 +94,8 @@ struct elastic {
 	bool need_gen;
 	int64_t wait_since;   /* waiting for slots since then; -1: not waiting */
 	int64_t gen_beat_at;  /* the first heartbeat of any rank of gen; 0: none yet */
+	int64_t lost_at;      /* the first loss in gen; 0: none */
+	int64_t settle_check; /* when settled() may ask the store again */
 	int64_t next_poll;
 	bool finishing;       /* a worker of gen exited 0: no new generation */
 	bool done_said;       /* el/done written */
@@ -343,6 +345,8 @@ static void lost(struct elastic *e, int i, const char *why)
 		write_abort(e, e->gen, text);
 		e->gen_over = true;
 	}
+	if (e->lost_at == 0)
+		e->lost_at = now_ms();
 	if (ep_count_hosts(e->plan, e->nplan) > 1) {
 		if (e->st.hosts[w->host].blacklisted) {
 			snprintf(tail, sizeof(tail), "; host %s is blacklisted already", host);
@@ -794,6 +798,36 @@ static void short_of_slots(struct elastic *e, int need)
 		         need);
 }
 
+/*
+ * After a loss, the next generation waits until every other worker of the old one has
+ * either asked for it or gone too, for at most SETTLE_MS: workers that fail together (a
+ * host's power, a bug every rank hits at the same step) then end one generation, not one
+ * each, and when none is left the job ends as Horovod's does, instead of going on from
+ * workers that never had the state.
+ */
+#define SETTLE_MS 500
+
+static bool settled(struct elastic *e, int64_t now)
+{
+	char key[64];
+	int64_t asked = 0;
+	int alive = 0;
+
+	if (e->gen == 0 || e->lost_at == 0 || now - e->lost_at >= SETTLE_MS)
+		return true;
+	if (now < e->settle_check)
+		return false;
+	e->settle_check = now + 10;
+	for (int i = 0; i < e->j->nstarted; i++) {
+		const struct ew *w = &e->w[i];
+
+		if (w->rank >= 0 && !w->dropped && !w->fenced && e->j->ranks[i].running)
+			alive++;
+	}
+	snprintf(key, sizeof(key), "el/want/%d", e->gen);
+	return count(e, 0, key, &asked) && asked >= alive;
+}
+
 /* Plans the next generation and starts its fresh workers, once it can. */
 static void plan_next(struct elastic *e)
 {
@@ -824,8 +858,17 @@ static void plan_next(struct elastic *e)
 	}
 	nl = live_workers(e, lw, idx);
 	ep_match(s, n, lw, nl, keep, drop);
-	for (int r = 0; r < n; r++)
+	int kept = 0;
+	for (int r = 0; r < n; r++) {
 		keep[r] = keep[r] >= 0 ? idx[keep[r]] : -1;
+		kept += keep[r] >= 0;
+	}
+	/* Only fresh workers: the state would start over, which is a failure (Horovod's too). */
+	if (e->gen > 0 && kept == 0) {
+		fail_job(e, 1, "elastic: every worker of generation %d was lost, so no rank is left "
+		         "to take the state from; the job cannot go on", e->gen);
+		goto out;
+	}
 	if (id_taken(e, s, n, keep))
 		goto out;
 	for (int k = 0; k < nl; k++) {
@@ -872,6 +915,7 @@ static void plan_next(struct elastic *e)
 	e->need_gen = false;
 	e->wait_since = -1;
 	e->gen_beat_at = 0;
+	e->lost_at = 0;
 	ep_describe_slots(&e->st, e->plan, n, slots, sizeof(slots));
 	if (nd > 0)
 		snprintf(num, sizeof(num), "; %d dropped", nd);
@@ -926,7 +970,7 @@ static void drive(struct elastic *e, short disc_revents)
 			check_heartbeats(e, now);
 	}
 	stop_dropped(e, now);
-	if (e->need_gen && !e->ending)
+	if (e->need_gen && !e->ending && settled(e, now))
 		plan_next(e);
 	if (e->finishing && j->nrunning == 0 && !e->ending) {
 		e->ending = true;

@@ -91,6 +91,7 @@ struct rank {
 	int rank; /* its rank as its environment says (elastic: in the generation it starts in) */
 	int host; /* index into job.hosts */
 	int lrank, lsize, xrank, xsize; /* local and cross rank and size */
+	int64_t fenced_ms; /* > 0: killed by khorrun, its heartbeat silent this long */
 	char *worker; /* elastic: its worker id HOST:SLOT (malloc'd); NULL otherwise */
 	bool noted; /* elastic: the driver has dealt with its end */
 	char prefix[PREFIX_MAX];
@@ -168,6 +169,16 @@ struct job {
 	/* Ranks all exited but something they started still holds their pipes open. */
 	bool draining;
 	kdeadline drain_until;
+
+	/*
+	 * The ranks' heartbeats (watch.h; NULL when KHOR_HEARTBEAT_TIMEOUT is off). A rank
+	 * that stops answering is killed at once (fencing), and the others get --grace to fail
+	 * on their own, naming it, before the stop begins (fence_stop).
+	 */
+	struct watch *watch;
+	bool fencing;
+	kdeadline fence_stop;
+	char fence_host[64]; /* the first fenced rank's host, as it named itself */
 
 	enum cause cause;
 	int first_fail; /* rank index, for CAUSE_FAILURE */

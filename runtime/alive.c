@@ -126,6 +126,15 @@ void alive_stop(kctx *x)
 		return;
 	atomic_store_explicit(&a->stop, true, memory_order_release);
 	pthread_join(a->thread, NULL);
+	/*
+	 * A rank that left beats no more: its counter goes with it, so that a launcher's
+	 * watcher (launcher/watch.c) does not take a process that goes on after khor_finalize,
+	 * or an elastic worker between two generations, for one that stopped answering.
+	 */
+	char key[32];
+	kerr e;
+	snprintf(key, sizeof(key), "hb/%d", x->rank);
+	(void)store_del(a->st, key, &e);
 	store_close(a->st);
 	free(a);
 	x->alive = NULL;

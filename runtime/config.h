@@ -77,7 +77,7 @@ typedef struct settings {
 	bool elastic;           /* KHOR_ELASTIC=1 (docs/ELASTIC.md) */
 	char worker_id[128];    /* KHOR_WORKER_ID, else "<hostname>:<rank>" */
 	int64_t elastic_timeout_ms;
-	int64_t hb_timeout_ms;  /* KHOR_HEARTBEAT_TIMEOUT; < 0: never */
+	int64_t hb_timeout_ms;  /* KHOR_HEARTBEAT_TIMEOUT; < 0: off (liveness.h) */
 	int64_t hb_interval_ms;
 } settings;
 

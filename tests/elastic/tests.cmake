@@ -23,3 +23,14 @@ target_link_libraries(test_elastic_etcd PRIVATE khor_testproc)
 add_dependencies(test_elastic_etcd khorrun elastic_worker)
 set_tests_properties(test_elastic_etcd PROPERTIES ENVIRONMENT
   "KHORRUN=$<TARGET_FILE:khorrun>;ELASTIC_WORKER=$<TARGET_FILE:elastic_worker>")
+# The fault matrix on this machine: tests/elastic/train_matrix.py (numpy, no framework)
+# under the driver, one self-injected fault or more per case (tests/elastic/matrix.py).
+if(KHOR_PYTHON)
+  foreach(c none kill_worker kill_rank0 exit_worker stop_worker kill_in_sync kill_twice
+            reset_limit all_fail host_blacklisted every_host_blacklisted min_np_never)
+    add_test(NAME elastic_matrix_${c} COMMAND ${KHOR_PYTHON}
+      ${CMAKE_CURRENT_LIST_DIR}/matrix.py $<TARGET_FILE:khorrun> ${KHOR_PYTHON} ${c})
+    set_tests_properties(elastic_matrix_${c} PROPERTIES TIMEOUT 240
+      ENVIRONMENT "KHOR_LIBRARY_PATH=$<TARGET_FILE:khor>")
+  endforeach()
+endif()

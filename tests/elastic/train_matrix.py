@@ -1,15 +1,14 @@
-"""The fault matrix's training run (tests/elastic/test_matrix.py), under khorrun's elastic mode.
+"""The fault matrix's training run (tests/elastic/matrix.py), under khorrun's elastic mode.
 
 Full-batch least squares: every step's gradient is a sum over the whole data set, split over
 the ranks there are, so the loss curve is the same at every size and after every reset (up to
 the summation order). The state (step, weights) is committed every COMMIT steps; each commit
 is logged as one JSON line per worker, for the test to check that commits only move forward
 and that none is lost. A fault is injected by the worker itself, once per job, from
-TM_FAULT = "KIND@WORKER_ID@STEP" (KIND: kill, exit, stop, kill_sync, all_exit):
+TM_FAULT = "KIND@WORKER_ID@STEP,..." (KIND: kill, exit, stop, kill_sync; WORKER_ID * = all):
  kill      SIGKILL itself at that step            exit   raise (exit status 1)
  stop      SIGSTOP itself (the driver must fence it: no heartbeat)
  kill_sync SIGKILL itself inside the next state.sync() after that step
- all_exit  every worker raises at that step
 Only numpy and khor: no framework, so each run starts in a fraction of a second.
 """
 import json
@@ -34,48 +33,52 @@ N, D = 512, 16
 X = rng.standard_normal((N, D))
 y = X @ rng.standard_normal(D) + 0.01 * rng.standard_normal(N)
 
-kind, who, at = (os.environ.get("TM_FAULT") or "none@-@0").split("@")
-at = int(at)
-fired = LOG + ".fired"
+FAULTS = []
+for spec in filter(None, os.environ.get("TM_FAULT", "").split(",")):
+    kind, who, at = spec.split("@")
+    FAULTS.append((len(FAULTS), kind, who, int(at)))
 
 
-def fire_once():
-    """True the first time in the job (a respawned worker must not repeat the fault)."""
+def fire_once(index):
+    """True the first time in the job for fault index (a worker started in a lost one's
+    slot has the same id, and must not repeat the fault)."""
+    marker = "%s.fired.%d.%s" % (LOG, index, WORKER if FAULTS[index][2] == "*" else "")
     try:
-        fd = os.open(fired, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return False
-    os.close(fd)
     return True
 
 
 def log(event, **kw):
-    kw.update(event=event, worker=WORKER, rank=khor.rank(), size=khor.size(), t=time.time())
+    kw.update(event=event, worker=WORKER, pid=os.getpid(), rank=khor.rank(), size=khor.size(),
+              t=time.time())
     with open(LOG, "a") as f:
         f.write(json.dumps(kw) + "\n")
 
 
 class State(elastic.ObjectState):
     def sync(self):
-        if kind == "kill_sync" and WORKER == who and self.step >= at and fire_once():
-            log("fault", kind=kind, step=self.step)
-            os.kill(os.getpid(), signal.SIGKILL)
+        for i, kind, who, at in FAULTS:
+            if kind == "kill_sync" and WORKER == who and self.step >= at and fire_once(i):
+                log("fault", kind=kind, step=self.step)
+                os.kill(os.getpid(), signal.SIGKILL)
         super().sync()
 
 
 def step_fault(step):
-    mine = WORKER == who or kind == "all_exit"
-    if step != at or not mine or kind in ("none", "kill_sync"):
-        return
-    if kind != "all_exit" and not fire_once():
-        return
-    log("fault", kind=kind, step=step)
-    if kind == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif kind == "stop":
-        os.kill(os.getpid(), signal.SIGSTOP)
-    elif kind in ("exit", "all_exit"):
-        raise RuntimeError("fault injected at step %d on %s" % (step, WORKER))
+    for i, kind, who, at in FAULTS:
+        if step != at or kind == "kill_sync" or (who != WORKER and who != "*"):
+            continue
+        if not fire_once(i):
+            continue
+        log("fault", kind=kind, step=step)
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif kind == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif kind in ("exit", "all_exit"):
+            raise RuntimeError("fault injected at step %d on %s" % (step, WORKER))
 
 
 def loss_and_grad(w):

@@ -3,7 +3,8 @@
 # its own sshd and a differently named interface (netns_hosts.sh). Checks what a user of
 # `khorrun -H` sees: collectives right across hosts, each rank's identity and working
 # directory, -x forwarding, both hostfile forms, the first failure named with its host,
-# nothing left on any host after a kill -9, a Ctrl-C or a failed start, start-up errors
+# nothing left on any host after a kill -9, a Ctrl-C, a SIGSTOP (khorrun kills the stopped
+# rank through its host's helper) or a failed start, start-up errors
 # (unreachable host, refused key) within --start-timeout naming the host and ssh's error,
 # and the job secret on no command line of any process.
 #
@@ -246,6 +247,32 @@ if wait_lines "$OUT" ready 4 15 $kpid; then
 else
 	kill -9 $kpid 2>/dev/null
 	fail "ranks did not start for the helper test"
+fi
+
+# ---- 4d. a remote rank stopped (SIGSTOP): khorrun kills it through its helper --------------
+MARK=khhmark$$f
+bg "${KR[@]}" --job-id "$MARK" -x KHOR_LOG=info -x KHOR_TIMEOUT=1s -x KHOR_HEARTBEAT_TIMEOUT=2s \
+	-H "$H0:2,$H1:2,$H2:2,$H3:2" "$BENCH" allreduce -b 8 -e 8 -n 100000000 -w 1 -c 0
+if wait_lines "$ERR" "joined job '$MARK' as rank" 8 20 $kpid; then
+	victim=$(for p in $(hosts_pids 2); do
+		tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx KHOR_RANK=5 &&
+			tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx "KHOR_JOB_ID=$MARK" && echo $p
+	done | head -1)
+	sleep 1 # a beat or two in the store first
+	t0=$(now)
+	kill -STOP "$victim"
+	wait $kpid
+	st=$?
+	dt=$(elapsed "$t0")
+	if [ $st -eq 137 ] && grep -q "khorrun: rank 5 on $H2 stopped answering: no heartbeat for" "$ERR" &&
+		grep -q "rank 5 on $H2 failed first: it stopped answering" "$ERR" && no_leftovers "$MARK"; then
+		pass "SIGSTOP of rank 5 on $H2: killed and named, exit 137 in $(printf %.2f "$dt") s, nothing left"
+	else
+		fail "SIGSTOP of a remote rank (exit $st after $dt s, pid '$victim')"
+	fi
+else
+	kill -9 $kpid 2>/dev/null
+	fail "ranks did not start for the SIGSTOP test"
 fi
 
 # ---- 5. start-up errors: within --start-timeout, the host and ssh's error named ----------

@@ -34,6 +34,26 @@ HOSTS_ADDED = 1
 HOSTS_REMOVED = 2
 
 _HOSTS_NAME = "khor.elastic.hosts_updated"
+_ROOT_NAME = "khor.elastic.sync_root"
+
+# The rank whose state the next sync hands to the others (sync_root()).
+_sync_root = 0
+
+
+def sync_root():
+    """The rank a State's sync broadcasts from: rank 0 of the first generation, and after a
+    reset the lowest rank that held the state before it. A worker started in a lost one's
+    place may be rank 0 of the new generation (its slot's local rank stays), and must then
+    receive the state, not hand out its fresh one."""
+    return _sync_root
+
+
+def _choose_root(state):
+    global _sync_root
+    size = _core.size()
+    mine = _core.rank() if state._has_state else size
+    root = _core.allreduce_ints([mine], _core.Min, _ROOT_NAME)[0]
+    _sync_root = 0 if root >= size else root
 
 
 def broadcast_object(obj, root_rank=0, name=None):
@@ -73,6 +93,8 @@ class State:
         # of the driver's last notification); 0 raises for the current one again.
         self._last_updated_timestamp = 0
         self._reset_callbacks = []
+        # Whether this process holds the job's state: it synced or committed before.
+        self._has_state = False
 
     def register_reset_callbacks(self, callbacks):
         """Functions to call after each reset, once init has joined the new generation
@@ -90,6 +112,7 @@ class State:
         commit copies the state, so committing every few batches trades the steps lost to
         a failure against the time the copies take."""
         self.save()
+        self._has_state = True
         self.check_host_updates()
 
     def _local_update(self):
@@ -118,7 +141,8 @@ class State:
         raise NotImplementedError()
 
     def sync(self):
-        """Makes every rank's state rank 0's."""
+        """Makes every rank's state sync_root()'s (rank 0's, unless a reset made a worker
+        without the state rank 0)."""
         raise NotImplementedError()
 
     def reset(self):
@@ -141,7 +165,9 @@ class ObjectState(State):
 
     def sync(self):
         if self._saved_state:
-            self._saved_state = self._bcast_object(self._saved_state)
+            root = sync_root()
+            self._saved_state = (self._bcast_object(self._saved_state) if root == 0 else
+                                 self._bcast_object(self._saved_state, root))
             self._set_attrs()
 
     def _set_attrs(self):
@@ -157,7 +183,9 @@ def run_fn(func, reset):
         while True:
             try:
                 if not skip_sync:
+                    _choose_root(state)
                     state.sync()
+                    state._has_state = True
                 return func(state, *args, **kwargs)
             except HorovodInternalError:
                 if not _core.is_elastic():
@@ -202,5 +230,5 @@ def run(func):
     return run_fn(func, reset)
 
 
-__all__ = ["State", "ObjectState", "run", "run_fn", "reset", "broadcast_object",
+__all__ = ["State", "ObjectState", "run", "run_fn", "reset", "broadcast_object", "sync_root",
            "HorovodInternalError", "HostsUpdatedInterrupt", "WorkerRemoved"]

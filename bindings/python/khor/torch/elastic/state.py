@@ -7,7 +7,7 @@ import copy
 
 import torch
 
-from ...elastic import ObjectState
+from ...elastic import ObjectState, sync_root
 from ..functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from ..functions import allgather_object
 from ..mpi_ops import rank
@@ -53,18 +53,18 @@ class _StateDictHandler(StateHandler):
 
 class ModelStateHandler(_StateDictHandler):
     def sync(self):
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
+        broadcast_parameters(self.value.state_dict(), root_rank=sync_root())
 
 
 class OptimizerStateHandler(_StateDictHandler):
     def sync(self):
-        broadcast_optimizer_state(self.value, root_rank=0)
+        broadcast_optimizer_state(self.value, root_rank=sync_root())
 
 
 class SamplerStateHandler(_StateDictHandler):
     def sync(self):
-        # Rank 0's epoch and count; the indices each rank recorded, of every rank.
-        sd = broadcast_object(self.value.state_dict(), root_rank=0,
+        # The sync root's epoch and count; the indices each rank recorded, of every rank.
+        sd = broadcast_object(self.value.state_dict(), root_rank=sync_root(),
                               name="khor.elastic.sampler")
         done = allgather_object(self.value.processed_indices,
                                 name="khor.elastic.sampler.indices")

@@ -1,0 +1,172 @@
+#!/usr/bin/python3
+"""The elastic fault matrix on this machine (CTest: elastic_matrix_*).
+
+  matrix.py KHORRUN PYTHON CASE
+
+Each case runs tests/elastic/train_matrix.py under khorrun's elastic driver with one or
+more self-injected faults, under a hard wall-clock cap, and checks:
+  - khorrun's exit status, and its own line naming the loss (rank, host, cause);
+  - every worker's commits only move forward, by one commit's worth of steps at a time,
+    and together they cover every commit of the run: none lost;
+  - a run that ends well ends with the loss of a fault-free run of the same seed (1e-3);
+  - recovery within its bound: from the fault to the next commit.
+Hosts: "localhost" and "127.0.0.1" are two hosts to the driver, both on this machine.
+Exit status 0 when every check passes, 1 with the reasons.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TREE = os.path.dirname(os.path.dirname(HERE))
+TRAIN = os.path.join(HERE, "train_matrix.py")
+STEPS, COMMIT = 40, 2
+CAP = 90
+
+# name: (khorrun flags, faults, extra env, expected exit status, stderr patterns,
+#        recovery bound in seconds or None)
+ONE = ["-np", "4", "--min-np", "2", "--max-np", "4", "-H", "localhost:4"]
+TWO = ["-np", "4", "--min-np", "2", "--max-np", "4", "-H", "localhost:2,127.0.0.1:2"]
+CASES = {
+    "none": (ONE, [], {}, 0, [], None),
+    "kill_worker": (ONE, ["kill@localhost:2@10"], {}, 0,
+                    [r"rank 2 on localhost \(worker localhost:2\) was lost.*signal 9"], 10),
+    "kill_rank0": (ONE, ["kill@localhost:0@10"], {}, 0,
+                   [r"rank 0 on localhost \(worker localhost:0\) was lost.*signal 9"], 10),
+    "exit_worker": (ONE, ["exit@localhost:3@10"], {}, 0,
+                    [r"rank 3 on localhost \(worker localhost:3\) was lost.*status 1"], 10),
+    "stop_worker": (ONE, ["stop@localhost:1@10"], {"KHOR_HEARTBEAT_TIMEOUT": "2s"}, 0,
+                    [r"rank 1 on localhost \(worker localhost:1\).*heartbeat"], 2 + 10),
+    "kill_in_sync": (ONE, ["kill@localhost:2@10", "kill_sync@localhost:1@10"], {}, 0,
+                     [r"worker localhost:2\) was lost", r"worker localhost:1\) was lost"], 20),
+    "kill_twice": (ONE, ["kill@localhost:1@6", "kill@localhost:3@14"], {}, 0,
+                   [r"worker localhost:1\) was lost", r"worker localhost:3\) was lost"], 10),
+    "reset_limit": (ONE + ["--reset-limit", "1"], ["kill@localhost:1@6", "kill@localhost:3@14"],
+                    {}, 3, [r"number of resets during elastic job exceeded limit: 1"], None),
+    "all_fail": (ONE, ["all_exit@*@10"], {}, 1, [r"was lost.*status 1"], None),
+    "host_blacklisted": (TWO, ["kill@localhost:0@10"], {}, 0,
+                         [r"worker localhost:0\) was lost.*signal 9.*host localhost blacklisted"],
+                         10),
+    "every_host_blacklisted": (TWO, ["exit@localhost:0@10", "exit@127.0.0.1:1@10"], {}, 1,
+                               [r"every host.*blacklisted"], None),
+    "min_np_never": (["-np", "4", "--min-np", "4", "--max-np", "4", "-H",
+                      "localhost:2,127.0.0.1:2", "--elastic-timeout", "3"],
+                     ["kill@localhost:1@10"], {}, 1, [r"min-np|--min-np|slots"], None),
+}
+
+
+def run(khorrun, python, flags, faults, extra, log):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(TREE, "bindings", "python")
+    env.update(TM_LOG=log, TM_FAULT=",".join(faults), TM_STEPS=str(STEPS),
+               TM_COMMIT=str(COMMIT), PYTHONDONTWRITEBYTECODE="1", KHOR_TIMEOUT="20s")
+    env.update(extra)
+    argv = [khorrun] + flags + [python, TRAIN]
+    print("matrix: %s  (TM_FAULT=%s)" % (" ".join(argv), env["TM_FAULT"]), flush=True)
+    t0 = time.time()
+    try:
+        p = subprocess.run(argv, env=env, timeout=CAP, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        return p.returncode, p.stdout, time.time() - t0
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout
+        return None, out or "", time.time() - t0
+
+
+def events(log):
+    if not os.path.exists(log):
+        return []
+    with open(log) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def final_loss(out):
+    m = re.findall(r"final loss ([0-9.e+-]+) after (\d+) steps", out)
+    return float(m[-1][0]) if m else None
+
+
+def check_commits(evs, why):
+    by_worker = {}
+    for e in evs:
+        if e["event"] == "join":
+            by_worker.setdefault(e["worker"] + "#" + str(e.get("pid", "")), [])
+        if e["event"] == "commit":
+            by_worker.setdefault(e["worker"] + "#" + str(e.get("pid", "")), []).append(
+                e["step"])
+    seen = set()
+    for w, steps in by_worker.items():
+        seen.update(steps)
+        for a, b in zip(steps, steps[1:]):
+            if b - a != COMMIT:
+                why.append("worker %s committed step %d after step %d" % (w, b, a))
+    want = set(range(COMMIT, STEPS + 1, COMMIT))
+    if not want <= seen:
+        why.append("commits lost: %s" % sorted(want - seen))
+
+
+def check_recovery(evs, bound, why):
+    faults = [e for e in evs if e["event"] == "fault"]
+    for f in faults:
+        after = [e["t"] for e in evs if e["event"] == "commit" and e["t"] > f["t"] and
+                 e["step"] > f["step"]]
+        if not after:
+            why.append("no commit after the fault at %.3f" % f["t"])
+            continue
+        took = after[0] - f["t"]
+        print("matrix: %s on %s at step %d: next commit %.2f s later" %
+              (f["kind"], f["worker"], f["step"], took))
+        if took > bound:
+            why.append("recovery took %.1f s, more than %d s" % (took, bound))
+
+
+def main():
+    khorrun, python, case = sys.argv[1:4]
+    flags, faults, extra, want_rc, patterns, bound = CASES[case]
+    why = []
+    with tempfile.TemporaryDirectory(prefix="khor-matrix-") as tmp:
+        base_log = os.path.join(tmp, "base.log")
+        base_loss = None
+        if want_rc == 0 and case != "none":
+            rc, out, _ = run(khorrun, python, ONE, [], {}, base_log)
+            base_loss = final_loss(out)
+            if rc != 0 or base_loss is None:
+                print(out)
+                print("matrix: the fault-free run failed (%s)" % rc)
+                return 1
+        log = os.path.join(tmp, "case.log")
+        rc, out, took = run(khorrun, python, flags, faults, extra, log)
+        print(out)
+        print("matrix: %s: exit %s after %.1f s" % (case, rc, took))
+        if rc is None:
+            why.append("hung: still running after %d s" % CAP)
+        elif rc != want_rc:
+            why.append("exit status %s, want %d" % (rc, want_rc))
+        for pat in patterns:
+            if not re.search(pat, out):
+                why.append("no line matching %r" % pat)
+        evs = events(log)
+        if want_rc == 0:
+            check_commits(evs, why)
+            loss = final_loss(out)
+            if loss is None:
+                why.append("no final loss printed")
+            elif base_loss is not None and abs(loss - base_loss) > 1e-3:
+                why.append("final loss %.6f, fault-free %.6f" % (loss, base_loss))
+            if bound is not None:
+                check_recovery(evs, bound, why)
+        leftover = subprocess.run(["pgrep", "-f", TRAIN], stdout=subprocess.PIPE, text=True)
+        if leftover.stdout.strip():
+            why.append("processes left running: %s" % leftover.stdout.split())
+    if why:
+        print("matrix: %s FAILED:\n  %s" % (case, "\n  ".join(why)))
+        return 1
+    print("matrix: %s passed" % case)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
