@@ -93,6 +93,18 @@ static void usage(FILE *f)
 	        "  given; every name of this host runs here, without ssh) and its rank and sizes\n"
 	        "  in the generation it starts in; its output lines start \"[HOST:SLOT] \".\n"
 	        "\n"
+	        "elastic jobs over etcd: one khorrun per host, each its host's agent, all with\n"
+	        "the same options (as torchrun's agents); no khorrun is the job's own:\n"
+	        "  --rdzv-backend etcd  meet in etcd (its JSON gateway; no TLS or etcd users)\n"
+	        "  --rdzv-endpoint HOST:PORT  etcd's client port, the job's store\n"
+	        "  --rdzv-id JOB        the job, the same on every host\n"
+	        "  --rdzv-host NAME     this host's name in the job (default: its host name)\n"
+	        "  --rdzv-ttl SECONDS   the agent's etcd lease (10): an agent not heard from for\n"
+	        "                       so long is gone, and its workers with it\n"
+	        "  Each agent offers --slots-per-host slots; one of them, elected in etcd, plans\n"
+	        "  the generations by the rules above; when it dies another takes over. -np,\n"
+	        "  --min-np and --max-np count ranks of the whole job.\n"
+	        "\n"
 	        "  -h, --help           show this help\n"
 	        "  --help-env           list the KHOR_* variables the ranks read\n"
 	        "  --version            print the version\n"
@@ -178,7 +190,8 @@ static bool takes_value(const char *name)
 		"--ssh-identity", "--start-timeout", "--remote-khorrun", "--output-filename",
 		"--min-np", "--min-num-proc", "--max-np", "--max-num-proc", "--host-discovery-script",
 		"--host-discovery-timeout", "--slots-per-host", "--reset-limit", "--elastic-timeout",
-		"--blacklist-cooldown-range",
+		"--blacklist-cooldown-range", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
+		"--rdzv-host", "--rdzv-ttl",
 	};
 
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
@@ -264,10 +277,38 @@ static int parse_cooldown(const char *lo, const char *hi, struct opts *o)
 	return -1;
 }
 
+/* An etcd job's agent: what it needs, and what it cannot take (the hosts are the agents). */
+static int check_rdzv(struct opts *o)
+{
+	bool any = o->rdzv_backend != NULL || o->rdzv_endpoint != NULL || o->rdzv_id != NULL ||
+	           o->rdzv_host != NULL;
+
+	if (!any)
+		return -1;
+	if (o->rdzv_backend == NULL || strcmp(o->rdzv_backend, "etcd") != 0)
+		return cli_bad_usage("--rdzv-endpoint, --rdzv-id and --rdzv-host go with "
+		                     "--rdzv-backend etcd (the one backend there is)");
+	if (o->rdzv_endpoint == NULL || o->rdzv_id == NULL)
+		return cli_bad_usage("--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT (etcd's "
+		                     "client port) and --rdzv-id JOB (the same on every host)");
+	if (o->nhost_args > 0 || o->hostfile != NULL || o->discovery != NULL)
+		return cli_bad_usage("an etcd job's hosts are its agents, one khorrun per host: "
+		                     "-H, --hostfile and --host-discovery-script do not go with "
+		                     "--rdzv-backend");
+	if (o->np == 0 && o->min_np == 0)
+		o->min_np = 1;
+	o->elastic = true;
+	return -1;
+}
+
 /* The elastic options once all are read: what goes with what, and the defaults. */
 static int check_elastic(struct opts *o)
 {
-	o->elastic = o->min_np > 0 || o->max_np > 0 || o->discovery != NULL;
+	int rc = check_rdzv(o);
+
+	if (rc >= 0)
+		return rc;
+	o->elastic = o->elastic || o->min_np > 0 || o->max_np > 0 || o->discovery != NULL;
 	if (!o->elastic) {
 		if (o->reset_limit >= 0 || o->cool_min_ms > 0 || o->elastic_timeout_ms >= 0)
 			return cli_bad_usage("--reset-limit, --blacklist-cooldown-range and "
@@ -317,6 +358,7 @@ int cli_parse(int argc, char **argv, struct opts *o)
 	o->reset_limit = -1;
 	o->elastic_timeout_ms = -1;
 	o->discovery_timeout_ms = 10000;
+	o->rdzv_ttl_s = 10;
 	o->xvars = calloc((size_t)argc, sizeof(*o->xvars));
 	o->xnames = calloc((size_t)argc, sizeof(*o->xnames));
 	o->host_args = calloc((size_t)argc, sizeof(*o->host_args));
@@ -491,6 +533,28 @@ int cli_parse(int argc, char **argv, struct opts *o)
 			if (!kparse_duration_ms(val, &o->elastic_timeout_ms) || o->elastic_timeout_ms < 0)
 				return cli_bad_usage("--elastic-timeout wants a finite duration like 600 (s), "
 				                     "30s or 10m, not '%s'", val);
+		} else if (strcmp(name, "--rdzv-backend") == 0) {
+			if (strcmp(val, "etcd") != 0)
+				return cli_bad_usage("--rdzv-backend wants etcd, not '%s'", val);
+			o->rdzv_backend = val;
+		} else if (strcmp(name, "--rdzv-endpoint") == 0) {
+			o->rdzv_endpoint = val;
+		} else if (strcmp(name, "--rdzv-id") == 0) {
+			if (!valid_job_id(val))
+				return cli_bad_usage("--rdzv-id wants 1 to 64 letters, digits, '-', '_' or "
+				                     "'.', not '%s'", val);
+			o->rdzv_id = val;
+		} else if (strcmp(name, "--rdzv-host") == 0) {
+			if (val[0] == '\0' || strlen(val) > EP_HOST_MAX || strpbrk(val, "/: \t") != NULL)
+				return cli_bad_usage("--rdzv-host wants a host name (no '/', ':' or blanks), "
+				                     "not '%s'", val);
+			o->rdzv_host = val;
+		} else if (strcmp(name, "--rdzv-ttl") == 0) {
+			int ttl;
+
+			if (!parse_count(name, val, 1, 3600, &ttl))
+				return 2;
+			o->rdzv_ttl_s = ttl;
 		} else if (strcmp(name, "--blacklist-cooldown-range") == 0) {
 			int rc;
 

@@ -64,6 +64,12 @@ struct opts {
 	int reset_limit; /* -1: none */
 	int64_t cool_min_ms, cool_max_ms; /* --blacklist-cooldown-range; 0: none */
 	int64_t elastic_timeout_ms; /* -1: not given */
+	/* An elastic job over etcd (--rdzv-backend etcd): this khorrun is one host's agent. */
+	const char *rdzv_backend;
+	const char *rdzv_endpoint; /* HOST:PORT, etcd's client port */
+	const char *rdzv_id;       /* the job's id in etcd */
+	const char *rdzv_host;     /* this host's name in the job; NULL: its host name */
+	int64_t rdzv_ttl_s;        /* the agent's lease */
 	char **prog_argv; /* NULL-terminated, points into argv */
 };
 
@@ -138,6 +144,7 @@ struct job {
 	int nhostfds; /* their stdout and stderr pipes not yet at EOF */
 	int nremote, nready; /* hosts reached over ssh; of them, those whose ranks started */
 	bool helper; /* this is `khorrun --remote-helper` */
+	bool die_with_khorrun; /* ranks get PR_SET_PDEATHSIG (the helper's, an etcd agent's) */
 	sigset_t child_mask; /* helper: the mask its ranks start with */
 	bool stdin_open; /* helper: khorrun's frames still come */
 

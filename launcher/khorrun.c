@@ -73,6 +73,7 @@
  *   discover.c   running --host-discovery-script, one polled run at a time
  *   elastic_plan.c  the elastic rules: hosts, blacklist, assignment, plan text (pure)
  *   elastic.c    the elastic driver, between the loop's turns (docs/ELASTIC.md)
+ *   agent.c      one host's agent of an elastic job over etcd (--rdzv-backend etcd)
  *   helper.c     the remote helper's side (khorrun --remote-helper)
  *   khorrun.c    main: the flow that ties them together
  *
@@ -90,6 +91,7 @@
 #include "rendezvous/store.h"
 #include "runtime/cpubind.h"
 
+#include "agent.h"
 #include "cli.h"
 #include "elastic.h"
 #include "env.h"
@@ -405,6 +407,18 @@ int main(int argc, char **argv)
 	}
 	if (!procs_setup_signals(j, &old_mask))
 		goto out_free_path;
+	if (j->o.rdzv_backend != NULL) {
+		struct agent_env env = { .cwd = cwd, .child_mask = &old_mask,
+			                 .local_cpus = have_cpus ? cpus.n : 0 };
+
+		/* One host's agent: etcd is the store, and the job has no khorrun of its own. */
+		rc = agent_run(j, &env);
+		loop_sweep_leftovers(j);
+		if (rc < 0)
+			rc = report(j);
+		output_free_ranks(j);
+		goto out_close_sfd;
+	}
 	if (j->o.elastic) {
 		rc = elastic_prepare(j, &old_mask, &el);
 		if (rc >= 0) {

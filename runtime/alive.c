@@ -100,8 +100,8 @@ khor_status alive_start(kctx *x, kerr *err)
 	if (a == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "heartbeat: out of memory");
 	a->x = x;
-	st = store_tcp_connect(s->store_host, s->store_port, s->secret, s->job_id,
-	                       kdeadline_in_ms(s->init_timeout_ms), &a->st, err);
+	st = store_connect(x->store_addr, s->secret, s->job_id, kdeadline_in_ms(s->init_timeout_ms),
+	                   &a->st, err);
 	if (st != KHOR_SUCCESS) {
 		free(a);
 		kerr_prefix(err, "heartbeat");

@@ -127,9 +127,9 @@ static khor_status start_store(kctx *c, kerr *err)
 		}
 		KLOG_INFO("serving the rendezvous store on port %u", s->store_port);
 	}
-	snprintf(c->store_addr, sizeof(c->store_addr), "%s:%u", s->store_host, s->store_port);
-	st = store_tcp_connect(s->store_host, s->store_port, s->secret, s->job_id, dl, &c->store,
-	                       err);
+	snprintf(c->store_addr, sizeof(c->store_addr), "%s%s:%u",
+	         s->store_etcd ? STORE_ETCD_SCHEME : "", s->store_host, s->store_port);
+	st = store_connect(c->store_addr, s->secret, s->job_id, dl, &c->store, err);
 	if (st != KHOR_SUCCESS)
 		return st;
 	if (s->elastic)

@@ -43,6 +43,7 @@ typedef struct settings {
 	char store_host[256];
 	uint16_t store_port;
 	bool serve_store;       /* this process (rank 0) runs the store */
+	bool store_etcd;        /* the store is an etcd server (KHOR_STORE_ADDR=etcd://...) */
 	char secret[256];
 	char job_id[64];
 	char hostname[256];

@@ -16,6 +16,13 @@ target_link_libraries(test_elastic_driver PRIVATE khor_testproc)
 add_dependencies(test_elastic_driver khorrun elastic_worker)
 set_tests_properties(test_elastic_driver PROPERTIES ENVIRONMENT
   "KHORRUN=$<TARGET_FILE:khorrun>;ELASTIC_WORKER=$<TARGET_FILE:elastic_worker>")
+# An elastic job over etcd: one khorrun agent per host (here two on this machine), a real
+# etcd server each case starts; the leader killed, etcd restarted, a failed worker.
+khor_test(test_elastic_etcd elastic/test_elastic_etcd.c 120)
+target_link_libraries(test_elastic_etcd PRIVATE khor_testproc)
+add_dependencies(test_elastic_etcd khorrun elastic_worker)
+set_tests_properties(test_elastic_etcd PROPERTIES ENVIRONMENT
+  "KHORRUN=$<TARGET_FILE:khorrun>;ELASTIC_WORKER=$<TARGET_FILE:elastic_worker>")
 # The fault matrix on this machine: tests/elastic/train_matrix.py (numpy, no framework)
 # under the driver, one self-injected fault or more per case (tests/elastic/matrix.py).
 # Not in sanitizer builds, as tests/python's: python3 cannot load an instrumented libkhor.

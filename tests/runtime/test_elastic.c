@@ -1,11 +1,13 @@
 /*
  * test_elastic.c -- the C core's side of an elastic job (docs/ELASTIC.md), with this test
- * process as the driver: it serves a real store, writes the plans, kills a worker, ends its
- * generation and watches the real worker processes leave one generation and join the next
- * in-process, with new ranks, size and links.
+ * process as the driver: it serves a real store (khor's, or an etcd server it starts),
+ * writes the plans, kills a worker, ends its generation and watches the real worker
+ * processes leave one generation and join the next in-process, with new ranks, size and
+ * links.
  */
 #include "runtime/elastic.h"
 #include "tests/harness.h"
+#include "tests/rendezvous/etcd_proc.h"
 
 #include <criterion/criterion.h>
 #include <signal.h>
@@ -34,7 +36,7 @@ struct shared {
 	_Atomic int stop;
 };
 
-static uint16_t port;
+static char store_addr[64]; /* KHOR_STORE_ADDR of the workers */
 
 static void worker_env(int i)
 {
@@ -43,8 +45,7 @@ static void worker_env(int i)
 	snprintf(v, sizeof(v), "h:%d", i);
 	setenv("KHOR_WORKER_ID", v, 1);
 	setenv("KHOR_HOSTNAME", "h", 1);
-	snprintf(v, sizeof(v), "127.0.0.1:%u", port);
-	setenv("KHOR_STORE_ADDR", v, 1);
+	setenv("KHOR_STORE_ADDR", store_addr, 1);
 	setenv("KHOR_SECRET", SECRET, 1);
 	setenv("KHOR_JOB_ID", JOB, 1);
 	setenv("KHOR_TIMEOUT", "20s", 1);
@@ -185,18 +186,13 @@ static void await_gen(struct shared *sh, const int *ids, int n, int gen, int siz
 		             sh->w[ids[k]].size, gen);
 }
 
-Test(elastic, loss_rejoin_update_removal, .timeout = 120)
+/* The driver's part, over the store at store_addr (driver connected to it). */
+static void loss_rejoin_update_removal(void)
 {
 	struct shared *sh = harness_shared(sizeof(*sh));
-	store_server *srv;
 	kerr e;
 	pid_t pid[NW];
 
-	cr_assert_eq(store_server_start("127.0.0.1", 0, SECRET, JOB, &srv, &e), KHOR_SUCCESS, "%s",
-	             e.text);
-	port = store_server_port(srv);
-	cr_assert_eq(store_tcp_connect("127.0.0.1", port, SECRET, JOB, kdeadline_in_ms(5000),
-	                               &driver, &e), KHOR_SUCCESS, "%s", e.text);
 	int all[NW] = { 0, 1, 2 };
 	plan(1, all, NW, NULL);
 	for (int i = 0; i < NW; i++) {
@@ -253,7 +249,34 @@ Test(elastic, loss_rejoin_update_removal, .timeout = 120)
 	cr_expect(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "worker 0 ended with %d: %s", ws,
 	          sh->w[0].err);
 	store_close(driver);
+}
+
+Test(elastic, loss_rejoin_update_removal, .timeout = 120)
+{
+	store_server *srv;
+	kerr e;
+
+	cr_assert_eq(store_server_start("127.0.0.1", 0, SECRET, JOB, &srv, &e), KHOR_SUCCESS, "%s",
+	             e.text);
+	snprintf(store_addr, sizeof(store_addr), "127.0.0.1:%u", store_server_port(srv));
+	cr_assert_eq(store_connect(store_addr, SECRET, JOB, kdeadline_in_ms(5000), &driver, &e),
+	             KHOR_SUCCESS, "%s", e.text);
+	loss_rejoin_update_removal();
 	store_server_stop(srv);
+}
+
+/* The same job with etcd as its store: plans, heartbeats and the abort all go through it. */
+Test(elastic, loss_rejoin_update_removal_over_etcd, .timeout = 120)
+{
+	struct etcd_proc server;
+	kerr e;
+
+	etcd_up(&server);
+	snprintf(store_addr, sizeof(store_addr), "etcd://127.0.0.1:%u", server.port);
+	cr_assert_eq(store_connect(store_addr, SECRET, JOB, kdeadline_in_ms(5000), &driver, &e),
+	             KHOR_SUCCESS, "%s", e.text);
+	loss_rejoin_update_removal();
+	etcd_down(&server);
 }
 
 Test(elastic, refused_without_a_lasting_store)
