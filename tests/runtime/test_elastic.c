@@ -7,6 +7,7 @@
  */
 #include "runtime/elastic.h"
 #include "tests/harness.h"
+#include "transport/transport.h"
 #include "tests/rendezvous/etcd_proc.h"
 
 #include <criterion/criterion.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -154,6 +156,48 @@ static void plan(int gen, const int *ids, int n, const char *drop)
 	put("el/gen", key);
 }
 
+/*
+ * Fencing: a transport of generation 1, as a rank of it that missed the end would still
+ * hold, dials a rank of generation `gen` and must be refused at the handshake, before a
+ * byte of the new generation's traffic could be mixed with its own.
+ */
+static void old_link_refused(int gen)
+{
+	const struct transport_ops *tcp = transport_find("tcp");
+	char job[64], key[32];
+	void *addr;
+	size_t len;
+	tp_ctx *ctx;
+	tp_link *l;
+	kerr e;
+
+	cr_assert(tcp != NULL);
+	snprintf(job, sizeof(job), "g1/%s", JOB);
+	tp_options o = { .rank = 0, .size = 2, .job_id = job, .secret = SECRET, .nsocks = 1,
+	                 .min_stripe_bytes = 1 << 18, .handshake_timeout_ms = 5000 };
+	cr_assert_eq(tcp->create(&o, &ctx, &e), KHOR_SUCCESS, "%s", e.text);
+	store_set_prefix(driver, JOB, gen);
+	snprintf(key, sizeof(key), "addr/tcp/1");
+	cr_assert_eq(store_get(driver, key, kdeadline_in_ms(5000), &addr, &len, &e), KHOR_SUCCESS,
+	             "%s", e.text);
+	cr_assert_eq(tcp->connect(ctx, 1, addr, &l, &e), KHOR_SUCCESS, "%s", e.text);
+	free(addr);
+	khor_status st = KHOR_SUCCESS;
+	kdeadline dl = kdeadline_in_ms(10000);
+	while (st == KHOR_SUCCESS && !tcp->link_ready(l) && !kdeadline_passed(dl)) {
+		bool moved;
+		st = tcp->progress(ctx, 10, &moved, &e);
+		if (st == KHOR_SUCCESS)
+			st = tcp->link_error(l, &e);
+	}
+	cr_expect(!tcp->link_ready(l), "a link of generation 1 was let into generation %d", gen);
+	cr_expect(st != KHOR_SUCCESS && strstr(e.text, "job id") != NULL,
+	          "the old generation's link was not refused for its job id: %s", e.text);
+	printf("generation 1's link into generation %d: %s\n", gen, e.text);
+	tcp->destroy(ctx);
+	store_set_prefix(driver, JOB, 0);
+}
+
 static int64_t counter(const char *key)
 {
 	void *v;
@@ -197,8 +241,10 @@ static void loss_rejoin_update_removal(void)
 	plan(1, all, NW, NULL);
 	for (int i = 0; i < NW; i++) {
 		pid[i] = fork();
-		if (pid[i] == 0)
+		if (pid[i] == 0) {
+			prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed assertion ends the test's process */
 			_exit(worker(i, sh));
+		}
 	}
 	await_gen(sh, all, NW, 1, NW);
 	for (int i = 0; i < NW; i++)
@@ -229,6 +275,12 @@ static void loss_rejoin_update_removal(void)
 		             sh->w[i].local_rank);
 	}
 	cr_expect_eq(counter("el/want/1"), 2, "both survivors asked for a new generation");
+	int before = sh->w[1].iters;
+	old_link_refused(2);
+	double until = harness_now() + 10;
+	while (sh->w[1].iters < before + 3 && harness_now() < until)
+		harness_sleep_ms(10);
+	cr_expect_geq(sh->w[1].iters, before + 3, "generation 2 stopped after the refused link");
 
 	/* A host change: noticed by both at the same step, then worker 1 is dropped. */
 	put("el/update/2", "removed");
