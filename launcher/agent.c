@@ -125,14 +125,6 @@ static int64_t wall_ms(void)
 	return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
 }
 
-static double draw(struct agent *a)
-{
-	a->rnd ^= a->rnd << 13;
-	a->rnd ^= a->rnd >> 7;
-	a->rnd ^= a->rnd << 17;
-	return (double)(a->rnd >> 11) / (double)(1ull << 53);
-}
-
 /* --- the store ------------------------------------------------------------------------ */
 
 static bool put(struct agent *a, int gen, const char *key, const char *val)
@@ -233,22 +225,12 @@ static void want_gen(struct agent *a)
 	if (a->need_gen || a->ending || a->finishing)
 		return;
 	if (a->gen > 0 && !ep_take_reset(&a->st)) {
-		job_over(a, 3, "Horovod was shutdown because number of resets during elastic job "
-		         "exceeded limit: %d", a->st.reset_limit);
+		job_over(a, 3, EP_RESET_LIMIT_FMT, a->st.reset_limit);
 		return;
 	}
 	if (a->gen > 0)
 		persist_resets(a);
 	a->need_gen = true;
-}
-
-static bool all_blacklisted(const struct agent *a)
-{
-	for (int r = 0; r < a->nplan; r++) {
-		if (!a->st.hosts[a->plan[r].host].blacklisted)
-			return false;
-	}
-	return a->nplan > 0;
 }
 
 /* Records a blacklisting for the leaders after this one (wall clock: they run elsewhere). */
@@ -279,27 +261,31 @@ static void lost(struct agent *a, int r, const char *why, bool blacklist)
 		         "finish: %s", r, host, a->pr[r].id, why);
 		return;
 	}
-	snprintf(text, sizeof(text), "rank %d on %s (worker %s) was lost in generation %d: %s", r,
-	         host, a->pr[r].id, a->gen, why);
+	ep_lost_text(text, sizeof(text), a->gen, r, host, a->pr[r].id, why);
 	if (!a->gen_over) {
 		write_abort(a, a->gen, text);
 		a->gen_over = true;
 	}
-	if (blacklist && ep_count_hosts(a->plan, a->nplan) > 1 && !a->st.hosts[h].blacklisted) {
-		int64_t cd = ep_blacklist(&a->st, h, now_ms(), draw(a));
+	/* A host gone (blacklist false) is not blacklisted, and nothing is said of a host
+	 * blacklisted already. */
+	if (blacklist) {
+		int64_t cd;
 
-		persist_blacklist(a, h, cd);
-		if (cd < 0)
-			snprintf(tail, sizeof(tail), "; host %s blacklisted", host);
-		else
-			snprintf(tail, sizeof(tail), "; host %s blacklisted for %lld s", host,
-			         (long long)((cd + 999) / 1000));
-	} else if (blacklist && ep_count_hosts(a->plan, a->nplan) == 1) {
-		snprintf(tail, sizeof(tail), "; a fresh worker takes its slot");
+		switch (ep_lose(&a->st, a->plan, a->nplan, h, false, now_ms(), &a->rnd, &cd, tail,
+		                sizeof(tail))) {
+		case EP_LOSS_BLACKLISTED:
+			persist_blacklist(a, h, cd);
+			break;
+		case EP_LOSS_ALREADY:
+			tail[0] = '\0';
+			break;
+		case EP_LOSS_FRESH:
+			break;
+		}
 	}
 	say("elastic: generation %d: rank %d on %s (worker %s) was lost: %s%s", a->gen, r, host,
 	    a->pr[r].id, why, tail);
-	if (all_blacklisted(a)) {
+	if (ep_all_blacklisted(&a->st, a->plan, a->nplan)) {
 		job_over(a, 1, "elastic: every host of generation %d is blacklisted; the job cannot "
 		         "go on", a->gen);
 		return;
@@ -339,7 +325,7 @@ static bool list_agents(struct agent *a, struct ep_list *out)
 /* The hosts now: as khorrun's driver takes a discovery in, and a gone agent's ranks lost. */
 static void take_hosts(struct agent *a, const struct ep_list *l)
 {
-	int flags = ep_update(&a->st, l, now_ms());
+	int flags = ep_update(&a->st, l, now_ms()), moves;
 	char words[32], key[64];
 
 	if (flags < 0) {
@@ -354,21 +340,15 @@ static void take_hosts(struct agent *a, const struct ep_list *l)
 		return;
 	/* Nothing the ranks would do differently (a host past --max-np, one not in the plan
 	 * leaving): no update, as khorrun's driver and Horovod skip it. */
-	int cap = ep_available_slots(&a->st) + 1, n;
-	struct ep_slot *next = calloc((size_t)cap, sizeof(*next));
-	if (next == NULL) {
+	moves = ep_update_moves(&a->st, a->plan, a->nplan, NULL, 0);
+	if (moves < 0) {
 		job_over(a, 1, "elastic: out of memory taking in the hosts");
 		return;
 	}
-	n = ep_assign(&a->st, next, cap);
-	bool same = n >= 0 && ep_same_assignment(a->plan, a->nplan, next, n);
-	free(next);
-	if (same)
+	if (moves == 0)
 		return;
 	a->updates |= (unsigned)flags;
-	snprintf(words, sizeof(words), "%s%s%s", a->updates & EP_ADDED ? "added" : "",
-	         a->updates == (EP_ADDED | EP_REMOVED) ? "," : "",
-	         a->updates & EP_REMOVED ? "removed" : "");
+	ep_update_words(a->updates, words, sizeof(words));
 	snprintf(key, sizeof(key), "el/update/%d", a->gen);
 	if (put(a, 0, key, words))
 		say("elastic: hosts %s during generation %d; the ranks go to a new generation at "
@@ -436,11 +416,10 @@ static void check_want(struct agent *a)
 			who = r;
 	}
 	if (who >= 0)
-		snprintf(text, sizeof(text), "generation %d ended: rank %d on %s (worker %s) asked for "
-		         "a new one: %s", a->gen, who, a->st.hosts[a->plan[who].host].name,
-		         a->pr[who].id, why);
+		ep_want_text(text, sizeof(text), a->gen, who, a->st.hosts[a->plan[who].host].name,
+		             a->pr[who].id, why);
 	else
-		snprintf(text, sizeof(text), "generation %d ended: a rank asked for a new one", a->gen);
+		ep_want_text(text, sizeof(text), a->gen, -1, NULL, NULL, NULL);
 	free(why);
 	write_abort(a, a->gen, text);
 	say("elastic: %s", text);
@@ -459,7 +438,7 @@ static void check_heartbeats(struct agent *a, int64_t now)
 	for (int r = 0; r < a->nplan && !a->gen_over && !failed; r++) {
 		struct pr *p = &a->pr[r];
 		char key[32], *val;
-		int64_t v, since;
+		int64_t stalled;
 		khor_status st;
 
 		if (p->ended)
@@ -470,24 +449,13 @@ static void check_heartbeats(struct agent *a, int64_t now)
 			failed = true;
 			break;
 		}
-		if (val == NULL && p->hb > 0)
-			continue; /* it beat, then finalized: going, not stalled */
-		v = val != NULL ? strtoll(val, NULL, 10) : 0;
+		stalled = ep_heartbeat(&p->hb, &p->hb_at, &a->gen_beat_at, val, now,
+		                       a->hb_timeout_ms);
 		free(val);
-		if (v != p->hb) {
-			if (a->gen_beat_at == 0)
-				a->gen_beat_at = now;
-			p->hb = v;
-			p->hb_at = now;
-			continue;
-		}
-		since = p->hb > 0 ? p->hb_at : a->gen_beat_at;
-		if (since > 0 && now - since > a->hb_timeout_ms) {
+		if (stalled > 0) {
 			char why[200], fkey[EP_HOST_MAX + 48];
 
-			snprintf(why, sizeof(why), "its heartbeat stopped for %.1f s "
-			         "(KHOR_HEARTBEAT_TIMEOUT %.1f s); its agent killed it",
-			         (double)(now - since) / 1000.0, (double)a->hb_timeout_ms / 1000.0);
+			ep_fence_text(why, sizeof(why), stalled, a->hb_timeout_ms, "its agent");
 			snprintf(fkey, sizeof(fkey), "el/fence/%d/%s", a->gen, p->id);
 			if (put(a, 0, fkey, why))
 				lost(a, r, why, true);
@@ -512,7 +480,7 @@ static void plan_next(struct agent *a)
 	bool *drop = calloc((size_t)a->nplan + 1, sizeof(*drop));
 	char **drops = calloc((size_t)a->nplan + 1, sizeof(*drops));
 	struct pr *pr = calloc((size_t)cap, sizeof(*pr));
-	char *text = NULL, key[32], num[16], why[1024];
+	char *text = NULL, key[32], num[16], msg[1400];
 	int n, nl = 0, nd = 0, g = a->gen + 1;
 	int64_t now = now_ms();
 
@@ -522,16 +490,16 @@ static void plan_next(struct agent *a)
 	}
 	n = ep_assign(&a->st, s, cap);
 	if (n < need) {
-		ep_describe_shortage(&a->st, need, now, why, sizeof(why));
-		if (a->wait_since < 0) {
-			a->wait_since = now;
-			say("elastic: generation %d waits for %d slot%s: %s (at most %.0f s, "
-			    "--elastic-timeout)", g, need, need == 1 ? "" : "s", why,
-			    (double)a->elastic_timeout_ms / 1000.0);
-		} else if (now - a->wait_since >= a->elastic_timeout_ms) {
-			job_over(a, 1, "elastic: timed out after %.0f s (--elastic-timeout) waiting for "
-			         "the slots of generation %d: %s", (double)a->elastic_timeout_ms / 1000.0,
-			         g, why);
+		switch (ep_wait_slots(&a->st, g, need, &a->wait_since, now, a->elastic_timeout_ms,
+		                      msg, sizeof(msg))) {
+		case EP_WAIT_BEGUN:
+			say("%s", msg);
+			break;
+		case EP_WAIT_OVER:
+			job_over(a, 1, "%s", msg);
+			break;
+		case EP_WAIT_ON:
+			break;
 		}
 		goto out;
 	}
@@ -578,10 +546,8 @@ static void plan_next(struct agent *a)
 	a->updates = 0;
 	a->wait_since = -1;
 	a->gen_beat_at = 0;
-	ep_describe_slots(&a->st, a->plan, n, why, sizeof(why));
-	say("elastic: generation %d: %d rank%s on %d host%s (%s)%s", g, n, n == 1 ? "" : "s",
-	    ep_count_hosts(a->plan, n), ep_count_hosts(a->plan, n) == 1 ? "" : "s", why,
-	    nd > 0 ? "; some dropped" : "");
+	ep_describe_gen(&a->st, g, a->plan, n, msg, sizeof(msg));
+	say("elastic: %s%s", msg, nd > 0 ? "; some dropped" : "");
 out:
 	free(pr);
 	free(text);
@@ -715,7 +681,7 @@ static void become_leader(struct agent *a)
 
 		if (h < 0 || (until != 0 && until <= wall_ms()))
 			continue;
-		(void)ep_blacklist(&a->st, h, now, draw(a));
+		(void)ep_blacklist(&a->st, h, now, ep_draw(&a->rnd));
 		if (until != 0 && a->st.hosts[h].cool_until_ms > 0)
 			a->st.hosts[h].cool_until_ms = now + (until - wall_ms());
 	}

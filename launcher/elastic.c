@@ -114,15 +114,6 @@ static int64_t now_ms(void)
 	return (int64_t)(kclock_ns() / 1000000u);
 }
 
-/* A draw in [0, 1) for the cooldown (xorshift; its quality does not matter here). */
-static double draw(struct elastic *e)
-{
-	e->rnd ^= e->rnd << 13;
-	e->rnd ^= e->rnd >> 7;
-	e->rnd ^= e->rnd << 17;
-	return (double)(e->rnd >> 11) / (double)(1ull << 53);
-}
-
 /*
  * A duration the ranks read too: -x VAR=..., else khorrun's environment (then the Horovod
  * alias), else the settings table's default (runtime/config.c). False with the reason said.
@@ -304,23 +295,10 @@ static void want_gen(struct elastic *e)
 	if (e->need_gen || e->ending || e->finishing)
 		return;
 	if (e->gen > 0 && !ep_take_reset(&e->st)) {
-		fail_job(e, 3,
-		         "Horovod was shutdown because number of resets during elastic job "
-		         "exceeded limit: %d",
-		         e->st.reset_limit);
+		fail_job(e, 3, EP_RESET_LIMIT_FMT, e->st.reset_limit);
 		return;
 	}
 	e->need_gen = true;
-}
-
-/* Every host of the newest generation is blacklisted: Horovod's end of the job. */
-static bool all_blacklisted(const struct elastic *e)
-{
-	for (int r = 0; r < e->nplan; r++) {
-		if (!e->st.hosts[e->plan[r].host].blacklisted)
-			return false;
-	}
-	return e->nplan > 0;
 }
 
 /*
@@ -334,6 +312,7 @@ static void lost(struct elastic *e, int i, const char *why)
 	struct rank *rk = &e->j->ranks[i];
 	const char *host = e->st.hosts[w->host].name;
 	char text[1024], tail[160];
+	int64_t cd;
 	const struct host *h = &e->j->hosts[rk->host];
 	/* A host its workers cannot even start on is out, on one host too: starting them
 	 * again and again would only fail again. */
@@ -346,32 +325,18 @@ static void lost(struct elastic *e, int i, const char *why)
 		    w->rank, host, rk->worker, why);
 		return;
 	}
-	snprintf(text, sizeof(text), "rank %d on %s (worker %s) was lost in generation %d: %s",
-	         w->rank, host, rk->worker, e->gen, why);
+	ep_lost_text(text, sizeof(text), e->gen, w->rank, host, rk->worker, why);
 	if (!e->gen_over) {
 		write_abort(e, e->gen, text);
 		e->gen_over = true;
 	}
 	if (e->lost_at == 0)
 		e->lost_at = now_ms();
-	if (ep_count_hosts(e->plan, e->nplan) > 1 || unstartable) {
-		if (e->st.hosts[w->host].blacklisted) {
-			snprintf(tail, sizeof(tail), "; host %s is blacklisted already", host);
-		} else {
-			int64_t cd = ep_blacklist(&e->st, w->host, now_ms(), draw(e));
-
-			if (cd < 0)
-				snprintf(tail, sizeof(tail), "; host %s blacklisted", host);
-			else
-				snprintf(tail, sizeof(tail), "; host %s blacklisted for %lld s",
-				         host, (long long)((cd + 999) / 1000));
-		}
-	} else {
-		snprintf(tail, sizeof(tail), "; a fresh worker takes its slot");
-	}
+	(void)ep_lose(&e->st, e->plan, e->nplan, w->host, unstartable, now_ms(), &e->rnd, &cd,
+	              tail, sizeof(tail));
 	say("elastic: generation %d: rank %d on %s (worker %s) was lost: %s%s", e->gen, w->rank,
 	    host, rk->worker, why, tail);
-	if (all_blacklisted(e)) {
+	if (ep_all_blacklisted(&e->st, e->plan, e->nplan)) {
 		fail_job(e, 1,
 		         "elastic: every host of generation %d is blacklisted; the job "
 		         "cannot go on",
@@ -389,10 +354,7 @@ static void fence(struct elastic *e, int i, int64_t stalled_ms)
 	procs_signal_rank(e->j, &e->j->ranks[i], SIGKILL);
 	e->w[i].fenced = true;
 	e->w[i].fenced_at = now_ms();
-	snprintf(why, sizeof(why),
-	         "its heartbeat stopped for %.1f s (KHOR_HEARTBEAT_TIMEOUT %.1f s); "
-	         "khorrun killed it",
-	         (double)stalled_ms / 1000.0, (double)e->hb_timeout_ms / 1000.0);
+	ep_fence_text(why, sizeof(why), stalled_ms, e->hb_timeout_ms, "khorrun");
 	lost(e, i, why);
 }
 
@@ -459,18 +421,10 @@ static bool note_new_hosts(struct elastic *e)
 	return true;
 }
 
-static void update_words(unsigned flags, char *buf, size_t len)
-{
-	snprintf(buf, len, "%s%s%s", flags & EP_ADDED ? "added" : "",
-	         flags == (EP_ADDED | EP_REMOVED) ? "," : "", flags & EP_REMOVED ? "removed" : "");
-}
-
 /* A discovery's hosts: the state takes them in; a change the ranks must act on is told. */
 static void take_hosts(struct elastic *e, const struct ep_list *l)
 {
-	int flags = ep_update(&e->st, l, now_ms());
-	struct ep_slot *next;
-	int n, cap;
+	int flags = ep_update(&e->st, l, now_ms()), moves;
 	char words[32], slots[512], key[64];
 
 	if (flags < 0 || !note_new_hosts(e)) {
@@ -479,25 +433,19 @@ static void take_hosts(struct elastic *e, const struct ep_list *l)
 	}
 	if (flags == 0 || e->gen == 0 || e->gen_over || e->finishing || e->ending)
 		return;
-	cap = ep_available_slots(&e->st) + 1;
-	next = calloc((size_t)cap, sizeof(*next));
-	if (next == NULL) {
+	moves = ep_update_moves(&e->st, e->plan, e->nplan, slots, sizeof(slots));
+	if (moves < 0) {
 		fail_job(e, 1, "elastic: out of memory taking in the hosts");
 		return;
 	}
-	n = ep_assign(&e->st, next, cap);
-	if (n >= 0 && ep_same_assignment(e->plan, e->nplan, next, n)) {
-		free(next);
+	if (moves == 0)
 		return; /* nothing the ranks would do differently (Horovod skips it too) */
-	}
 	e->updates |= (unsigned)flags;
-	update_words(e->updates, words, sizeof(words));
-	ep_describe_slots(&e->st, next, n < 0 ? 0 : n, slots, sizeof(slots));
-	free(next);
+	ep_update_words(e->updates, words, sizeof(words));
 	snprintf(key, sizeof(key), "el/update/%d", e->gen);
 	if (!put(e, 0, key, words))
 		return;
-	update_words((unsigned)flags, words, sizeof(words));
+	ep_update_words((unsigned)flags, words, sizeof(words));
 	say("elastic: hosts %s during generation %d; the ranks go to a new generation at their "
 	    "next commit (%s)",
 	    words, e->gen, slots[0] ? slots : "no slots");
@@ -593,13 +541,10 @@ static void check_want(struct elastic *e)
 	}
 	why = asked_why(e, &who);
 	if (who >= 0)
-		snprintf(text, sizeof(text),
-		         "generation %d ended: rank %d on %s (worker %s) asked for a new one: %s",
-		         e->gen, e->w[who].rank, e->st.hosts[e->w[who].host].name,
-		         e->j->ranks[who].worker, why);
+		ep_want_text(text, sizeof(text), e->gen, e->w[who].rank,
+		             e->st.hosts[e->w[who].host].name, e->j->ranks[who].worker, why);
 	else
-		snprintf(text, sizeof(text), "generation %d ended: a rank asked for a new one",
-		         e->gen);
+		ep_want_text(text, sizeof(text), e->gen, -1, NULL, NULL, NULL);
 	free(why);
 	write_abort(e, e->gen, text);
 	say("elastic: %s", text);
@@ -612,7 +557,7 @@ static void check_heartbeats(struct elastic *e, int64_t now)
 	for (int i = 0; i < e->j->nstarted && !e->gen_over; i++) {
 		struct ew *w = &e->w[i];
 		char key[32], *val;
-		int64_t v, since;
+		int64_t stalled;
 
 		if (w->rank < 0 || w->dropped || w->fenced || !e->j->ranks[i].running)
 			continue;
@@ -620,26 +565,11 @@ static void check_heartbeats(struct elastic *e, int64_t now)
 		 */
 		snprintf(key, sizeof(key), "hb/%d", w->rank);
 		val = peek(e, e->gen, key);
-		if (val == NULL && w->hb > 0)
-			continue; /* it beat, then left the generation (finalize): going, not
-			             stalled */
-		v = val != NULL ? strtoll(val, NULL, 10) : 0;
+		stalled = ep_heartbeat(&w->hb, &w->hb_at, &e->gen_beat_at, val, now,
+		                       e->hb_timeout_ms);
 		free(val);
-		if (v != w->hb) {
-			if (e->gen_beat_at == 0)
-				e->gen_beat_at = now;
-			w->hb = v;
-			w->hb_at = now;
-			continue;
-		}
-		/*
-		 * Before its first beat a rank is still joining; but once any rank of the
-		 * generation beats, all have joined (the bootstrap is collective), so one that
-		 * has not beaten since then is stalled too.
-		 */
-		since = w->hb > 0 ? w->hb_at : e->gen_beat_at;
-		if (since > 0 && now - since > e->hb_timeout_ms)
-			fence(e, i, now - since);
+		if (stalled > 0)
+			fence(e, i, stalled);
 	}
 }
 
@@ -807,24 +737,20 @@ static bool id_taken(struct elastic *e, const struct ep_slot *s, int n, const in
 /* Not enough slots for a new generation yet: wait, at most --elastic-timeout. */
 static void short_of_slots(struct elastic *e, int need)
 {
-	int64_t now = now_ms();
-	char why[1024];
+	char msg[1400];
 
-	ep_describe_shortage(&e->st, need, now, why, sizeof(why));
-	if (e->wait_since < 0) {
-		e->wait_since = now;
-		say("elastic: generation %d waits for %d slot%s: %s (at most %.0f s, "
-		    "--elastic-timeout)",
-		    e->gen + 1, need, need == 1 ? "" : "s", why,
-		    (double)e->elastic_timeout_ms / 1000.0);
-		return;
+	switch (ep_wait_slots(&e->st, e->gen + 1, need, &e->wait_since, now_ms(),
+	                      e->elastic_timeout_ms, msg, sizeof(msg))) {
+	case EP_WAIT_BEGUN:
+		say("%s", msg);
+		break;
+	case EP_WAIT_OVER:
+		fail_job(e, 1, "%s. Check that there are enough hosts to run at least %d processes",
+		         msg, need);
+		break;
+	case EP_WAIT_ON:
+		break;
 	}
-	if (now - e->wait_since >= e->elastic_timeout_ms)
-		fail_job(e, 1,
-		         "elastic: timed out after %.0f s (--elastic-timeout) waiting for the "
-		         "slots of generation %d: %s. Check that there are enough hosts to run at "
-		         "least %d processes",
-		         (double)e->elastic_timeout_ms / 1000.0, e->gen + 1, why, need);
 }
 
 /*
@@ -867,7 +793,7 @@ static void plan_next(struct elastic *e)
 	int *keep = calloc((size_t)cap, sizeof(*keep));
 	bool *drop = calloc((size_t)e->j->nstarted + 1, sizeof(*drop));
 	char **drops = calloc((size_t)e->j->nstarted + 1, sizeof(*drops));
-	char *text = NULL, num[32], slots[512];
+	char *text = NULL, num[32], slots[512], said[1200];
 	int n, nl, nd = 0, g = e->gen + 1;
 
 	if (s == NULL || lw == NULL || idx == NULL || keep == NULL || drop == NULL ||
@@ -948,19 +874,15 @@ static void plan_next(struct elastic *e)
 	e->wait_since = -1;
 	e->gen_beat_at = 0;
 	e->lost_at = 0;
-	ep_describe_slots(&e->st, e->plan, n, slots, sizeof(slots));
+	ep_describe_gen(&e->st, g, e->plan, n, said, sizeof(said));
 	if (nd > 0)
 		snprintf(num, sizeof(num), "; %d dropped", nd);
 	else
 		num[0] = '\0';
 	if (g == 1)
-		KLOG_INFO("khorrun: elastic: generation 1: %d rank%s on %d host%s (%s)", n,
-		          n == 1 ? "" : "s", ep_count_hosts(e->plan, n),
-		          ep_count_hosts(e->plan, n) == 1 ? "" : "s", slots);
+		KLOG_INFO("khorrun: elastic: %s", said);
 	else
-		say("elastic: generation %d: %d rank%s on %d host%s (%s)%s", g, n,
-		    n == 1 ? "" : "s", ep_count_hosts(e->plan, n),
-		    ep_count_hosts(e->plan, n) == 1 ? "" : "s", slots, num);
+		say("elastic: %s%s", said, num);
 	start_workers(e, keep);
 out:
 	free(text);
