@@ -16,11 +16,11 @@
  *
  * plus docs/ELASTIC.md's keys, which the leader writes as khorrun's driver does (el/plan/<g>,
  * el/gen, el/update/<g>, el/done, <job>/<g>/abort) and the workers read as in any elastic
- * job. The leader plans with the driver's rules (elastic_plan.c); every agent starts the
- * workers the newest plan gives its host, lets the dropped ones go, kills the fenced ones
- * and reports every end. A new leader rebuilds what it needs from those keys, so no agent is
- * the job's single point of failure: killing the leader's host loses its workers, as losing
- * any host does, and the job goes on in the next generation.
+ * job. The leader plans with the driver's rules (elastic_core.c, elastic_plan.c); every
+ * agent starts the workers the newest plan gives its host, lets the dropped ones go, kills
+ * the fenced ones and reports every end. A new leader rebuilds what it needs from those
+ * keys, so no agent is the job's single point of failure: killing the leader's host loses
+ * its workers, as losing any host does, and the job goes on in the next generation.
  *
  * Everything runs on khorrun's one thread between the turns of the poll loop (loop.c).
  */

@@ -11,7 +11,8 @@
  * It talks to khorrun's own store as a client, like any rank, through the generic store
  * interface, and keeps no state there but what the contract names: el/plan/<g>, el/gen,
  * el/update/<g>, el/done and the aborts. What a generation is made of comes from
- * elastic_plan.c; the processes are started by batch.c and signalled by procs.c.
+ * elastic_plan.c, what a loss or a request does to it from elastic_core.c (shared with the
+ * etcd agents' leader); the processes are started by batch.c and signalled by procs.c.
  *
  * A generation ends by a loss (a worker exited non-zero, was killed, its host's connection
  * ended, or its heartbeat stalled and khorrun killed it), or by the workers asking for a new

@@ -106,9 +106,10 @@ void ec_lost(struct ec *c, const struct ec_loss *l)
 	int64_t cd = 0;
 
 	if (c->finishing) {
-		ec_fail(c, l->finish_rc,
-		        "elastic: rank %d on %s (worker %s) failed after the job began to finish: %s",
-		        l->rank, host, l->worker, l->why);
+		ec_fail(
+		    c, l->finish_rc,
+		    "elastic: rank %d on %s (worker %s) failed after the job began to finish: %s",
+		    l->rank, host, l->worker, l->why);
 		return;
 	}
 	ep_lost_text(text, sizeof(text), c->gen, l->rank, host, l->worker, l->why);
@@ -117,8 +118,8 @@ void ec_lost(struct ec *c, const struct ec_loss *l)
 		c->gen_over = true;
 	}
 	if (l->blacklist) {
-		switch (ep_lose(&c->st, c->plan, c->nplan, l->host, l->unstartable, now_ms(), &c->rnd,
-		                &cd, tail, sizeof(tail))) {
+		switch (ep_lose(&c->st, c->plan, c->nplan, l->host, l->unstartable, now_ms(),
+		                &c->rnd, &cd, tail, sizeof(tail))) {
 		case EP_LOSS_BLACKLISTED:
 			if (c->ops->blacklisted != NULL)
 				c->ops->blacklisted(c->ctx, l->host, cd);
@@ -134,7 +135,8 @@ void ec_lost(struct ec *c, const struct ec_loss *l)
 	say("elastic: generation %d: rank %d on %s (worker %s) was lost: %s%s", c->gen, l->rank,
 	    host, l->worker, l->why, tail);
 	if (ep_all_blacklisted(&c->st, c->plan, c->nplan)) {
-		ec_fail(c, 1, "elastic: every host of generation %d is blacklisted; the job cannot go on",
+		ec_fail(c, 1,
+		        "elastic: every host of generation %d is blacklisted; the job cannot go on",
 		        c->gen);
 		return;
 	}
@@ -172,15 +174,17 @@ void ec_short_of_slots(struct ec *c, int need, int64_t now, bool hint)
 {
 	char msg[1400];
 
-	switch (ep_wait_slots(&c->st, c->gen + 1, need, &c->wait_since, now,
-	                      c->elastic_timeout_ms, msg, sizeof(msg))) {
+	switch (ep_wait_slots(&c->st, c->gen + 1, need, &c->wait_since, now, c->elastic_timeout_ms,
+	                      msg, sizeof(msg))) {
 	case EP_WAIT_BEGUN:
 		say("%s", msg);
 		break;
 	case EP_WAIT_OVER:
 		if (hint)
-			ec_fail(c, 1, "%s. Check that there are enough hosts to run at least %d "
-			        "processes", msg, need);
+			ec_fail(c, 1,
+			        "%s. Check that there are enough hosts to run at least %d "
+			        "processes",
+			        msg, need);
 		else
 			ec_fail(c, 1, "%s", msg);
 		break;

@@ -31,12 +31,12 @@ struct ec {
 	struct ep_state st;
 	struct ep_slot *plan; /* the ranks of generation gen */
 	int nplan;
-	int gen;          /* the newest generation planned; 0: none yet */
-	bool gen_over;    /* it has ended (a loss, or its ranks asked for a new one) */
-	bool need_gen;    /* a new one is to be planned */
-	bool finishing;   /* a worker exited 0: no new generation */
-	bool ending;      /* the job is over */
-	unsigned updates; /* el/update/<gen> as said so far */
+	int gen;             /* the newest generation planned; 0: none yet */
+	bool gen_over;       /* it has ended (a loss, or its ranks asked for a new one) */
+	bool need_gen;       /* a new one is to be planned */
+	bool finishing;      /* a worker exited 0: no new generation */
+	bool ending;         /* the job is over */
+	unsigned updates;    /* el/update/<gen> as said so far */
 	int64_t wait_since;  /* waiting for slots since then; -1: not waiting */
 	int64_t gen_beat_at; /* the first heartbeat of any rank of gen; 0: none yet */
 	int64_t hb_timeout_ms, elastic_timeout_ms;
