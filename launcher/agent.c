@@ -305,7 +305,8 @@ static void check_exits(struct agent *a)
 
 		if (p->ended)
 			continue;
-		for (int g = a->c.gen; g >= a->c.gen - (p->fresh ? 0 : 1) && g > 0 && v == NULL; g--) {
+		for (int g = a->c.gen; g >= a->c.gen - (p->fresh ? 0 : 1) && g > 0 && v == NULL;
+		     g--) {
 			snprintf(key, sizeof(key), "el/exit/%d/%s", g, p->id);
 			(void)peek(a, 0, key, &v);
 		}
@@ -408,45 +409,43 @@ static void check_heartbeats(struct agent *a, int64_t now)
 /* Plans the next generation once there are slots for it (elastic.c's plan_next, over etcd). */
 static void plan_next(struct agent *a)
 {
-	int cap = ep_available_slots(&a->c.st) + 1, need = a->c.gen == 0 ? a->j->o.np : a->c.st.min_np;
-	struct ep_slot *s = calloc((size_t)cap, sizeof(*s));
-	struct ep_worker *lw = calloc((size_t)a->c.nplan + 1, sizeof(*lw));
-	int *idx = calloc((size_t)a->c.nplan + 1, sizeof(*idx));
-	int *keep = calloc((size_t)cap, sizeof(*keep));
-	bool *drop = calloc((size_t)a->c.nplan + 1, sizeof(*drop));
-	char **drops = calloc((size_t)a->c.nplan + 1, sizeof(*drops));
-	struct pr *pr = calloc((size_t)cap, sizeof(*pr));
+	int need = a->c.gen == 0 ? a->j->o.np : a->c.st.min_np;
+	struct ec_plan x;
+	bool room = ec_plan_new(&a->c, a->c.nplan, &x);
+	struct pr *pr = calloc((size_t)x.cap, sizeof(*pr));
 	char *text = NULL, key[32], num[16], msg[1400];
 	int n, nl = 0, nd = 0, g = a->c.gen + 1;
 	int64_t now = now_ms();
 
-	if (!s || !lw || !idx || !keep || !drop || !drops || !pr) {
+	if (!room || pr == NULL) {
 		ec_fail(&a->c, 1, "elastic: out of memory planning generation %d", g);
 		goto out;
 	}
-	n = ep_assign(&a->c.st, s, cap);
+	n = ep_assign(&a->c.st, x.s, x.cap);
 	if (n < need) {
 		ec_short_of_slots(&a->c, need, now, false);
 		goto out;
 	}
-	if (!ep_keeps_a_host(a->c.plan, a->c.nplan, s, n)) {
-		ec_fail(&a->c, 1, "elastic: generation %d would have none of generation %d's hosts, so "
-		         "no rank to take the state from; the job cannot go on", g, a->c.gen);
+	if (!ep_keeps_a_host(a->c.plan, a->c.nplan, x.s, n)) {
+		ec_fail(&a->c, 1,
+		        "elastic: generation %d would have none of generation %d's hosts, so no "
+		        "rank to take the state from; the job cannot go on",
+		        g, a->c.gen);
 		goto out;
 	}
 	/* The workers that go on: those of the last plan not known to have ended. */
 	for (int r = 0; r < a->c.nplan; r++) {
 		if (a->pr[r].ended)
 			continue;
-		lw[nl] = (struct ep_worker){ a->c.plan[r].host, a->c.plan[r].local_rank };
-		idx[nl++] = r;
+		x.lw[nl] = (struct ep_worker){ a->c.plan[r].host, a->c.plan[r].local_rank };
+		x.idx[nl++] = r;
 	}
-	ep_match(s, n, lw, nl, keep, drop);
+	ep_match(x.s, n, x.lw, nl, x.keep, x.drop);
 	for (int k = 0; k < nl; k++) {
-		if (drop[k])
-			drops[nd++] = a->pr[idx[k]].id;
+		if (x.drop[k])
+			x.drops[nd++] = a->pr[x.idx[k]].id;
 	}
-	text = ep_plan_text(&a->c.st, g, s, n, drops, nd);
+	text = ep_plan_text(&a->c.st, g, x.s, n, x.drops, nd);
 	if (text == NULL) {
 		ec_fail(&a->c, 1, "elastic: out of memory planning generation %d", g);
 		goto out;
@@ -456,26 +455,21 @@ static void plan_next(struct agent *a)
 	if (!put(a, 0, key, text) || !put(a, 0, "el/gen", num))
 		goto out;
 	for (int r = 0; r < n; r++) {
-		snprintf(pr[r].id, sizeof(pr[r].id), "%s:%d", a->c.st.hosts[s[r].host].name,
-		         s[r].local_rank);
-		pr[r].fresh = keep[r] < 0;
+		snprintf(pr[r].id, sizeof(pr[r].id), "%s:%d", a->c.st.hosts[x.s[r].host].name,
+		         x.s[r].local_rank);
+		pr[r].fresh = x.keep[r] < 0;
 	}
 	free(a->pr);
 	a->pr = pr;
 	pr = NULL;
-	ec_begin_gen(&a->c, g, s, n);
-	s = NULL;
+	ec_begin_gen(&a->c, g, x.s, n);
+	x.s = NULL;
 	ep_describe_gen(&a->c.st, g, a->c.plan, n, msg, sizeof(msg));
 	say("elastic: %s%s", msg, nd > 0 ? "; some dropped" : "");
 out:
 	free(pr);
 	free(text);
-	free(drops);
-	free(drop);
-	free(keep);
-	free(idx);
-	free(lw);
-	free(s);
+	ec_plan_free(&x);
 }
 
 static int list_has(const struct ep_list *l, const char *name)
@@ -660,7 +654,8 @@ static void lead(struct agent *a, int64_t now)
 		check_exits(a);
 	if (a->c.gen > 0 && !a->c.gen_over && !a->c.finishing && !a->c.ending)
 		check_want(a);
-	if (a->c.gen > 0 && !a->c.gen_over && !a->c.finishing && !a->c.ending && a->c.hb_timeout_ms > 0)
+	if (a->c.gen > 0 && !a->c.gen_over && !a->c.finishing && !a->c.ending &&
+	    a->c.hb_timeout_ms > 0)
 		check_heartbeats(a, now);
 	if (a->c.need_gen && !a->c.ending)
 		plan_next(a);
@@ -776,25 +771,12 @@ static void campaign(struct agent *a)
 /* "exited with status 1", "killed by signal 9 (SIGKILL)". */
 static int end_text(const struct rank *rk, char *buf, size_t len)
 {
-	char name[32];
-	int st = rk->wstatus;
-
 	if (rk->lost) {
 		snprintf(buf, len, "it could not be started");
 		return 255;
 	}
-	if (WIFEXITED(st)) {
-		snprintf(buf, len, "exited with status %d", WEXITSTATUS(st));
-		return WEXITSTATUS(st);
-	}
-	if (WIFSIGNALED(st)) {
-		snprintf(buf, len, "killed by signal %d (%s)%s", WTERMSIG(st),
-		         say_sig_name(WTERMSIG(st), name, sizeof(name)),
-		         WCOREDUMP(st) ? ", core dumped" : "");
-		return 128 + WTERMSIG(st);
-	}
-	snprintf(buf, len, "ended with wait status 0x%x", (unsigned)st);
-	return 1;
+	ec_end_words(rk->wstatus, buf, len);
+	return ec_exit_status(rk->wstatus);
 }
 
 static bool lw_room(struct agent *a)
@@ -838,26 +820,10 @@ static void report_ends(struct agent *a)
 /* The ranks' environment on this host for a generation of size n (fixed[], count). */
 static size_t worker_env(struct agent *a, int n, char **fixed)
 {
-	size_t k = 0;
-	bool ok = true;
+	size_t ncommon;
 
-	for (size_t i = 0; i < a->nfixed && ok; i++)
-		ok = env_add_fixed(fixed, &k, "%s", a->fixed[i]);
-	for (size_t p = 0; p < NPREFIXES && ok; p++)
-		ok = env_add_fixed(fixed, &k, "%sSIZE=%d", env_id_prefixes[p], n) &&
-		     env_add_fixed(fixed, &k, "%sELASTIC=1", env_id_prefixes[p]);
-	if (ok && a->c.elastic_timeout_arg != NULL)
-		ok = env_add_fixed(fixed, &k, "KHOR_ELASTIC_TIMEOUT=%s", a->c.elastic_timeout_arg);
-	ok = ok && env_add_fixed(fixed, &k, "KHOR_HOSTNAME=%s", a->host) &&
-	     env_add_fixed(fixed, &k, "HOROVOD_HOSTNAME=%s", a->host) &&
-	     (a->env->local_cpus <= 0 ||
-	      env_add_fixed(fixed, &k, "KHOR_LOCAL_CPUS=%d", a->env->local_cpus));
-	if (!ok) {
-		for (size_t i = 0; i < k; i++)
-			free(fixed[i]);
-		return 0;
-	}
-	return k;
+	return ec_worker_env(&a->c, a->fixed, a->nfixed, n, a->host, a->env->local_cpus, fixed,
+	                     &ncommon);
 }
 
 /* The running worker with this id, or -1; doomed ones only when doomed is true. */

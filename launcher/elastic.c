@@ -216,8 +216,6 @@ static void end_text(const struct elastic *e, int i, char *buf, size_t len)
 {
 	const struct rank *rk = &e->j->ranks[i];
 	const struct host *h = &e->j->hosts[rk->host];
-	char name[32];
-	int st = rk->wstatus;
 
 	if (rk->lost) {
 		if (h->failed && !h->ready)
@@ -227,24 +225,9 @@ static void end_text(const struct elastic *e, int i, char *buf, size_t len)
 			snprintf(buf, len,
 			         "the ssh connection to %s ended before its exit was known%s%s",
 			         h->name, h->last_err[0] ? ": " : "", h->last_err);
-	} else if (WIFEXITED(st)) {
-		snprintf(buf, len, "exited with status %d", WEXITSTATUS(st));
-	} else if (WIFSIGNALED(st)) {
-		snprintf(buf, len, "killed by signal %d (%s)%s", WTERMSIG(st),
-		         say_sig_name(WTERMSIG(st), name, sizeof(name)),
-		         WCOREDUMP(st) ? ", core dumped" : "");
 	} else {
-		snprintf(buf, len, "ended with wait status 0x%x", (unsigned)st);
+		ec_end_words(rk->wstatus, buf, len);
 	}
-}
-
-static int status_to_exit(int st)
-{
-	if (WIFEXITED(st))
-		return WEXITSTATUS(st);
-	if (WIFSIGNALED(st))
-		return 128 + WTERMSIG(st);
-	return 1;
 }
 
 /*
@@ -263,7 +246,7 @@ static void lost(struct elastic *e, int i, const char *why)
 		             .host = w->host,
 		             .worker = rk->worker,
 		             .why = why,
-		             .finish_rc = rk->lost ? 255 : status_to_exit(rk->wstatus),
+		             .finish_rc = rk->lost ? 255 : ec_exit_status(rk->wstatus),
 		             .blacklist = true,
 		             .unstartable = rk->lost && h->failed && !h->ready };
 
@@ -510,28 +493,8 @@ static void stop_dropped(struct elastic *e, int64_t now)
 static size_t batch_env(struct elastic *e, const char *host, bool here, char **fixed,
                         size_t *ncommon)
 {
-	size_t n = 0;
-	bool ok = true;
-
-	for (size_t i = 0; i < e->env->ncommon && ok; i++)
-		ok = env_add_fixed(fixed, &n, "%s", e->env->common[i]);
-	for (size_t p = 0; p < NPREFIXES && ok; p++)
-		ok = env_add_fixed(fixed, &n, "%sSIZE=%d", env_id_prefixes[p], e->c.nplan) &&
-		     env_add_fixed(fixed, &n, "%sELASTIC=1", env_id_prefixes[p]);
-	if (ok && e->c.elastic_timeout_arg != NULL)
-		ok = env_add_fixed(fixed, &n, "KHOR_ELASTIC_TIMEOUT=%s", e->c.elastic_timeout_arg);
-	*ncommon = n;
-	if (ok && here)
-		ok = env_add_fixed(fixed, &n, "KHOR_HOSTNAME=%s", host) &&
-		     env_add_fixed(fixed, &n, "HOROVOD_HOSTNAME=%s", host) &&
-		     (e->env->local_cpus <= 0 ||
-		      env_add_fixed(fixed, &n, "KHOR_LOCAL_CPUS=%d", e->env->local_cpus));
-	if (!ok) {
-		for (size_t i = 0; i < n; i++)
-			free(fixed[i]);
-		return 0;
-	}
-	return n;
+	return ec_worker_env(&e->c, e->env->common, e->env->ncommon, e->c.nplan,
+	                     here ? host : NULL, e->env->local_cpus, fixed, ncommon);
 }
 
 /* Starts the fresh workers of the new plan, one batch per host. */
@@ -591,7 +554,7 @@ static void start_workers(struct elastic *e, const int *keep)
 			free(fixed[i]);
 		if (first < 0 || !ew_room(e)) {
 			ec_fail(&e->c, 1, "elastic: cannot start generation %d's workers on %s",
-			         e->c.gen, e->c.st.hosts[h].name);
+			        e->c.gen, e->c.st.hosts[h].name);
 			break;
 		}
 		for (int k = 0; k < n; k++)
@@ -682,54 +645,50 @@ static bool settled(struct elastic *e, int64_t now)
 /* Plans the next generation and starts its fresh workers, once it can. */
 static void plan_next(struct elastic *e)
 {
-	int cap = ep_available_slots(&e->c.st) + 1, need = e->c.gen == 0 ? e->j->o.np : e->c.st.min_np;
-	struct ep_slot *s = calloc((size_t)cap, sizeof(*s));
-	struct ep_worker *lw = calloc((size_t)e->j->nstarted + 1, sizeof(*lw));
-	int *idx = calloc((size_t)e->j->nstarted + 1, sizeof(*idx));
-	int *keep = calloc((size_t)cap, sizeof(*keep));
-	bool *drop = calloc((size_t)e->j->nstarted + 1, sizeof(*drop));
-	char **drops = calloc((size_t)e->j->nstarted + 1, sizeof(*drops));
+	int need = e->c.gen == 0 ? e->j->o.np : e->c.st.min_np;
+	struct ec_plan x;
 	char *text = NULL, num[32], slots[512], said[1200];
 	int n, nl, nd = 0, g = e->c.gen + 1;
 
-	if (s == NULL || lw == NULL || idx == NULL || keep == NULL || drop == NULL ||
-	    drops == NULL) {
+	if (!ec_plan_new(&e->c, e->j->nstarted, &x)) {
 		ec_fail(&e->c, 1, "elastic: out of memory planning generation %d", g);
 		goto out;
 	}
-	n = ep_assign(&e->c.st, s, cap);
+	n = ep_assign(&e->c.st, x.s, x.cap);
 	if (n < need) {
 		ec_short_of_slots(&e->c, need, now_ms(), true);
 		goto out;
 	}
-	if (!ep_keeps_a_host(e->c.plan, e->c.nplan, s, n)) {
-		ep_describe_slots(&e->c.st, s, n, slots, sizeof(slots));
+	if (!ep_keeps_a_host(e->c.plan, e->c.nplan, x.s, n)) {
+		ep_describe_slots(&e->c.st, x.s, n, slots, sizeof(slots));
 		ec_fail(&e->c, 1,
-		         "elastic: generation %d would have none of generation %d's hosts (%s), "
-		         "so no rank to take the state from; the job cannot go on",
-		         g, e->c.gen, slots);
+		        "elastic: generation %d would have none of generation %d's hosts (%s), "
+		        "so no rank to take the state from; the job cannot go on",
+		        g, e->c.gen, slots);
 		goto out;
 	}
-	nl = live_workers(e, lw, idx);
-	ep_match(s, n, lw, nl, keep, drop);
+	nl = live_workers(e, x.lw, x.idx);
+	ep_match(x.s, n, x.lw, nl, x.keep, x.drop);
 	int kept = 0;
 	for (int r = 0; r < n; r++) {
-		keep[r] = keep[r] >= 0 ? idx[keep[r]] : -1;
-		kept += keep[r] >= 0;
+		x.keep[r] = x.keep[r] >= 0 ? x.idx[x.keep[r]] : -1;
+		kept += x.keep[r] >= 0;
 	}
 	/* Only fresh workers: the state would start over, which is a failure (Horovod's too). */
 	if (e->c.gen > 0 && kept == 0) {
-		ec_fail(&e->c, 1, "elastic: every worker of generation %d was lost, so no rank is left "
-		         "to take the state from; the job cannot go on", e->c.gen);
+		ec_fail(&e->c, 1,
+		        "elastic: every worker of generation %d was lost, so no rank is left to "
+		        "take the state from; the job cannot go on",
+		        e->c.gen);
 		goto out;
 	}
-	if (id_taken(e, s, n, keep))
+	if (id_taken(e, x.s, n, x.keep))
 		goto out;
 	for (int k = 0; k < nl; k++) {
-		if (drop[k])
-			drops[nd++] = e->j->ranks[idx[k]].worker;
+		if (x.drop[k])
+			x.drops[nd++] = e->j->ranks[x.idx[k]].worker;
 	}
-	text = ep_plan_text(&e->c.st, g, s, n, drops, nd);
+	text = ep_plan_text(&e->c.st, g, x.s, n, x.drops, nd);
 	if (text == NULL) {
 		ec_fail(&e->c, 1, "elastic: out of memory planning generation %d", g);
 		goto out;
@@ -745,22 +704,23 @@ static void plan_next(struct elastic *e)
 	for (int i = 0; i < e->j->nstarted; i++)
 		e->w[i].rank = -1;
 	for (int k = 0; k < nl; k++) {
-		struct ew *w = &e->w[idx[k]];
+		struct ew *w = &e->w[x.idx[k]];
 
-		if (drop[k]) {
+		if (x.drop[k]) {
 			w->dropped = true;
-			w->stop_at = now_ms() + (e->c.hb_timeout_ms > 0 ? e->c.hb_timeout_ms : 10000) +
+			w->stop_at = now_ms() +
+			             (e->c.hb_timeout_ms > 0 ? e->c.hb_timeout_ms : 10000) +
 			             e->j->o.grace_ms;
 		}
 	}
 	for (int r = 0; r < n; r++) {
-		if (keep[r] >= 0) {
-			e->w[keep[r]].rank = r;
-			e->w[keep[r]].hb = e->w[keep[r]].hb_at = 0;
+		if (x.keep[r] >= 0) {
+			e->w[x.keep[r]].rank = r;
+			e->w[x.keep[r]].hb = e->w[x.keep[r]].hb_at = 0;
 		}
 	}
-	ec_begin_gen(&e->c, g, s, n);
-	s = NULL;
+	ec_begin_gen(&e->c, g, x.s, n);
+	x.s = NULL;
 	e->lost_at = 0;
 	ep_describe_gen(&e->c.st, g, e->c.plan, n, said, sizeof(said));
 	if (nd > 0)
@@ -771,15 +731,10 @@ static void plan_next(struct elastic *e)
 		KLOG_INFO("khorrun: elastic: %s", said);
 	else
 		say("elastic: %s%s", said, num);
-	start_workers(e, keep);
+	start_workers(e, x.keep);
 out:
 	free(text);
-	free(drops);
-	free(drop);
-	free(keep);
-	free(idx);
-	free(lw);
-	free(s);
+	ec_plan_free(&x);
 }
 
 /* One turn of the driver, after one turn of the loop. */
@@ -808,7 +763,8 @@ static void drive(struct elastic *e, short disc_revents)
 		e->next_poll = now + POLL_MS;
 		if (!e->c.gen_over && !e->c.finishing)
 			check_want(e);
-		if (!e->c.gen_over && !e->c.finishing && e->c.hb_timeout_ms > 0 && now >= e->next_hb) {
+		if (!e->c.gen_over && !e->c.finishing && e->c.hb_timeout_ms > 0 &&
+		    now >= e->next_hb) {
 			e->next_hb = now + e->hb_every_ms;
 			check_heartbeats(e, now);
 		}

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 static int64_t now_ms(void)
 {
@@ -191,6 +192,80 @@ void ec_short_of_slots(struct ec *c, int need, int64_t now, bool hint)
 	case EP_WAIT_ON:
 		break;
 	}
+}
+
+void ec_end_words(int wstatus, char *buf, size_t len)
+{
+	char name[32];
+
+	if (WIFEXITED(wstatus))
+		snprintf(buf, len, "exited with status %d", WEXITSTATUS(wstatus));
+	else if (WIFSIGNALED(wstatus))
+		snprintf(buf, len, "killed by signal %d (%s)%s", WTERMSIG(wstatus),
+		         say_sig_name(WTERMSIG(wstatus), name, sizeof(name)),
+		         WCOREDUMP(wstatus) ? ", core dumped" : "");
+	else
+		snprintf(buf, len, "ended with wait status 0x%x", (unsigned)wstatus);
+}
+
+int ec_exit_status(int wstatus)
+{
+	if (WIFEXITED(wstatus))
+		return WEXITSTATUS(wstatus);
+	if (WIFSIGNALED(wstatus))
+		return 128 + WTERMSIG(wstatus);
+	return 1;
+}
+
+size_t ec_worker_env(const struct ec *c, char *const *common, size_t ncommon_in, int size,
+                     const char *host, int local_cpus, char **fixed, size_t *ncommon)
+{
+	size_t n = 0;
+	bool ok = true;
+
+	for (size_t i = 0; i < ncommon_in && ok; i++)
+		ok = env_add_fixed(fixed, &n, "%s", common[i]);
+	for (size_t p = 0; p < NPREFIXES && ok; p++)
+		ok = env_add_fixed(fixed, &n, "%sSIZE=%d", env_id_prefixes[p], size) &&
+		     env_add_fixed(fixed, &n, "%sELASTIC=1", env_id_prefixes[p]);
+	if (ok && c->elastic_timeout_arg != NULL)
+		ok = env_add_fixed(fixed, &n, "KHOR_ELASTIC_TIMEOUT=%s", c->elastic_timeout_arg);
+	*ncommon = n;
+	if (ok && host != NULL)
+		ok = env_add_fixed(fixed, &n, "KHOR_HOSTNAME=%s", host) &&
+		     env_add_fixed(fixed, &n, "HOROVOD_HOSTNAME=%s", host) &&
+		     (local_cpus <= 0 ||
+		      env_add_fixed(fixed, &n, "KHOR_LOCAL_CPUS=%d", local_cpus));
+	if (!ok) {
+		for (size_t i = 0; i < n; i++)
+			free(fixed[i]);
+		return 0;
+	}
+	return n;
+}
+
+bool ec_plan_new(const struct ec *c, int nw, struct ec_plan *x)
+{
+	x->cap = ep_available_slots(&c->st) + 1;
+	x->s = calloc((size_t)x->cap, sizeof(*x->s));
+	x->keep = calloc((size_t)x->cap, sizeof(*x->keep));
+	x->lw = calloc((size_t)nw + 1, sizeof(*x->lw));
+	x->idx = calloc((size_t)nw + 1, sizeof(*x->idx));
+	x->drop = calloc((size_t)nw + 1, sizeof(*x->drop));
+	x->drops = calloc((size_t)nw + 1, sizeof(*x->drops));
+	return x->s != NULL && x->keep != NULL && x->lw != NULL && x->idx != NULL &&
+	       x->drop != NULL && x->drops != NULL;
+}
+
+void ec_plan_free(struct ec_plan *x)
+{
+	free(x->s);
+	free(x->keep);
+	free(x->lw);
+	free(x->idx);
+	free(x->drop);
+	free(x->drops);
+	memset(x, 0, sizeof(*x));
 }
 
 void ec_begin_gen(struct ec *c, int g, struct ep_slot *s, int n)

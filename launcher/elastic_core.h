@@ -97,6 +97,41 @@ bool ec_hosts_changed(struct ec *c, int flags, char *slots, size_t len);
  */
 void ec_short_of_slots(struct ec *c, int need, int64_t now, bool hint);
 
+/*
+ * A worker's end in words ("exited with status 1", "killed by signal 9 (SIGKILL), core
+ * dumped"), and the exit status of the job it stands for (its status, 128 + the signal).
+ */
+void ec_end_words(int wstatus, char *buf, size_t len);
+int ec_exit_status(int wstatus);
+
+/*
+ * The environment of workers of a generation of size ranks: common (ncommon_in entries),
+ * each prefix's SIZE and ELASTIC=1, and KHOR_ELASTIC_TIMEOUT when the ranks are to be told;
+ * *ncommon counts those. Then, for a host (not NULL) whose workers this process starts
+ * itself, its name and KHOR_LOCAL_CPUS (when local_cpus > 0). Returns how many went into
+ * fixed; 0 when out of memory or room, with fixed left empty.
+ */
+size_t ec_worker_env(const struct ec *c, char *const *common, size_t ncommon_in, int size,
+                     const char *host, int local_cpus, char **fixed, size_t *ncommon);
+
+/* The arrays the next generation is planned in (ep_assign, ep_match, ep_plan_text). */
+struct ec_plan {
+	struct ep_slot *s; /* its slots: room for every usable one */
+	int cap;
+	int *keep;            /* per slot: ep_match's */
+	struct ep_worker *lw; /* the workers that may go on */
+	int *idx;             /* per such worker: the driver's own index of it */
+	bool *drop;           /* per such worker: ep_match's */
+	char **drops;         /* the ids of those dropped, for the plan text */
+};
+
+/*
+ * Allocates x for the usable slots of c and nw workers; false when out of memory. Either
+ * way x is then ec_plan_free's to free, and x->cap is set.
+ */
+bool ec_plan_new(const struct ec *c, int nw, struct ec_plan *x);
+void ec_plan_free(struct ec_plan *x);
+
 /* Generation g, ranks s (n, malloc'd: c owns them now), has been planned and published. */
 void ec_begin_gen(struct ec *c, int g, struct ep_slot *s, int n);
 

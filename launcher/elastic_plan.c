@@ -660,9 +660,10 @@ enum ep_wait ep_wait_slots(const struct ep_state *st, int gen, int need, int64_t
 	ep_describe_shortage(st, need, now, why, sizeof(why));
 	if (*wait_since < 0) {
 		*wait_since = now;
-		snprintf(buf, len, "elastic: generation %d waits for %d slot%s: %s (at most %.0f s, "
-		         "--elastic-timeout)", gen, need, need == 1 ? "" : "s", why,
-		         (double)timeout_ms / 1000.0);
+		snprintf(buf, len,
+		         "elastic: generation %d waits for %d slot%s: %s (at most %.0f s, "
+		         "--elastic-timeout)",
+		         gen, need, need == 1 ? "" : "s", why, (double)timeout_ms / 1000.0);
 		return EP_WAIT_BEGUN;
 	}
 	if (now - *wait_since < timeout_ms)
