@@ -16,11 +16,11 @@
  *
  * plus docs/ELASTIC.md's keys, which the leader writes as khorrun's driver does (el/plan/<g>,
  * el/gen, el/update/<g>, el/done, <job>/<g>/abort) and the workers read as in any elastic
- * job. The leader plans with the driver's rules (elastic_plan.c); every agent starts the
- * workers the newest plan gives its host, lets the dropped ones go, kills the fenced ones
- * and reports every end. A new leader rebuilds what it needs from those keys, so no agent is
- * the job's single point of failure: killing the leader's host loses its workers, as losing
- * any host does, and the job goes on in the next generation.
+ * job. The leader plans with the driver's rules (elastic_core.c, elastic_plan.c); every
+ * agent starts the workers the newest plan gives its host, lets the dropped ones go, kills
+ * the fenced ones and reports every end. A new leader rebuilds what it needs from those
+ * keys, so no agent is the job's single point of failure: killing the leader's host loses
+ * its workers, as losing any host does, and the job goes on in the next generation.
  *
  * Everything runs on khorrun's one thread between the turns of the poll loop (loop.c).
  */
@@ -37,6 +37,7 @@
 #include "runtime/config.h"
 
 #include "batch.h"
+#include "elastic_core.h"
 #include "elastic_plan.h"
 #include "env.h"
 #include "loop.h"
@@ -46,7 +47,6 @@
 #include "spawn.h"
 
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,8 +57,6 @@
 #define POLL_MS 100
 /* An etcd call of the agent's own (the lease, the election) waits at most this. */
 #define OP_MS 5000
-#define DEF_HEARTBEAT_TIMEOUT "10s"
-#define DEF_ELASTIC_TIMEOUT "600s"
 
 /* A worker this agent started: j->ranks[i]. */
 struct lw {
@@ -99,17 +97,8 @@ struct agent {
 	int64_t next_poll;
 
 	bool leader;
-	struct ep_state st;
-	struct ep_slot *plan;
-	struct pr *pr;
-	int nplan, gen;
-	bool gen_over, need_gen, finishing, ending;
-	unsigned updates;
-	int64_t wait_since, gen_beat_at;
-	int64_t hb_timeout_ms, elastic_timeout_ms;
-	const char *elastic_timeout_arg;
-	char timeout_arg[32];
-	uint64_t rnd;
+	struct ec c;    /* the generations, as the leader knows them (elastic_core.h) */
+	struct pr *pr;  /* per rank of c.plan */
 };
 
 static int64_t now_ms(void)
@@ -123,14 +112,6 @@ static int64_t wall_ms(void)
 
 	gettimeofday(&tv, NULL);
 	return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
-
-static double draw(struct agent *a)
-{
-	a->rnd ^= a->rnd << 13;
-	a->rnd ^= a->rnd >> 7;
-	a->rnd ^= a->rnd << 17;
-	return (double)(a->rnd >> 11) / (double)(1ull << 53);
 }
 
 /* --- the store ------------------------------------------------------------------------ */
@@ -185,38 +166,34 @@ static int64_t peek_int(struct agent *a, int gen, const char *key, int64_t dflt)
 
 /* --- the leader's part: the driver's rules over etcd ---------------------------------- */
 
-static void persist_resets(struct agent *a)
+static void persist_resets(void *ctx)
 {
+	struct agent *a = ctx;
 	char n[16];
 
-	snprintf(n, sizeof(n), "%d", a->st.resets);
+	snprintf(n, sizeof(n), "%d", a->c.st.resets);
 	(void)put(a, 0, "el/resets", n);
 }
 
 /* The job is over: every agent stops its workers and exits with rc. */
-static void job_over(struct agent *a, int rc, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void job_over(struct agent *a, int rc, const char *fmt, ...)
+static void job_over(void *ctx, int rc, const char *msg)
 {
-	char msg[1500], val[1600];
-	va_list ap;
+	struct agent *a = ctx;
+	char val[1600];
 
-	if (a->ending)
+	if (a->c.ending)
 		return;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
 	if (rc != 0)
 		say("%s", msg);
-	a->ending = true;
+	a->c.ending = true;
 	(void)put(a, 0, "el/done", "1");
 	snprintf(val, sizeof(val), "%d %s", rc, msg);
 	(void)put(a, 0, "el/result", val);
 }
 
-static void write_abort(struct agent *a, int gen, const char *text)
+static void write_abort(void *ctx, int gen, const char *text)
 {
+	struct agent *a = ctx;
 	int64_t n = 0;
 	kerr err;
 
@@ -228,35 +205,13 @@ static void write_abort(struct agent *a, int gen, const char *text)
 		(void)put(a, gen, "abort", text);
 }
 
-static void want_gen(struct agent *a)
-{
-	if (a->need_gen || a->ending || a->finishing)
-		return;
-	if (a->gen > 0 && !ep_take_reset(&a->st)) {
-		job_over(a, 3, "Horovod was shutdown because number of resets during elastic job "
-		         "exceeded limit: %d", a->st.reset_limit);
-		return;
-	}
-	if (a->gen > 0)
-		persist_resets(a);
-	a->need_gen = true;
-}
-
-static bool all_blacklisted(const struct agent *a)
-{
-	for (int r = 0; r < a->nplan; r++) {
-		if (!a->st.hosts[a->plan[r].host].blacklisted)
-			return false;
-	}
-	return a->nplan > 0;
-}
-
 /* Records a blacklisting for the leaders after this one (wall clock: they run elsewhere). */
-static void persist_blacklist(struct agent *a, int h, int64_t cooldown_ms)
+static void persist_blacklist(void *ctx, int h, int64_t cooldown_ms)
 {
+	struct agent *a = ctx;
 	char key[EP_HOST_MAX + 32], val[32];
 
-	snprintf(key, sizeof(key), "el/blacklist/%s", a->st.hosts[h].name);
+	snprintf(key, sizeof(key), "el/blacklist/%s", a->c.st.hosts[h].name);
 	snprintf(val, sizeof(val), "%lld", cooldown_ms < 0 ? 0LL : (long long)(wall_ms() +
 	                                                                       cooldown_ms));
 	(void)put(a, 0, key, val);
@@ -269,43 +224,22 @@ static void persist_blacklist(struct agent *a, int h, int64_t cooldown_ms)
  */
 static void lost(struct agent *a, int r, const char *why, bool blacklist)
 {
-	const char *host = a->st.hosts[a->plan[r].host].name;
-	char text[1200], tail[160] = "";
-	int h = a->plan[r].host;
+	struct ec_loss l = { .rank = r,
+		             .host = a->c.plan[r].host,
+		             .worker = a->pr[r].id,
+		             .why = why,
+		             .finish_rc = 1,
+		             .blacklist = blacklist,
+		             .quiet_already = true };
 
 	a->pr[r].ended = true;
-	if (a->finishing) {
-		job_over(a, 1, "elastic: rank %d on %s (worker %s) failed after the job began to "
-		         "finish: %s", r, host, a->pr[r].id, why);
-		return;
-	}
-	snprintf(text, sizeof(text), "rank %d on %s (worker %s) was lost in generation %d: %s", r,
-	         host, a->pr[r].id, a->gen, why);
-	if (!a->gen_over) {
-		write_abort(a, a->gen, text);
-		a->gen_over = true;
-	}
-	if (blacklist && ep_count_hosts(a->plan, a->nplan) > 1 && !a->st.hosts[h].blacklisted) {
-		int64_t cd = ep_blacklist(&a->st, h, now_ms(), draw(a));
-
-		persist_blacklist(a, h, cd);
-		if (cd < 0)
-			snprintf(tail, sizeof(tail), "; host %s blacklisted", host);
-		else
-			snprintf(tail, sizeof(tail), "; host %s blacklisted for %lld s", host,
-			         (long long)((cd + 999) / 1000));
-	} else if (blacklist && ep_count_hosts(a->plan, a->nplan) == 1) {
-		snprintf(tail, sizeof(tail), "; a fresh worker takes its slot");
-	}
-	say("elastic: generation %d: rank %d on %s (worker %s) was lost: %s%s", a->gen, r, host,
-	    a->pr[r].id, why, tail);
-	if (all_blacklisted(a)) {
-		job_over(a, 1, "elastic: every host of generation %d is blacklisted; the job cannot "
-		         "go on", a->gen);
-		return;
-	}
-	want_gen(a);
+	ec_lost(&a->c, &l);
 }
+
+static const struct ec_ops agent_ops = { .fail = job_over,
+	                                 .abort_gen = write_abort,
+	                                 .blacklisted = persist_blacklist,
+	                                 .reset_taken = persist_resets };
 
 /* The agents alive, oldest first, as a discovery. */
 static bool list_agents(struct agent *a, struct ep_list *out)
@@ -339,53 +273,40 @@ static bool list_agents(struct agent *a, struct ep_list *out)
 /* The hosts now: as khorrun's driver takes a discovery in, and a gone agent's ranks lost. */
 static void take_hosts(struct agent *a, const struct ep_list *l)
 {
-	int flags = ep_update(&a->st, l, now_ms());
+	int flags = ep_update(&a->c.st, l, now_ms());
 	char words[32], key[64];
 
 	if (flags < 0) {
-		job_over(a, 1, "elastic: out of memory taking in the hosts");
+		ec_fail(&a->c, 1, "elastic: out of memory taking in the hosts");
 		return;
 	}
-	for (int r = 0; r < a->nplan && a->gen > 0 && !a->ending; r++) {
-		if (!a->pr[r].ended && !a->st.hosts[a->plan[r].host].listed && !a->pr[r].ok)
+	for (int r = 0; r < a->c.nplan && a->c.gen > 0 && !a->c.ending; r++) {
+		if (!a->pr[r].ended && !a->c.st.hosts[a->c.plan[r].host].listed && !a->pr[r].ok)
 			lost(a, r, "its host's agent is gone (its etcd lease expired)", false);
 	}
-	if (flags == 0 || a->gen == 0 || a->gen_over || a->finishing || a->ending)
-		return;
 	/* Nothing the ranks would do differently (a host past --max-np, one not in the plan
 	 * leaving): no update, as khorrun's driver and Horovod skip it. */
-	int cap = ep_available_slots(&a->st) + 1, n;
-	struct ep_slot *next = calloc((size_t)cap, sizeof(*next));
-	if (next == NULL) {
-		job_over(a, 1, "elastic: out of memory taking in the hosts");
+	if (!ec_hosts_changed(&a->c, flags, NULL, 0))
 		return;
-	}
-	n = ep_assign(&a->st, next, cap);
-	bool same = n >= 0 && ep_same_assignment(a->plan, a->nplan, next, n);
-	free(next);
-	if (same)
-		return;
-	a->updates |= (unsigned)flags;
-	snprintf(words, sizeof(words), "%s%s%s", a->updates & EP_ADDED ? "added" : "",
-	         a->updates == (EP_ADDED | EP_REMOVED) ? "," : "",
-	         a->updates & EP_REMOVED ? "removed" : "");
-	snprintf(key, sizeof(key), "el/update/%d", a->gen);
+	ep_update_words(a->c.updates, words, sizeof(words));
+	snprintf(key, sizeof(key), "el/update/%d", a->c.gen);
 	if (put(a, 0, key, words))
 		say("elastic: hosts %s during generation %d; the ranks go to a new generation at "
-		    "their next commit", words, a->gen);
+		    "their next commit", words, a->c.gen);
 }
 
 /* A worker's end, as its agent reported it: "<status> <how>". */
 static void check_exits(struct agent *a)
 {
-	for (int r = 0; r < a->nplan && !a->ending; r++) {
+	for (int r = 0; r < a->c.nplan && !a->c.ending; r++) {
 		struct pr *p = &a->pr[r];
 		char key[EP_HOST_MAX + 48], *v = NULL;
 		int64_t code;
 
 		if (p->ended)
 			continue;
-		for (int g = a->gen; g >= a->gen - (p->fresh ? 0 : 1) && g > 0 && v == NULL; g--) {
+		for (int g = a->c.gen; g >= a->c.gen - (p->fresh ? 0 : 1) && g > 0 && v == NULL;
+		     g--) {
 			snprintf(key, sizeof(key), "el/exit/%d/%s", g, p->id);
 			(void)peek(a, 0, key, &v);
 		}
@@ -396,55 +317,50 @@ static void check_exits(struct agent *a)
 		how = how != NULL ? how + 1 : "ended";
 		if (code == 0) {
 			p->ended = p->ok = true;
-			if (!a->finishing)
+			if (!a->c.finishing)
 				KLOG_INFO("khorrun: elastic: worker %s exited 0: the job is finishing",
 				          p->id);
-			a->finishing = true;
-			a->need_gen = false;
+			a->c.finishing = true;
+			a->c.need_gen = false;
 			(void)put(a, 0, "el/done", "1");
 		} else {
 			lost(a, r, how, true);
 		}
 		free(v);
 	}
-	if (a->finishing && !a->ending) {
-		for (int r = 0; r < a->nplan; r++) {
+	if (a->c.finishing && !a->c.ending) {
+		for (int r = 0; r < a->c.nplan; r++) {
 			if (!a->pr[r].ok)
 				return;
 		}
-		job_over(a, 0, "the job succeeded");
+		ec_fail(&a->c, 0, "the job succeeded");
 	}
 }
 
 /* el/want/<gen>: the ranks asked for a new generation. */
 static void check_want(struct agent *a)
 {
-	char key[64], text[1400], *why = NULL;
+	char key[64], *why = NULL;
 	int who = -1;
 
-	snprintf(key, sizeof(key), "el/want/%d", a->gen);
+	snprintf(key, sizeof(key), "el/want/%d", a->c.gen);
 	if (peek_int(a, 0, key, 0) <= 0)
 		return;
-	a->gen_over = true;
-	if (a->updates != 0) {
-		want_gen(a);
+	a->c.gen_over = true;
+	if (a->c.updates != 0) {
+		ec_want_gen(&a->c);
 		return;
 	}
-	for (int r = 0; r < a->nplan && why == NULL; r++) {
-		snprintf(key, sizeof(key), "el/why/%d/%s", a->gen, a->pr[r].id);
+	for (int r = 0; r < a->c.nplan && why == NULL; r++) {
+		snprintf(key, sizeof(key), "el/why/%d/%s", a->c.gen, a->pr[r].id);
 		if (peek(a, 0, key, &why) == KHOR_SUCCESS)
 			who = r;
 	}
 	if (who >= 0)
-		snprintf(text, sizeof(text), "generation %d ended: rank %d on %s (worker %s) asked for "
-		         "a new one: %s", a->gen, who, a->st.hosts[a->plan[who].host].name,
-		         a->pr[who].id, why);
+		ec_asked(&a->c, who, a->c.st.hosts[a->c.plan[who].host].name, a->pr[who].id, why);
 	else
-		snprintf(text, sizeof(text), "generation %d ended: a rank asked for a new one", a->gen);
+		ec_asked(&a->c, -1, NULL, NULL, NULL);
 	free(why);
-	write_abort(a, a->gen, text);
-	say("elastic: %s", text);
-	want_gen(a);
 }
 
 /*
@@ -456,105 +372,82 @@ static void check_heartbeats(struct agent *a, int64_t now)
 {
 	bool failed = false;
 
-	for (int r = 0; r < a->nplan && !a->gen_over && !failed; r++) {
+	for (int r = 0; r < a->c.nplan && !a->c.gen_over && !failed; r++) {
 		struct pr *p = &a->pr[r];
 		char key[32], *val;
-		int64_t v, since;
+		int64_t stalled;
 		khor_status st;
 
 		if (p->ended)
 			continue;
 		snprintf(key, sizeof(key), "hb/%d", r);
-		st = peek(a, a->gen, key, &val);
+		st = peek(a, a->c.gen, key, &val);
 		if (st != KHOR_SUCCESS && st != KHOR_ERR_TIMEOUT) {
 			failed = true;
 			break;
 		}
-		if (val == NULL && p->hb > 0)
-			continue; /* it beat, then finalized: going, not stalled */
-		v = val != NULL ? strtoll(val, NULL, 10) : 0;
+		stalled = ep_heartbeat(&p->hb, &p->hb_at, &a->c.gen_beat_at, val, now,
+		                       a->c.hb_timeout_ms);
 		free(val);
-		if (v != p->hb) {
-			if (a->gen_beat_at == 0)
-				a->gen_beat_at = now;
-			p->hb = v;
-			p->hb_at = now;
-			continue;
-		}
-		since = p->hb > 0 ? p->hb_at : a->gen_beat_at;
-		if (since > 0 && now - since > a->hb_timeout_ms) {
+		if (stalled > 0) {
 			char why[200], fkey[EP_HOST_MAX + 48];
 
-			snprintf(why, sizeof(why), "its heartbeat stopped for %.1f s "
-			         "(KHOR_HEARTBEAT_TIMEOUT %.1f s); its agent killed it",
-			         (double)(now - since) / 1000.0, (double)a->hb_timeout_ms / 1000.0);
-			snprintf(fkey, sizeof(fkey), "el/fence/%d/%s", a->gen, p->id);
+			ep_fence_text(why, sizeof(why), stalled, a->c.hb_timeout_ms, "its agent");
+			snprintf(fkey, sizeof(fkey), "el/fence/%d/%s", a->c.gen, p->id);
 			if (put(a, 0, fkey, why))
 				lost(a, r, why, true);
 		}
 	}
 	if (failed) {
-		for (int r = 0; r < a->nplan; r++)
+		for (int r = 0; r < a->c.nplan; r++)
 			a->pr[r].hb_at = now;
-		if (a->gen_beat_at > 0)
-			a->gen_beat_at = now;
+		if (a->c.gen_beat_at > 0)
+			a->c.gen_beat_at = now;
 	}
 }
 
 /* Plans the next generation once there are slots for it (elastic.c's plan_next, over etcd). */
 static void plan_next(struct agent *a)
 {
-	int cap = ep_available_slots(&a->st) + 1, need = a->gen == 0 ? a->j->o.np : a->st.min_np;
-	struct ep_slot *s = calloc((size_t)cap, sizeof(*s));
-	struct ep_worker *lw = calloc((size_t)a->nplan + 1, sizeof(*lw));
-	int *idx = calloc((size_t)a->nplan + 1, sizeof(*idx));
-	int *keep = calloc((size_t)cap, sizeof(*keep));
-	bool *drop = calloc((size_t)a->nplan + 1, sizeof(*drop));
-	char **drops = calloc((size_t)a->nplan + 1, sizeof(*drops));
-	struct pr *pr = calloc((size_t)cap, sizeof(*pr));
-	char *text = NULL, key[32], num[16], why[1024];
-	int n, nl = 0, nd = 0, g = a->gen + 1;
+	int need = a->c.gen == 0 ? a->j->o.np : a->c.st.min_np;
+	struct ec_plan x;
+	bool room = ec_plan_new(&a->c, a->c.nplan, &x);
+	struct pr *pr = calloc((size_t)x.cap, sizeof(*pr));
+	char *text = NULL, key[32], num[16], msg[1400];
+	int n, nl = 0, nd = 0, g = a->c.gen + 1;
 	int64_t now = now_ms();
 
-	if (!s || !lw || !idx || !keep || !drop || !drops || !pr) {
-		job_over(a, 1, "elastic: out of memory planning generation %d", g);
+	if (!room || pr == NULL) {
+		ec_fail(&a->c, 1, "elastic: out of memory planning generation %d", g);
 		goto out;
 	}
-	n = ep_assign(&a->st, s, cap);
+	n = ep_assign(&a->c.st, x.s, x.cap);
 	if (n < need) {
-		ep_describe_shortage(&a->st, need, now, why, sizeof(why));
-		if (a->wait_since < 0) {
-			a->wait_since = now;
-			say("elastic: generation %d waits for %d slot%s: %s (at most %.0f s, "
-			    "--elastic-timeout)", g, need, need == 1 ? "" : "s", why,
-			    (double)a->elastic_timeout_ms / 1000.0);
-		} else if (now - a->wait_since >= a->elastic_timeout_ms) {
-			job_over(a, 1, "elastic: timed out after %.0f s (--elastic-timeout) waiting for "
-			         "the slots of generation %d: %s", (double)a->elastic_timeout_ms / 1000.0,
-			         g, why);
-		}
+		ec_short_of_slots(&a->c, need, now, false);
 		goto out;
 	}
-	if (!ep_keeps_a_host(a->plan, a->nplan, s, n)) {
-		job_over(a, 1, "elastic: generation %d would have none of generation %d's hosts, so "
-		         "no rank to take the state from; the job cannot go on", g, a->gen);
+	if (!ep_keeps_a_host(a->c.plan, a->c.nplan, x.s, n)) {
+		ec_fail(&a->c, 1,
+		        "elastic: generation %d would have none of generation %d's hosts, so no "
+		        "rank to take the state from; the job cannot go on",
+		        g, a->c.gen);
 		goto out;
 	}
 	/* The workers that go on: those of the last plan not known to have ended. */
-	for (int r = 0; r < a->nplan; r++) {
+	for (int r = 0; r < a->c.nplan; r++) {
 		if (a->pr[r].ended)
 			continue;
-		lw[nl] = (struct ep_worker){ a->plan[r].host, a->plan[r].local_rank };
-		idx[nl++] = r;
+		x.lw[nl] = (struct ep_worker){ a->c.plan[r].host, a->c.plan[r].local_rank };
+		x.idx[nl++] = r;
 	}
-	ep_match(s, n, lw, nl, keep, drop);
+	ep_match(x.s, n, x.lw, nl, x.keep, x.drop);
 	for (int k = 0; k < nl; k++) {
-		if (drop[k])
-			drops[nd++] = a->pr[idx[k]].id;
+		if (x.drop[k])
+			x.drops[nd++] = a->pr[x.idx[k]].id;
 	}
-	text = ep_plan_text(&a->st, g, s, n, drops, nd);
+	text = ep_plan_text(&a->c.st, g, x.s, n, x.drops, nd);
 	if (text == NULL) {
-		job_over(a, 1, "elastic: out of memory planning generation %d", g);
+		ec_fail(&a->c, 1, "elastic: out of memory planning generation %d", g);
 		goto out;
 	}
 	snprintf(key, sizeof(key), "el/plan/%d", g);
@@ -562,35 +455,21 @@ static void plan_next(struct agent *a)
 	if (!put(a, 0, key, text) || !put(a, 0, "el/gen", num))
 		goto out;
 	for (int r = 0; r < n; r++) {
-		snprintf(pr[r].id, sizeof(pr[r].id), "%s:%d", a->st.hosts[s[r].host].name,
-		         s[r].local_rank);
-		pr[r].fresh = keep[r] < 0;
+		snprintf(pr[r].id, sizeof(pr[r].id), "%s:%d", a->c.st.hosts[x.s[r].host].name,
+		         x.s[r].local_rank);
+		pr[r].fresh = x.keep[r] < 0;
 	}
-	free(a->plan);
 	free(a->pr);
-	a->plan = s;
 	a->pr = pr;
-	s = NULL;
 	pr = NULL;
-	a->nplan = n;
-	a->gen = g;
-	a->gen_over = a->need_gen = false;
-	a->updates = 0;
-	a->wait_since = -1;
-	a->gen_beat_at = 0;
-	ep_describe_slots(&a->st, a->plan, n, why, sizeof(why));
-	say("elastic: generation %d: %d rank%s on %d host%s (%s)%s", g, n, n == 1 ? "" : "s",
-	    ep_count_hosts(a->plan, n), ep_count_hosts(a->plan, n) == 1 ? "" : "s", why,
-	    nd > 0 ? "; some dropped" : "");
+	ec_begin_gen(&a->c, g, x.s, n);
+	x.s = NULL;
+	ep_describe_gen(&a->c.st, g, a->c.plan, n, msg, sizeof(msg));
+	say("elastic: %s%s", msg, nd > 0 ? "; some dropped" : "");
 out:
 	free(pr);
 	free(text);
-	free(drops);
-	free(drop);
-	free(keep);
-	free(idx);
-	free(lw);
-	free(s);
+	ec_plan_free(&x);
 }
 
 static int list_has(const struct ep_list *l, const char *name)
@@ -624,26 +503,26 @@ static void become_leader(struct agent *a)
 	kerr err;
 
 	a->leader = true;
-	free(a->plan);
+	free(a->c.plan);
 	free(a->pr);
-	a->plan = NULL;
+	a->c.plan = NULL;
 	a->pr = NULL;
-	a->nplan = 0;
-	ep_init(&a->st, a->j->o.min_np, a->j->o.max_np, a->j->o.cool_min_ms, a->j->o.cool_max_ms,
+	a->c.nplan = 0;
+	ep_init(&a->c.st, a->j->o.min_np, a->j->o.max_np, a->j->o.cool_min_ms, a->j->o.cool_max_ms,
 	        a->j->o.reset_limit);
-	a->gen = (int)peek_int(a, 0, "el/gen", 0);
-	a->wait_since = -1;
+	a->c.gen = (int)peek_int(a, 0, "el/gen", 0);
+	a->c.wait_since = -1;
 	if (!list_agents(a, &agents)) {
-		ep_free(&a->st);
+		ep_free(&a->c.st);
 		a->leader = false;
 		return;
 	}
-	snprintf(key, sizeof(key), "el/plan/%d", a->gen);
-	if (a->gen > 0 && peek(a, 0, key, &text) != KHOR_SUCCESS) {
+	snprintf(key, sizeof(key), "el/plan/%d", a->c.gen);
+	if (a->c.gen > 0 && peek(a, 0, key, &text) != KHOR_SUCCESS) {
 		say("agent %s: elected, but generation %d's plan cannot be read; trying again",
-		    a->host, a->gen);
+		    a->host, a->c.gen);
 		ep_list_free(&agents);
-		ep_free(&a->st);
+		ep_free(&a->c.st);
 		a->leader = false;
 		return;
 	}
@@ -652,33 +531,33 @@ static void become_leader(struct agent *a)
 	int cap = 0;
 	for (const char *l = text; l != NULL && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
 		cap += strncmp(l, "rank ", 5) == 0;
-	a->plan = calloc((size_t)cap + 1, sizeof(*a->plan));
+	a->c.plan = calloc((size_t)cap + 1, sizeof(*a->c.plan));
 	a->pr = calloc((size_t)cap + 1, sizeof(*a->pr));
 	char (*hosts)[EP_HOST_MAX + 1] = calloc((size_t)cap + 1, sizeof(*hosts));
-	if (a->plan == NULL || a->pr == NULL || hosts == NULL) {
+	if (a->c.plan == NULL || a->pr == NULL || hosts == NULL) {
 		free(hosts);
 		free(text);
 		ep_list_free(&agents);
-		job_over(a, 1, "elastic: out of memory taking over");
+		ec_fail(&a->c, 1, "elastic: out of memory taking over");
 		return;
 	}
-	a->nplan = 0;
+	a->c.nplan = 0;
 	for (const char *l = text; l != NULL && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
-		struct ep_slot *s = &a->plan[a->nplan];
+		struct ep_slot *s = &a->c.plan[a->c.nplan];
 		char id[EP_HOST_MAX + 16];
 		int r;
 
-		if (!plan_rank_line(l, &r, id, hosts[a->nplan], &s->local_rank, &s->local_size,
+		if (!plan_rank_line(l, &r, id, hosts[a->c.nplan], &s->local_rank, &s->local_size,
 		                    &s->cross_rank, &s->cross_size))
 			continue;
 		s->rank = r;
-		kstrlcpy(a->pr[a->nplan].id, id, sizeof(a->pr[a->nplan].id));
-		a->pr[a->nplan].fresh = true;
-		a->pr[a->nplan].hb_at = now;
-		a->nplan++;
+		kstrlcpy(a->pr[a->c.nplan].id, id, sizeof(a->pr[a->c.nplan].id));
+		a->pr[a->c.nplan].fresh = true;
+		a->pr[a->c.nplan].hb_at = now;
+		a->c.nplan++;
 	}
-	for (int r = 0; r < a->nplan; r++) {
-		int slots = a->plan[r].local_size;
+	for (int r = 0; r < a->c.nplan; r++) {
+		int slots = a->c.plan[r].local_size;
 		for (int k = 0; k < agents.n; k++) {
 			if (strcmp(agents.h[k].name, hosts[r]) == 0)
 				slots = agents.h[k].slots;
@@ -700,39 +579,39 @@ static void become_leader(struct agent *a)
 		if (list_has(&first, bl[i].key + strlen(blp)) < 0)
 			(void)ep_list_add(&first, bl[i].key + strlen(blp), 1);
 	}
-	(void)ep_update(&a->st, &first, now);
-	for (int r = 0; r < a->nplan; r++)
-		a->plan[r].host = ep_host_index(&a->st, hosts[r]);
+	(void)ep_update(&a->c.st, &first, now);
+	for (int r = 0; r < a->c.nplan; r++)
+		a->c.plan[r].host = ep_host_index(&a->c.st, hosts[r]);
 	free(hosts);
 	free(text);
 	ep_list_free(&first);
 	ep_list_free(&agents);
 
-	a->st.resets = (int)peek_int(a, 0, "el/resets", 0);
+	a->c.st.resets = (int)peek_int(a, 0, "el/resets", 0);
 	for (int i = 0; i < nbl; i++) {
-		int h = ep_host_index(&a->st, bl[i].key + strlen(blp));
+		int h = ep_host_index(&a->c.st, bl[i].key + strlen(blp));
 		int64_t until = strtoll((char *)bl[i].val, NULL, 10);
 
 		if (h < 0 || (until != 0 && until <= wall_ms()))
 			continue;
-		(void)ep_blacklist(&a->st, h, now, draw(a));
-		if (until != 0 && a->st.hosts[h].cool_until_ms > 0)
-			a->st.hosts[h].cool_until_ms = now + (until - wall_ms());
+		(void)ep_blacklist(&a->c.st, h, now, ep_draw(&a->c.rnd));
+		if (until != 0 && a->c.st.hosts[h].cool_until_ms > 0)
+			a->c.st.hosts[h].cool_until_ms = now + (until - wall_ms());
 	}
 	etcd_kvs_free(bl, nbl);
 	snprintf(key, sizeof(key), "abort");
-	if (a->gen > 0 && peek(a, a->gen, key, &v) == KHOR_SUCCESS) {
+	if (a->c.gen > 0 && peek(a, a->c.gen, key, &v) == KHOR_SUCCESS) {
 		free(v);
-		a->gen_over = true;
+		a->c.gen_over = true;
 	}
 	if (peek(a, 0, "el/done", &v) == KHOR_SUCCESS) {
 		free(v);
-		a->finishing = true;
+		a->c.finishing = true;
 	}
-	a->need_gen = a->gen == 0 || (a->gen_over && !a->finishing);
-	a->gen_beat_at = a->gen > 0 ? now : 0;
-	if (a->gen > 0)
-		say("agent %s: leads the job now, from generation %d", a->host, a->gen);
+	a->c.need_gen = a->c.gen == 0 || (a->c.gen_over && !a->c.finishing);
+	a->c.gen_beat_at = a->c.gen > 0 ? now : 0;
+	if (a->c.gen > 0)
+		say("agent %s: leads the job now, from generation %d", a->host, a->c.gen);
 	else
 		KLOG_INFO("khorrun: agent %s: leads the job", a->host);
 }
@@ -755,7 +634,7 @@ static bool still_leader(struct agent *a)
 	if (cur.found && !mine) {
 		say("agent %s: another agent leads the job now", a->host);
 		a->leader = false;
-		ep_free(&a->st);
+		ep_free(&a->c.st);
 	}
 	etcd_kv_free(&cur);
 	return mine;
@@ -765,19 +644,20 @@ static void lead(struct agent *a, int64_t now)
 {
 	struct ep_list l;
 
-	if (a->ending || !still_leader(a))
+	if (a->c.ending || !still_leader(a))
 		return;
 	if (list_agents(a, &l)) {
 		take_hosts(a, &l);
 		ep_list_free(&l);
 	}
-	if (a->gen > 0 && !a->ending)
+	if (a->c.gen > 0 && !a->c.ending)
 		check_exits(a);
-	if (a->gen > 0 && !a->gen_over && !a->finishing && !a->ending)
+	if (a->c.gen > 0 && !a->c.gen_over && !a->c.finishing && !a->c.ending)
 		check_want(a);
-	if (a->gen > 0 && !a->gen_over && !a->finishing && !a->ending && a->hb_timeout_ms > 0)
+	if (a->c.gen > 0 && !a->c.gen_over && !a->c.finishing && !a->c.ending &&
+	    a->c.hb_timeout_ms > 0)
 		check_heartbeats(a, now);
-	if (a->need_gen && !a->ending)
+	if (a->c.need_gen && !a->c.ending)
 		plan_next(a);
 }
 
@@ -858,7 +738,7 @@ static void keepalive(struct agent *a, int64_t now)
 	kill_workers(a);
 	if (a->leader) {
 		a->leader = false;
-		ep_free(&a->st);
+		ep_free(&a->c.st);
 	}
 	if (!register_host(a, false))
 		a->keep_at = now + 1000;
@@ -891,25 +771,12 @@ static void campaign(struct agent *a)
 /* "exited with status 1", "killed by signal 9 (SIGKILL)". */
 static int end_text(const struct rank *rk, char *buf, size_t len)
 {
-	char name[32];
-	int st = rk->wstatus;
-
 	if (rk->lost) {
 		snprintf(buf, len, "it could not be started");
 		return 255;
 	}
-	if (WIFEXITED(st)) {
-		snprintf(buf, len, "exited with status %d", WEXITSTATUS(st));
-		return WEXITSTATUS(st);
-	}
-	if (WIFSIGNALED(st)) {
-		snprintf(buf, len, "killed by signal %d (%s)%s", WTERMSIG(st),
-		         say_sig_name(WTERMSIG(st), name, sizeof(name)),
-		         WCOREDUMP(st) ? ", core dumped" : "");
-		return 128 + WTERMSIG(st);
-	}
-	snprintf(buf, len, "ended with wait status 0x%x", (unsigned)st);
-	return 1;
+	ec_end_words(rk->wstatus, buf, len);
+	return ec_exit_status(rk->wstatus);
 }
 
 static bool lw_room(struct agent *a)
@@ -953,26 +820,10 @@ static void report_ends(struct agent *a)
 /* The ranks' environment on this host for a generation of size n (fixed[], count). */
 static size_t worker_env(struct agent *a, int n, char **fixed)
 {
-	size_t k = 0;
-	bool ok = true;
+	size_t ncommon;
 
-	for (size_t i = 0; i < a->nfixed && ok; i++)
-		ok = env_add_fixed(fixed, &k, "%s", a->fixed[i]);
-	for (size_t p = 0; p < NPREFIXES && ok; p++)
-		ok = env_add_fixed(fixed, &k, "%sSIZE=%d", env_id_prefixes[p], n) &&
-		     env_add_fixed(fixed, &k, "%sELASTIC=1", env_id_prefixes[p]);
-	if (ok && a->elastic_timeout_arg != NULL)
-		ok = env_add_fixed(fixed, &k, "KHOR_ELASTIC_TIMEOUT=%s", a->elastic_timeout_arg);
-	ok = ok && env_add_fixed(fixed, &k, "KHOR_HOSTNAME=%s", a->host) &&
-	     env_add_fixed(fixed, &k, "HOROVOD_HOSTNAME=%s", a->host) &&
-	     (a->env->local_cpus <= 0 ||
-	      env_add_fixed(fixed, &k, "KHOR_LOCAL_CPUS=%d", a->env->local_cpus));
-	if (!ok) {
-		for (size_t i = 0; i < k; i++)
-			free(fixed[i]);
-		return 0;
-	}
-	return k;
+	return ec_worker_env(&a->c, a->fixed, a->nfixed, n, a->host, a->env->local_cpus, fixed,
+	                     &ncommon);
 }
 
 /* The running worker with this id, or -1; doomed ones only when doomed is true. */
@@ -1022,7 +873,7 @@ static void apply_plan(struct agent *a)
 		if (sscanf(l, "drop %270s", id) == 1) {
 			if ((i = find_worker(a, id, false)) >= 0) {
 				a->w[i].doomed = true;
-				a->w[i].stop_at = now_ms() + a->hb_timeout_ms + a->j->o.grace_ms;
+				a->w[i].stop_at = now_ms() + a->c.hb_timeout_ms + a->j->o.grace_ms;
 			}
 			continue;
 		}
@@ -1165,20 +1016,6 @@ static void turn(struct agent *a)
 /* --- the start ------------------------------------------------------------------------ */
 
 /* A duration the ranks read too: -x VAR=..., else khorrun's environment, else dflt. */
-static bool rank_duration(const struct opts *o, const char *name, const char *dflt,
-                          int64_t *out)
-{
-	const char *v = env_rank_value(o, name);
-
-	if (v == NULL || *v == '\0')
-		v = config_default(name) != NULL ? config_default(name) : dflt;
-	if (!kparse_duration_ms(v, out)) {
-		say("%s=%s: wants a duration like 10s, 500ms or 2m", name, v);
-		return false;
-	}
-	return true;
-}
-
 /* The job secret: given to every agent, or made by the first one and kept in etcd. */
 static bool job_secret(struct agent *a)
 {
@@ -1220,23 +1057,10 @@ static bool prepare(struct agent *a)
 		kstrlcpy(a->host, o->rdzv_host, sizeof(a->host));
 	else if (gethostname(a->host, sizeof(a->host)) != 0)
 		kstrlcpy(a->host, "localhost", sizeof(a->host));
-	a->rnd = kclock_ns() | 1;
-	a->wait_since = -1;
-	if (!rank_duration(o, "KHOR_HEARTBEAT_TIMEOUT", DEF_HEARTBEAT_TIMEOUT, &a->hb_timeout_ms))
+	ec_init(&a->c, &agent_ops, a);
+	/* No HOROVOD_ELASTIC_TIMEOUT here: the agents read KHOR_ELASTIC_TIMEOUT only. */
+	if (!ec_timeouts(&a->c, o, NULL))
 		return false;
-	if (o->elastic_timeout_ms >= 0) {
-		a->elastic_timeout_ms = o->elastic_timeout_ms;
-		if (env_rank_value(o, "KHOR_ELASTIC_TIMEOUT") == NULL) {
-			snprintf(a->timeout_arg, sizeof(a->timeout_arg), "%lldms",
-			         (long long)o->elastic_timeout_ms + 10000);
-			a->elastic_timeout_arg = a->timeout_arg;
-		}
-	} else if (!rank_duration(o, "KHOR_ELASTIC_TIMEOUT", DEF_ELASTIC_TIMEOUT,
-	                          &a->elastic_timeout_ms)) {
-		return false;
-	}
-	if (a->elastic_timeout_ms < 0)
-		a->elastic_timeout_ms = INT64_MAX / 2;
 	if (!ksock_split_hostport(o->rdzv_endpoint, host, sizeof(host), &port)) {
 		say("--rdzv-endpoint wants HOST:PORT (etcd's client port), not '%s'",
 		    o->rdzv_endpoint);
@@ -1274,13 +1098,13 @@ static void agent_free(struct agent *a)
 	if (a->e != NULL && a->lease != 0)
 		(void)etcd_lease_revoke(a->e, a->lease, kdeadline_in_ms(OP_MS), &err);
 	if (a->leader)
-		ep_free(&a->st);
+		ep_free(&a->c.st);
 	if (a->s != NULL)
 		store_close(a->s);
 	etcd_close(a->e);
 	for (size_t i = 0; i < a->nfixed; i++)
 		free(a->fixed[i]);
-	free(a->plan);
+	free(a->c.plan);
 	free(a->pr);
 	free(a->w);
 	free(a->path);

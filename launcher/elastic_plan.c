@@ -534,3 +534,152 @@ void ep_describe_shortage(const struct ep_state *st, int need, int64_t now_ms, c
 			off += (size_t)snprintf(buf + off, len - off, " (cooled down, not listed)");
 	}
 }
+
+double ep_draw(uint64_t *rnd)
+{
+	*rnd ^= *rnd << 13;
+	*rnd ^= *rnd >> 7;
+	*rnd ^= *rnd << 17;
+	return (double)(*rnd >> 11) / (double)(1ull << 53);
+}
+
+bool ep_all_blacklisted(const struct ep_state *st, const struct ep_slot *s, int n)
+{
+	for (int r = 0; r < n; r++) {
+		if (!st->hosts[s[r].host].blacklisted)
+			return false;
+	}
+	return n > 0;
+}
+
+enum ep_loss ep_lose(struct ep_state *st, const struct ep_slot *s, int n, int h, bool unstartable,
+                     int64_t now_ms, uint64_t *rnd, int64_t *cooldown_ms, char *tail,
+                     size_t len)
+{
+	const char *host = st->hosts[h].name;
+	int64_t cd;
+
+	if (ep_count_hosts(s, n) <= 1 && !unstartable) {
+		snprintf(tail, len, "; a fresh worker takes its slot");
+		return EP_LOSS_FRESH;
+	}
+	if (st->hosts[h].blacklisted) {
+		snprintf(tail, len, "; host %s is blacklisted already", host);
+		return EP_LOSS_ALREADY;
+	}
+	cd = ep_blacklist(st, h, now_ms, ep_draw(rnd));
+	*cooldown_ms = cd;
+	if (cd < 0)
+		snprintf(tail, len, "; host %s blacklisted", host);
+	else
+		snprintf(tail, len, "; host %s blacklisted for %lld s", host,
+		         (long long)((cd + 999) / 1000));
+	return EP_LOSS_BLACKLISTED;
+}
+
+void ep_lost_text(char *buf, size_t len, int gen, int rank, const char *host,
+                  const char *worker, const char *why)
+{
+	snprintf(buf, len, "rank %d on %s (worker %s) was lost in generation %d: %s", rank, host,
+	         worker, gen, why);
+}
+
+int ep_update_moves(const struct ep_state *st, const struct ep_slot *plan, int n, char *slots,
+                    size_t len)
+{
+	int cap = ep_available_slots(st) + 1, nn;
+	struct ep_slot *next = calloc((size_t)cap, sizeof(*next));
+
+	if (next == NULL)
+		return -1;
+	nn = ep_assign(st, next, cap);
+	if (nn >= 0 && ep_same_assignment(plan, n, next, nn)) {
+		free(next);
+		return 0;
+	}
+	if (slots != NULL)
+		ep_describe_slots(st, next, nn < 0 ? 0 : nn, slots, len);
+	free(next);
+	return 1;
+}
+
+void ep_update_words(unsigned flags, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s%s%s", flags & EP_ADDED ? "added" : "",
+	         flags == (EP_ADDED | EP_REMOVED) ? "," : "", flags & EP_REMOVED ? "removed" : "");
+}
+
+int64_t ep_heartbeat(int64_t *hb, int64_t *hb_at, int64_t *gen_beat_at, const char *val,
+                     int64_t now, int64_t timeout_ms)
+{
+	int64_t v, since;
+
+	if (val == NULL && *hb > 0)
+		return 0; /* it beat, then left the generation (finalize): going, not stalled */
+	v = val != NULL ? strtoll(val, NULL, 10) : 0;
+	if (v != *hb) {
+		if (*gen_beat_at == 0)
+			*gen_beat_at = now;
+		*hb = v;
+		*hb_at = now;
+		return 0;
+	}
+	/*
+	 * Before its first beat a rank is still joining; but once any rank of the generation
+	 * beats, all have joined (the bootstrap is collective), so one that has not beaten
+	 * since then is stalled too.
+	 */
+	since = *hb > 0 ? *hb_at : *gen_beat_at;
+	if (since > 0 && now - since > timeout_ms)
+		return now - since;
+	return 0;
+}
+
+void ep_fence_text(char *buf, size_t len, int64_t stalled_ms, int64_t timeout_ms,
+                   const char *killer)
+{
+	snprintf(buf, len, "its heartbeat stopped for %.1f s (KHOR_HEARTBEAT_TIMEOUT %.1f s); %s "
+	         "killed it", (double)stalled_ms / 1000.0, (double)timeout_ms / 1000.0, killer);
+}
+
+void ep_want_text(char *buf, size_t len, int gen, int rank, const char *host,
+                  const char *worker, const char *why)
+{
+	if (rank >= 0)
+		snprintf(buf, len, "generation %d ended: rank %d on %s (worker %s) asked for a new "
+		         "one: %s", gen, rank, host, worker, why);
+	else
+		snprintf(buf, len, "generation %d ended: a rank asked for a new one", gen);
+}
+
+enum ep_wait ep_wait_slots(const struct ep_state *st, int gen, int need, int64_t *wait_since,
+                           int64_t now, int64_t timeout_ms, char *buf, size_t len)
+{
+	char why[1024];
+
+	ep_describe_shortage(st, need, now, why, sizeof(why));
+	if (*wait_since < 0) {
+		*wait_since = now;
+		snprintf(buf, len,
+		         "elastic: generation %d waits for %d slot%s: %s (at most %.0f s, "
+		         "--elastic-timeout)",
+		         gen, need, need == 1 ? "" : "s", why, (double)timeout_ms / 1000.0);
+		return EP_WAIT_BEGUN;
+	}
+	if (now - *wait_since < timeout_ms)
+		return EP_WAIT_ON;
+	snprintf(buf, len, "elastic: timed out after %.0f s (--elastic-timeout) waiting for the "
+	         "slots of generation %d: %s", (double)timeout_ms / 1000.0, gen, why);
+	return EP_WAIT_OVER;
+}
+
+void ep_describe_gen(const struct ep_state *st, int gen, const struct ep_slot *s, int n,
+                     char *buf, size_t len)
+{
+	char slots[1024];
+	int hosts = ep_count_hosts(s, n);
+
+	ep_describe_slots(st, s, n, slots, sizeof(slots));
+	snprintf(buf, len, "generation %d: %d rank%s on %d host%s (%s)", gen, n, n == 1 ? "" : "s",
+	         hosts, hosts == 1 ? "" : "s", slots);
+}

@@ -157,4 +157,83 @@ void ep_describe_shortage(const struct ep_state *st, int need, int64_t now_ms, c
 void ep_describe_slots(const struct ep_state *st, const struct ep_slot *s, int n, char *buf,
                        size_t len);
 
+
+/* A draw in [0, 1) from the state *rnd (xorshift, never 0; its quality does not matter). */
+double ep_draw(uint64_t *rnd);
+
+/* Is every host of generation s (n ranks) blacklisted? Horovod's end of the job. */
+bool ep_all_blacklisted(const struct ep_state *st, const struct ep_slot *s, int n);
+
+/* What a loss did to the lost worker's host. */
+enum ep_loss {
+	EP_LOSS_FRESH,       /* one host: a fresh worker takes the slot */
+	EP_LOSS_BLACKLISTED, /* blacklisted now */
+	EP_LOSS_ALREADY,     /* blacklisted already */
+};
+
+/*
+ * A worker on host h of generation s (n ranks) was lost at now_ms. On several hosts, or
+ * when unstartable (its workers cannot even be started there: they would only fail again),
+ * the host is blacklisted (the cooldown drawn from *rnd) unless it is already; on one host
+ * a fresh worker takes the slot. tail gets what happened, for the user ("; host node3
+ * blacklisted for 2 s"), *cooldown_ms ep_blacklist's answer when it is EP_LOSS_BLACKLISTED.
+ */
+enum ep_loss ep_lose(struct ep_state *st, const struct ep_slot *s, int n, int h, bool unstartable,
+                     int64_t now_ms, uint64_t *rnd, int64_t *cooldown_ms, char *tail,
+                     size_t len);
+
+/* "rank 2 on node3 (worker node3:0) was lost in generation 4: WHY": the abort the ranks
+ * report. */
+void ep_lost_text(char *buf, size_t len, int gen, int rank, const char *host,
+                  const char *worker, const char *why);
+
+/* Why a job ends when a generation after the first would exceed --reset-limit (Horovod's
+ * words, with the limit). */
+#define EP_RESET_LIMIT_FMT \
+	"Horovod was shutdown because number of resets during elastic job exceeded limit: %d"
+
+/*
+ * ep_update said the hosts changed during a generation of n ranks plan: would the ranks go
+ * anywhere else? 1: yes, slots (unless NULL) then describes where (ep_describe_slots); 0: no,
+ * nothing to tell them (Horovod skips it too); -1: out of memory.
+ */
+int ep_update_moves(const struct ep_state *st, const struct ep_slot *plan, int n, char *slots,
+                    size_t len);
+/* "added", "removed" or "added,removed": el/update/<gen>'s value for flags. */
+void ep_update_words(unsigned flags, char *buf, size_t len);
+
+/*
+ * Takes in a read of a rank's heartbeat counter at now (val: its text, NULL when absent);
+ * *hb and *hb_at are the last count seen and when, *gen_beat_at the first beat of any rank
+ * of the generation (0: none yet). Returns how long the rank has stalled when that is past
+ * timeout_ms (it is to be fenced), else 0.
+ */
+int64_t ep_heartbeat(int64_t *hb, int64_t *hb_at, int64_t *gen_beat_at, const char *val,
+                     int64_t now, int64_t timeout_ms);
+/* "its heartbeat stopped for 3.2 s (KHOR_HEARTBEAT_TIMEOUT 3.0 s); KILLER killed it". */
+void ep_fence_text(char *buf, size_t len, int64_t stalled_ms, int64_t timeout_ms,
+                   const char *killer);
+
+/* The text of a generation's end its ranks asked for: rank < 0 when none said why. */
+void ep_want_text(char *buf, size_t len, int gen, int rank, const char *host,
+                  const char *worker, const char *why);
+
+/* What waiting for the slots of a generation comes to. */
+enum ep_wait {
+	EP_WAIT_ON,    /* still waiting */
+	EP_WAIT_BEGUN, /* it begins now: buf says so */
+	EP_WAIT_OVER,  /* --elastic-timeout has passed: buf says why the job ends */
+};
+
+/*
+ * Generation gen needs need slots and the usable hosts have fewer at now: the wait begins
+ * (*wait_since, -1 while not waiting) or goes on, at most timeout_ms.
+ */
+enum ep_wait ep_wait_slots(const struct ep_state *st, int gen, int need, int64_t *wait_since,
+                           int64_t now, int64_t timeout_ms, char *buf, size_t len);
+
+/* "generation 2: 3 ranks on 2 hosts (localhost:2, 127.0.0.1:1)". */
+void ep_describe_gen(const struct ep_state *st, int gen, const struct ep_slot *s, int n,
+                     char *buf, size_t len);
+
 #endif
