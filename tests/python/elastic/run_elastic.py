@@ -18,7 +18,8 @@ wrote, and checks them:
              epoch, so every sample was trained on once.
   horovod-*  Horovod's own test/integration/data/elastic_torch_main.py, unchanged, through
              the horovod alias, in the scenarios of Horovod's test/integration/elastic_common
-             (hosts added and removed; a rank's failure by exception or kill). Needs the
+             (hosts added and removed; a rank's failure by exception or kill, with a
+             discovery script and with fixed hosts; the reset limit). Needs the
              script (--horovod-main, or KHOR_HOROVOD_SRC naming a Horovod checkout) and
              psutil; exit status 77 (skipped) without them.
 
@@ -160,10 +161,11 @@ def horovod_discovery(d, logfile, schedule):
 
 
 def horovod_run(khorrun, python, main, d, tag, np_, min_np, max_np, schedule=None,
-                hosts=None, exit_schedule=None, exit_mode="exception"):
+                hosts=None, exit_schedule=None, exit_mode="exception", reset_limit=3):
     logfile = os.path.join(d, tag + ".log")
-    argv = ["-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np),
-            "--reset-limit", "3"]
+    argv = ["-np", str(np_), "--min-np", str(min_np), "--reset-limit", str(reset_limit)]
+    if max_np is not None:
+        argv += ["--max-np", str(max_np)]
     if hosts:
         argv += ["-H", hosts]
     else:
@@ -200,6 +202,37 @@ def scenario_horovod_failure(khorrun, python, main, d, mode):
     c.eq([(x["start_rank"], x["size"], x["rendezvous"]) for x in res],
          [(0, 4, 1), (2, 2, 2), (2, 2, 2)], "(start rank, size, rendezvous) of each epoch")
     return c, out
+
+
+def scenario_horovod_fixed_hosts(khorrun, python, main, d, mode):
+    """Horovod's test_fault_tolerance_without_scaling: fixed hosts (-H, no script, no
+    --max-np), start rank 0 fails in epoch 1: its host is blacklisted, the other host's two
+    ranks go on."""
+    c = Check("horovod-fixed-hosts-" + mode)
+    rc, out, res = horovod_run(khorrun, python, main, d, "hvd_fixed_" + mode, 2, 2, None,
+                               hosts="localhost:2,127.0.0.1:2",
+                               exit_schedule={str((1, 0)): [0]}, exit_mode=mode)
+    c.eq(rc, 0, "khorrun's exit status")
+    c.eq([(x["start_rank"], x["size"], x["rendezvous"]) for x in res],
+         [(0, 4, 1), (2, 2, 2), (2, 2, 2)], "(start rank, size, rendezvous) of each epoch")
+    return c, out
+
+
+def scenario_horovod_reset_limit(khorrun, python, main, d):
+    """Horovod's test_reset_limit: a host added, then one removed, is two resets: the job
+    fails with Horovod's message at --reset-limit 1 and succeeds at 2."""
+    c = Check("horovod-reset-limit")
+    sched = [[0, ["localhost:2"]], [1, ["localhost:2", "127.0.0.1:2"]], [None, ["127.0.0.1:2"]]]
+    rc, out1, res = horovod_run(khorrun, python, main, d, "hvd_limit1", 2, 2, 4, schedule=sched,
+                                reset_limit=1)
+    c.true(rc not in (0, None), "khorrun succeeded at --reset-limit 1")
+    c.true("Horovod was shutdown because number of resets during elastic job exceeded limit: 1"
+           in out1, "Horovod's reset-limit message is missing")
+    rc, out2, res = horovod_run(khorrun, python, main, d, "hvd_limit2", 2, 2, 4, schedule=sched,
+                                reset_limit=2)
+    c.eq(rc, 0, "khorrun's exit status at --reset-limit 2")
+    c.eq(len(res), 3, "epochs logged at --reset-limit 2")
+    return c, out1 + out2
 
 
 def horovod_main_path(argv):
@@ -241,6 +274,11 @@ def main(argv):
                 return 77
             if scenario == "horovod-hosts":
                 c, out = scenario_horovod_hosts(khorrun, python, main_py, d)
+            elif scenario == "horovod-reset-limit":
+                c, out = scenario_horovod_reset_limit(khorrun, python, main_py, d)
+            elif scenario.startswith("horovod-fixed-hosts-"):
+                c, out = scenario_horovod_fixed_hosts(khorrun, python, main_py, d,
+                                                      scenario[len("horovod-fixed-hosts-"):])
             else:
                 c, out = scenario_horovod_failure(khorrun, python, main_py, d,
                                                   scenario[len("horovod-failure-"):])
