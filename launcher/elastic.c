@@ -251,8 +251,6 @@ static void lost(struct elastic *e, int i, const char *why)
 	const struct ew *w = &e->w[i];
 	const struct rank *rk = &e->j->ranks[i];
 	const struct host *h = &e->j->hosts[rk->host];
-	/* A host its workers cannot even start on is out, on one host too: starting them
-	 * again and again would only fail again. */
 	struct ec_loss l = { .rank = w->rank,
 		             .host = w->host,
 		             .worker = rk->worker,
