@@ -71,6 +71,10 @@ struct lw {
 struct pr {
 	char id[EP_HOST_MAX + 16];
 	int64_t hb, hb_at;
+	/* Kept from the plan before, until it joins this one: its rank there (-1: none to
+	 * watch), the count last seen there and when it moved (elastic.c's join_stalled). */
+	int prev_rank;
+	int64_t prev_hb, alive_at;
 	bool ended;  /* its end is known: reported, fenced, or its host's agent gone */
 	bool fresh;  /* started for this generation: its reports are under this one only */
 	bool ok;     /* it exited 0 */
@@ -364,6 +368,37 @@ static void check_want(struct agent *a)
 }
 
 /*
+ * Rank r, kept from the generation before, has not joined this one: its heartbeat there,
+ * which stops at its finalize, is all there is to watch until it does (elastic.c's
+ * join_stalled). *stalled > 0 when it has not moved for the heartbeat timeout; a status
+ * other than KHOR_SUCCESS when etcd could not tell.
+ */
+static khor_status join_stall(struct agent *a, struct pr *p, int r, int64_t now, int64_t *stalled)
+{
+	char key[32], *val;
+	khor_status st;
+
+	*stalled = 0;
+	if (p->prev_rank < 0 || p->hb > 0)
+		return KHOR_SUCCESS;
+	snprintf(key, sizeof(key), "host/%d", r);
+	st = peek(a, a->c.gen, key, &val);
+	free(val);
+	if (st == KHOR_SUCCESS)
+		p->prev_rank = -1; /* it joined: from here on, its heartbeat in this generation */
+	if (st != KHOR_ERR_TIMEOUT)
+		return st;
+	snprintf(key, sizeof(key), "hb/%d", p->prev_rank);
+	st = peek(a, a->c.gen - 1, key, &val);
+	if (st == KHOR_SUCCESS || st == KHOR_ERR_TIMEOUT) {
+		*stalled = ep_join_stall(&p->prev_hb, &p->alive_at, val, now, a->c.hb_timeout_ms);
+		st = KHOR_SUCCESS;
+	}
+	free(val);
+	return st;
+}
+
+/*
  * The heartbeats of the plan's ranks; a stalled one is fenced by its agent. A poll that
  * could not read them does not count: after an etcd outage every rank gets its whole
  * timeout again, so a restart of etcd is not a stall.
@@ -376,23 +411,33 @@ static void check_heartbeats(struct agent *a, int64_t now)
 		struct pr *p = &a->pr[r];
 		char key[32], *val;
 		int64_t stalled;
+		int left = 0;
 		khor_status st;
 
 		if (p->ended)
 			continue;
-		snprintf(key, sizeof(key), "hb/%d", r);
-		st = peek(a, a->c.gen, key, &val);
-		if (st != KHOR_SUCCESS && st != KHOR_ERR_TIMEOUT) {
+		st = join_stall(a, p, r, now, &stalled);
+		if (st == KHOR_SUCCESS && stalled > 0) {
+			left = a->c.gen - 1;
+		} else if (st == KHOR_SUCCESS) {
+			snprintf(key, sizeof(key), "hb/%d", r);
+			st = peek(a, a->c.gen, key, &val);
+			if (st == KHOR_SUCCESS || st == KHOR_ERR_TIMEOUT) {
+				stalled = ep_heartbeat(&p->hb, &p->hb_at, &a->c.gen_beat_at, val,
+				                       now, a->c.hb_timeout_ms);
+				st = KHOR_SUCCESS;
+			}
+			free(val);
+		}
+		if (st != KHOR_SUCCESS) {
 			failed = true;
 			break;
 		}
-		stalled = ep_heartbeat(&p->hb, &p->hb_at, &a->c.gen_beat_at, val, now,
-		                       a->c.hb_timeout_ms);
-		free(val);
 		if (stalled > 0) {
-			char why[200], fkey[EP_HOST_MAX + 48];
+			char why[256], fkey[EP_HOST_MAX + 48];
 
-			ep_fence_text(why, sizeof(why), stalled, a->c.hb_timeout_ms, "its agent");
+			ep_fence_text(why, sizeof(why), stalled, a->c.hb_timeout_ms, "its agent",
+			              left);
 			snprintf(fkey, sizeof(fkey), "el/fence/%d/%s", a->c.gen, p->id);
 			if (put(a, 0, fkey, why))
 				lost(a, r, why, true);
@@ -400,7 +445,7 @@ static void check_heartbeats(struct agent *a, int64_t now)
 	}
 	if (failed) {
 		for (int r = 0; r < a->c.nplan; r++)
-			a->pr[r].hb_at = now;
+			a->pr[r].hb_at = a->pr[r].alive_at = now;
 		if (a->c.gen_beat_at > 0)
 			a->c.gen_beat_at = now;
 	}
@@ -458,6 +503,14 @@ static void plan_next(struct agent *a)
 		snprintf(pr[r].id, sizeof(pr[r].id), "%s:%d", a->c.st.hosts[x.s[r].host].name,
 		         x.s[r].local_rank);
 		pr[r].fresh = x.keep[r] < 0;
+		pr[r].prev_rank = -1;
+		if (x.keep[r] >= 0) {
+			int old = x.idx[x.keep[r]];
+
+			pr[r].prev_rank = old;
+			pr[r].prev_hb = a->pr[old].hb;
+			pr[r].alive_at = now;
+		}
 	}
 	free(a->pr);
 	a->pr = pr;
@@ -553,6 +606,7 @@ static void become_leader(struct agent *a)
 		s->rank = r;
 		kstrlcpy(a->pr[a->c.nplan].id, id, sizeof(a->pr[a->c.nplan].id));
 		a->pr[a->c.nplan].fresh = true;
+		a->pr[a->c.nplan].prev_rank = -1; /* what the leader before saw of it is gone */
 		a->pr[a->c.nplan].hb_at = now;
 		a->c.nplan++;
 	}

@@ -58,14 +58,23 @@
 
 /* What the driver knows of one worker; e->w[i] is j->ranks[i]. */
 struct ew {
-	int host, slot; /* index into st.hosts; its slot there */
-	int rank;       /* its rank in generation e->c.gen; -1: none */
-	bool dropped;   /* a plan dropped it: it should exit 0 */
-	bool fenced;    /* khorrun killed it (its heartbeat stalled, or its id is wanted) */
-	int64_t fenced_at;
+	int host, slot;    /* index into st.hosts; its slot there */
+	int rank;          /* its rank in generation e->c.gen; -1: none */
+	bool dropped;      /* a plan dropped it: it should exit 0 */
+	bool fenced;       /* khorrun killed it (its heartbeat stalled, or its id is wanted) */
+	int64_t killed_at; /* when khorrun sent it SIGKILL (fenced, or dropped and stopped) */
+	bool abandoned;    /* its host did not answer: khorrun closed the ssh connection */
 	int64_t hb, hb_at; /* the last heartbeat count seen in generation e->c.gen, and when */
-	int64_t stop_at;   /* dropped: when to signal it if it has not exited */
-	int stop_sigs;     /* signals sent to it since it was dropped */
+	/*
+	 * A survivor kept into generation e->c.gen, until it joins it: its rank in the
+	 * generation before (-1: none to watch), the heartbeat count last seen there and when
+	 * it last moved (or the plan was written), so that one stopped between generations is
+	 * fenced.
+	 */
+	int prev_rank;
+	int64_t prev_hb, alive_at;
+	int64_t stop_at; /* dropped: when to signal it if it has not exited */
+	int stop_sigs;   /* signals sent to it since it was dropped */
 };
 
 struct elastic {
@@ -233,15 +242,15 @@ static void end_text(const struct elastic *e, int i, char *buf, size_t len)
 /*
  * Worker i is lost (why: how). Its generation ends for everyone at once; on several hosts
  * its host is blacklisted (its other workers are dropped by the next plan), on one host
- * its slot gets a fresh worker.
+ * its slot gets a fresh worker, unless it could not even be started there (ssh refused):
+ * a fresh one would fail the same way, generation after generation, so that host is
+ * blacklisted too.
  */
 static void lost(struct elastic *e, int i, const char *why)
 {
 	const struct ew *w = &e->w[i];
 	const struct rank *rk = &e->j->ranks[i];
 	const struct host *h = &e->j->hosts[rk->host];
-	/* A host its workers cannot even start on is out, on one host too: starting them
-	 * again and again would only fail again. */
 	struct ec_loss l = { .rank = w->rank,
 		             .host = w->host,
 		             .worker = rk->worker,
@@ -255,15 +264,19 @@ static void lost(struct elastic *e, int i, const char *why)
 	ec_lost(&e->c, &l);
 }
 
-/* Kills worker i, whose heartbeat stalled, before anyone hears of it (fencing). */
-static void fence(struct elastic *e, int i, int64_t stalled_ms)
+/*
+ * Kills worker i, whose heartbeat stalled (in generation e->c.gen, or between the one it
+ * left and this one it has not joined), before anyone hears of it (fencing).
+ */
+static void fence(struct elastic *e, int i, int64_t stalled_ms, bool joining)
 {
-	char why[160];
+	char why[256];
 
 	procs_signal_rank(e->j, &e->j->ranks[i], SIGKILL);
 	e->w[i].fenced = true;
-	e->w[i].fenced_at = now_ms();
-	ep_fence_text(why, sizeof(why), stalled_ms, e->c.hb_timeout_ms, "khorrun");
+	e->w[i].killed_at = now_ms();
+	ep_fence_text(why, sizeof(why), stalled_ms, e->c.hb_timeout_ms, "khorrun",
+	              joining ? e->c.gen - 1 : 0);
 	lost(e, i, why);
 }
 
@@ -449,6 +462,40 @@ static void check_want(struct elastic *e)
 	free(why);
 }
 
+/*
+ * A survivor kept into this generation that has not joined it yet (no host/<rank> key of
+ * its bootstrap): until it does, its heartbeat is the one of the generation it left, which
+ * stops at its khor_finalize, and from there to its join it has no heartbeat at all. Its
+ * init needs no time but the bootstrap's, so one whose old heartbeat has not moved for
+ * the heartbeat timeout (counted from the plan at the earliest) is stopped or hung: left
+ * alone, every generation would wait for it until KHOR_INIT_TIMEOUT, and plan it again.
+ * True when it is fenced.
+ */
+static bool join_stalled(struct elastic *e, int i, int64_t now)
+{
+	struct ew *w = &e->w[i];
+	char key[32], *val;
+	int64_t stalled;
+
+	if (w->prev_rank < 0 || w->hb > 0)
+		return false;
+	snprintf(key, sizeof(key), "host/%d", w->rank);
+	val = peek(e, e->c.gen, key);
+	if (val != NULL) {
+		free(val);
+		w->prev_rank = -1; /* it joined: from here on, its heartbeat in this generation */
+		return false;
+	}
+	snprintf(key, sizeof(key), "hb/%d", w->prev_rank);
+	val = peek(e, e->c.gen - 1, key);
+	stalled = ep_join_stall(&w->prev_hb, &w->alive_at, val, now, e->c.hb_timeout_ms);
+	free(val);
+	if (stalled == 0)
+		return false;
+	fence(e, i, stalled, true);
+	return true;
+}
+
 /* Each rank's heartbeat in this generation; a stalled one is fenced. */
 static void check_heartbeats(struct elastic *e, int64_t now)
 {
@@ -459,6 +506,8 @@ static void check_heartbeats(struct elastic *e, int64_t now)
 
 		if (w->rank < 0 || w->dropped || w->fenced || !e->j->ranks[i].running)
 			continue;
+		if (join_stalled(e, i, now))
+			continue;
 		/* Read, never added to: khor_finalize removes the counter, and it must stay gone.
 		 */
 		snprintf(key, sizeof(key), "hb/%d", w->rank);
@@ -467,7 +516,7 @@ static void check_heartbeats(struct elastic *e, int64_t now)
 		                       e->c.hb_timeout_ms);
 		free(val);
 		if (stalled > 0)
-			fence(e, i, stalled);
+			fence(e, i, stalled, false);
 	}
 }
 
@@ -484,8 +533,51 @@ static void stop_dropped(struct elastic *e, int64_t now)
 			say("elastic: worker %s was dropped but has not exited; stopping it",
 			    rk->worker);
 		procs_signal_rank(e->j, rk, w->stop_sigs == 0 ? SIGTERM : SIGKILL);
+		if (w->stop_sigs == 1)
+			w->killed_at = now;
 		w->stop_sigs++;
 		w->stop_at = now + e->j->o.grace_ms;
+	}
+}
+
+/*
+ * A worker khorrun killed that has not ended KILL_WAIT_MS later is on a host that does not
+ * answer (its link is down): the SIGKILL waits in the ssh connection, which ssh gives up
+ * on only after ServerAlive's 30 s or so. Once the job is finishing nothing else waits for
+ * such workers, so a host whose running workers are all of that kind has its connection
+ * closed: they end here as lost (said when they were fenced or dropped), and its helper
+ * stops them there when the end of the session reaches it.
+ */
+static void abandon_silent(struct elastic *e, int64_t now)
+{
+	struct job *j = e->j;
+
+	for (int h = 0; h < j->nhosts; h++) {
+		struct host *hp = &j->hosts[h];
+		int silent = -1;
+		bool other = false;
+
+		if (hp->local || !hp->ssh_running)
+			continue;
+		for (int r = hp->first; r < hp->first + hp->n && !other; r++) {
+			const struct ew *w = &e->w[r];
+
+			if (!j->ranks[r].running)
+				continue;
+			if (w->killed_at > 0 && now - w->killed_at >= KILL_WAIT_MS && !w->abandoned)
+				silent = r;
+			else
+				other = true;
+		}
+		if (silent < 0 || other)
+			continue;
+		say("elastic: %s does not answer: worker %s did not end %.1f s after khorrun killed "
+		    "it; closing the ssh connection to %s (its helper stops what is left there when "
+		    "the connection's end reaches it)", hp->name, j->ranks[silent].worker,
+		    (double)(now - e->w[silent].killed_at) / 1000.0, hp->name);
+		for (int r = hp->first; r < hp->first + hp->n; r++)
+			e->w[r].abandoned = true;
+		(void)kill(-hp->ssh_pid, SIGKILL);
 	}
 }
 
@@ -558,8 +650,8 @@ static void start_workers(struct elastic *e, const int *keep)
 			break;
 		}
 		for (int k = 0; k < n; k++)
-			e->w[first + k] =
-			    (struct ew){ .host = h, .slot = br[k].slot, .rank = br[k].rank };
+			e->w[first + k] = (struct ew){ .host = h, .slot = br[k].slot,
+				                       .rank = br[k].rank, .prev_rank = -1 };
 	}
 	free(br);
 }
@@ -601,11 +693,11 @@ static bool id_taken(struct elastic *e, const struct ep_slot *s, int n, const in
 			if (!w->fenced) {
 				procs_signal_rank(e->j, &e->j->ranks[i], SIGKILL);
 				w->fenced = true;
-				w->fenced_at = now;
+				w->killed_at = now;
 			}
 			/* One that SIGKILL does not end (a host gone silent) is not waited for
 			 * forever; its helper kills it when the host is reached again. */
-			if (now - w->fenced_at < KILL_WAIT_MS)
+			if (now - w->killed_at < KILL_WAIT_MS)
 				wait = true;
 		}
 	}
@@ -701,8 +793,14 @@ static void plan_next(struct elastic *e)
 		if (!put(e, 0, key, text) || !put(e, 0, "el/gen", num))
 			goto out;
 	}
-	for (int i = 0; i < e->j->nstarted; i++)
-		e->w[i].rank = -1;
+	for (int i = 0; i < e->j->nstarted; i++) {
+		struct ew *w = &e->w[i];
+
+		w->prev_rank = w->rank;
+		w->prev_hb = w->hb;
+		w->alive_at = now_ms();
+		w->rank = -1;
+	}
 	for (int k = 0; k < nl; k++) {
 		struct ew *w = &e->w[x.idx[k]];
 
@@ -770,6 +868,8 @@ static void drive(struct elastic *e, short disc_revents)
 		}
 	}
 	stop_dropped(e, now);
+	if (e->c.finishing)
+		abandon_silent(e, now);
 	if (e->c.need_gen && !e->c.ending && settled(e, now))
 		plan_next(e);
 	if (e->c.finishing && j->nrunning == 0 && !e->c.ending) {

@@ -635,11 +635,31 @@ int64_t ep_heartbeat(int64_t *hb, int64_t *hb_at, int64_t *gen_beat_at, const ch
 	return 0;
 }
 
-void ep_fence_text(char *buf, size_t len, int64_t stalled_ms, int64_t timeout_ms,
-                   const char *killer)
+int64_t ep_join_stall(int64_t *prev_hb, int64_t *alive_at, const char *prev_val, int64_t now,
+                      int64_t timeout_ms)
 {
-	snprintf(buf, len, "its heartbeat stopped for %.1f s (KHOR_HEARTBEAT_TIMEOUT %.1f s); %s "
-	         "killed it", (double)stalled_ms / 1000.0, (double)timeout_ms / 1000.0, killer);
+	if (prev_val != NULL) {
+		int64_t v = strtoll(prev_val, NULL, 10);
+
+		if (v != *prev_hb) {
+			*prev_hb = v;
+			*alive_at = now;
+		}
+	}
+	return now - *alive_at > timeout_ms ? now - *alive_at : 0;
+}
+
+void ep_fence_text(char *buf, size_t len, int64_t stalled_ms, int64_t timeout_ms,
+                   const char *killer, int left_gen)
+{
+	char where[96] = "";
+
+	if (left_gen > 0)
+		snprintf(where, sizeof(where), " since it left generation %d, and it has not "
+		         "joined generation %d", left_gen, left_gen + 1);
+	snprintf(buf, len, "its heartbeat stopped for %.1f s%s (KHOR_HEARTBEAT_TIMEOUT %.1f s); "
+	         "%s killed it", (double)stalled_ms / 1000.0, where, (double)timeout_ms / 1000.0,
+	         killer);
 }
 
 void ep_want_text(char *buf, size_t len, int gen, int rank, const char *host,

@@ -210,9 +210,22 @@ void ep_update_words(unsigned flags, char *buf, size_t len);
  */
 int64_t ep_heartbeat(int64_t *hb, int64_t *hb_at, int64_t *gen_beat_at, const char *val,
                      int64_t now, int64_t timeout_ms);
-/* "its heartbeat stopped for 3.2 s (KHOR_HEARTBEAT_TIMEOUT 3.0 s); KILLER killed it". */
+/*
+ * A survivor kept into a new generation that has not joined it yet beats only in the one
+ * it left (prev_val: that counter's text, NULL when absent), and not at all from its
+ * finalize there to its join here. *prev_hb and *alive_at are the count last seen and when
+ * it moved (the plan's time at first). Returns how long it has not moved when that is past
+ * timeout_ms (it is stopped or hung between generations: to be fenced), else 0.
+ */
+int64_t ep_join_stall(int64_t *prev_hb, int64_t *alive_at, const char *prev_val, int64_t now,
+                      int64_t timeout_ms);
+/*
+ * "its heartbeat stopped for 3.2 s (KHOR_HEARTBEAT_TIMEOUT 3.0 s); KILLER killed it"; with
+ * left_gen > 0 (a survivor stalled between generations) "... for 3.2 s since it left
+ * generation G, and it has not joined generation G+1 (...".
+ */
 void ep_fence_text(char *buf, size_t len, int64_t stalled_ms, int64_t timeout_ms,
-                   const char *killer);
+                   const char *killer, int left_gen);
 
 /* The text of a generation's end its ranks asked for: rank < 0 when none said why. */
 void ep_want_text(char *buf, size_t len, int gen, int rank, const char *host,

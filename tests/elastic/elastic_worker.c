@@ -11,6 +11,8 @@
  * EW_EXIT=WORKER@STEP: that worker exits 1 when it reaches STEP.
  * EW_STOP=FILE: once FILE exists on any rank's host, every rank finishes at the same step
  * (so a test ends the job when it has seen what it came for).
+ * EW_STOP_REJOIN=WORKER: that worker stops itself (SIGSTOP) the first time it has left a
+ * generation that failed, before its khor_init for the next one.
  *
  * It prints one line per event, each with its worker id, for the tests to read:
  *   up W pid P rank R size S host H elastic E | join W gen G rank R size S local L/LS step K
@@ -20,6 +22,7 @@
  */
 #include "khor.h"
 
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +56,7 @@ static int failed(khor_comm *c, khor_status st, const char *what)
 int main(int argc, char **argv)
 {
 	const char *ex = getenv("EW_EXIT"), *stop = getenv("EW_STOP");
+	const char *stop_rejoin = getenv("EW_STOP_REJOIN");
 	long steps = argc > 1 ? atol(argv[1]) : 100, exit_at = -1;
 	int step_ms = argc > 2 ? atoi(argv[2]) : 10;
 	int64_t step = 0;
@@ -143,6 +147,11 @@ int main(int argc, char **argv)
 			if (st != KHOR_SUCCESS)
 				failed(c, st, "allreduce");
 			khor_finalize(c);
+			if (stop_rejoin != NULL && strcmp(stop_rejoin, id) == 0) {
+				stop_rejoin = NULL;
+				printf("between %s: stopping\n", id);
+				raise(SIGSTOP);
+			}
 			continue;
 		}
 		printf("done %s gen %d rank %d size %d steps %lld\n", id, khor_generation(c), rank,

@@ -89,21 +89,31 @@ def final_loss(out):
     return float(m[-1][0]) if m else None
 
 
-def check_commits(evs, why):
+def check_commits(evs, why, steps=STEPS, commit=COMMIT, exact=True):
+    """Commits only move forward and none is lost. A logged commit means every rank of its
+    generation saved that step (the commit's allreduce returned), so no reset may go back
+    past it: each worker process's commits rise (when exact, by one commit's steps at a
+    time: faults injected at a step's start never fall between a save and its commit), no
+    commit is logged below one logged before it, and every commit step was saved."""
     by_worker = {}
-    for e in evs:
-        if e["event"] == "join":
-            by_worker.setdefault(e["worker"] + "#" + str(e.get("pid", "")), [])
-        if e["event"] == "commit":
-            by_worker.setdefault(e["worker"] + "#" + str(e.get("pid", "")), []).append(
-                e["step"])
     seen = set()
-    for w, steps in by_worker.items():
-        seen.update(steps)
-        for a, b in zip(steps, steps[1:]):
-            if b - a != COMMIT:
-                why.append("worker %s committed step %d after step %d" % (w, b, a))
-    want = set(range(COMMIT, STEPS + 1, COMMIT))
+    top = 0
+    for e in sorted(evs, key=lambda e: e["t"]):
+        who = e["worker"] + "#" + str(e.get("pid", ""))
+        if e["event"] == "save":
+            seen.add(e["step"])
+        if e["event"] != "commit":
+            continue
+        seen.add(e["step"])
+        done = by_worker.setdefault(who, [])
+        if done and (e["step"] - done[-1] != commit if exact else e["step"] <= done[-1]):
+            why.append("worker %s committed step %d after step %d" % (who, e["step"], done[-1]))
+        if e["step"] < top:
+            why.append("worker %s committed step %d after step %d was committed: a commit "
+                       "was lost" % (who, e["step"], top))
+        done.append(e["step"])
+        top = max(top, e["step"])
+    want = set(range(commit, steps + 1, commit))
     if not want <= seen:
         why.append("commits lost: %s" % sorted(want - seen))
 

@@ -431,3 +431,79 @@ Test(elastic_driver, host_that_cannot_be_reached_is_left_out)
 	              "port 22: Connection refused; host 192.0.2.1 blacklisted\n");
 	proc_free(&p);
 }
+
+/*
+ * A job on one other host whose ssh starts refusing (its sshd died): after a loss there
+ * the fresh worker cannot be started, and another would fail the same way, generation
+ * after generation. That host is blacklisted like a failed host of a larger job, and the
+ * job ends with the host and ssh's error named.
+ */
+Test(elastic_driver, one_host_whose_ssh_refuses_is_a_named_failure)
+{
+	char ssh[160], down[160];
+	const char *args[] = { "--ssh-command", ssh, "-H", "192.0.2.1:2", "--min-np", "1", "-np",
+		               "2", "-x", stop_x, worker(), "1000000", "5", NULL };
+	FILE *f;
+	struct proc p;
+
+	/*
+	 * A stand-in for ssh (not named ssh, which would get ssh's options) that runs the
+	 * remote command here, until DIR/down exists.
+	 */
+	snprintf(ssh, sizeof(ssh), "%s/fake-ssh", dir);
+	snprintf(down, sizeof(down), "%s/down", dir);
+	f = fopen(ssh, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "#!/bin/sh\nif [ -e %s ]; then\n"
+	           "\techo \"ssh: connect to host $1 port 22: Connection refused\" >&2\n"
+	           "\texit 255\nfi\nexec /bin/sh -c \"$2\"\n", down);
+	fclose(f);
+	cr_assert_eq(chmod(ssh, 0755), 0);
+	proc_start(&p, args, job_env);
+	wait_for(&p, " gen 1 rank ", 2, 20);
+	write_file(down, "");
+	cr_assert_eq(kill(pid_of(&p, "192.0.2.1:1", 1), SIGKILL), 0);
+	proc_finish(&p, 30);
+	expect_status(&p, 1);
+	expect(&p, 1, "khorrun: elastic: generation 1: rank 1 on 192.0.2.1 (worker 192.0.2.1:1) was "
+	              "lost: killed by signal 9 (SIGKILL); a fresh worker takes its slot\n");
+	expect(&p, 1, "khorrun: elastic: generation 2: rank 1 on 192.0.2.1 (worker 192.0.2.1:1) was "
+	              "lost: it could not be started there: ssh: connect to host 192.0.2.1 port 22: "
+	              "Connection refused; host 192.0.2.1 blacklisted\n");
+	expect(&p, 1, "khorrun: elastic: every host of generation 2 is blacklisted; the job cannot "
+	              "go on\n");
+	cr_assert_eq(count_str(p.b[0].data, "] up "), 2, "a worker was started again:\n%s",
+	             p.b[0].data);
+	proc_free(&p);
+}
+
+/*
+ * A survivor stopped between generations (after its khor_finalize, before it joins the
+ * next): it has no heartbeat in either, and every generation would wait for it until
+ * KHOR_INIT_TIMEOUT and plan it again. Its old heartbeat stopped: fenced like a stalled
+ * rank, within the heartbeat timeout of the plan.
+ */
+Test(elastic_driver, survivor_stopped_between_generations_is_fenced)
+{
+	const char *args[] = { "--min-np", "2", "-np", "3", "-x", stop_x, "-x",
+		               "KHOR_HEARTBEAT_TIMEOUT=2s", "-x", "EW_STOP_REJOIN=localhost:2",
+		               worker(), "1000000", "5", NULL };
+	struct proc p;
+	pid_t stopped;
+
+	proc_start(&p, args, job_env);
+	wait_for(&p, " gen 1 rank ", 3, 20);
+	stopped = pid_of(&p, "localhost:2", 1);
+	cr_assert_eq(kill(pid_of(&p, "localhost:1", 1), SIGKILL), 0);
+	wait_for(&p, "between localhost:2: stopping", 1, 20);
+	wait_for(&p, "join localhost:2 gen 3 rank 2 size 3", 1, 20);
+	finish(&p);
+	expect_status(&p, 0);
+	expect(&p, 1, "khorrun: elastic: generation 2: rank 2 on localhost (worker localhost:2) was "
+	              "lost: its heartbeat stopped for ");
+	expect(&p, 1, " s since it left generation 1, and it has not joined generation 2 "
+	              "(KHOR_HEARTBEAT_TIMEOUT 2.0 s); khorrun killed it; a fresh worker takes its "
+	              "slot\n");
+	cr_assert(pid_gone(stopped), "the stopped worker %d was not killed", (int)stopped);
+	proc_free(&p);
+}

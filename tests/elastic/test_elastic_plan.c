@@ -333,6 +333,18 @@ Test(elastic_plan, a_stalled_heartbeat_is_told_after_its_timeout)
 	             "beat, then gone: finalized, not stalled");
 }
 
+Test(elastic_plan, a_survivor_that_does_not_join_is_told_after_its_timeout)
+{
+	int64_t hb = 5, at = 1000; /* the plan at 1000, its count 5 in the generation it left */
+
+	cr_assert_eq(ep_join_stall(&hb, &at, "6", 1500, 1000), 0, "still training there");
+	cr_assert_eq(at, 1500);
+	cr_assert_eq(ep_join_stall(&hb, &at, NULL, 2500, 1000), 0, "finalized, exactly the timeout");
+	cr_assert_eq(ep_join_stall(&hb, &at, NULL, 2600, 1000), 1100,
+	             "neither beating there nor joined here: stopped between generations");
+	cr_assert_eq(hb, 6);
+}
+
 Test(elastic_plan, waiting_for_slots_ends_at_the_timeout)
 {
 	struct ep_state st = state(2, 0, "a:1\n", 0);
@@ -386,8 +398,12 @@ Test(elastic_plan, the_texts_the_drivers_say)
 	                      "status 1");
 	ep_want_text(buf, sizeof(buf), 4, -1, NULL, NULL, NULL);
 	cr_assert_str_eq(buf, "generation 4 ended: a rank asked for a new one");
-	ep_fence_text(buf, sizeof(buf), 3200, 3000, "khorrun");
+	ep_fence_text(buf, sizeof(buf), 3200, 3000, "khorrun", 0);
 	cr_assert_str_eq(buf, "its heartbeat stopped for 3.2 s (KHOR_HEARTBEAT_TIMEOUT 3.0 s); "
+	                      "khorrun killed it");
+	ep_fence_text(buf, sizeof(buf), 3200, 3000, "khorrun", 4);
+	cr_assert_str_eq(buf, "its heartbeat stopped for 3.2 s since it left generation 4, and it "
+	                      "has not joined generation 5 (KHOR_HEARTBEAT_TIMEOUT 3.0 s); "
 	                      "khorrun killed it");
 	ep_free(&st);
 }

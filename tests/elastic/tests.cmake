@@ -34,4 +34,11 @@ if(KHOR_PYTHON AND NOT KHOR_SANITIZE)
     set_tests_properties(elastic_matrix_${c} PROPERTIES TIMEOUT 240
       ENVIRONMENT "KHOR_LIBRARY_PATH=$<TARGET_FILE:khor>")
   endforeach()
+  # The matrix across 4 network-namespace hosts over real ssh, every case in one set of
+  # hosts, faults injected from outside (tests/elastic/matrix_hosts.sh; exit 77, a skip,
+  # without root, sshd or network namespaces).
+  add_test(NAME elastic_matrix_hosts COMMAND ${CMAKE_CURRENT_LIST_DIR}/matrix_hosts.sh
+    $<TARGET_FILE:khorrun> ${KHOR_PYTHON})
+  set_tests_properties(elastic_matrix_hosts PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+    LABELS hosts RUN_SERIAL TRUE ENVIRONMENT "KHOR_LIBRARY_PATH=$<TARGET_FILE:khor>")
 endif()

@@ -48,11 +48,16 @@ def sync_root():
 
 
 def _choose_root(state):
+    """Sets sync_root(); True when some rank of this generation has no state (a worker that
+    joined fresh). Every rank of a generation calls it before anything else, so a fresh
+    worker's first collective always has its match."""
     global _sync_root
     size = _core.size()
     mine = _core.rank() if state._has_state else size
-    root = _core.allreduce_ints([mine], _core.Min, _ROOT_NAME)[0]
+    root, has = _core.allreduce_ints([mine, 1 if state._has_state else 0], _core.Min,
+                                     _ROOT_NAME)
     _sync_root = 0 if root >= size else root
+    return has == 0
 
 
 def broadcast_object(obj, root_rank=0, name=None):
@@ -182,8 +187,10 @@ def run_fn(func, reset):
         skip_sync = False
         while True:
             try:
-                if not skip_sync:
-                    _choose_root(state)
+                # A removal-only update skips the sync, unless the generation joined has a
+                # worker without the state after all: hosts added while the survivors
+                # waited (below --min-np, say) brought fresh workers, which sync.
+                if _choose_root(state) or not skip_sync:
                     state.sync()
                     state._has_state = True
                 return func(state, *args, **kwargs)
