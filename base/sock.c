@@ -226,14 +226,19 @@ khor_status ksock_connect_deadline(const ksockaddr *addr, kdeadline dl, bool ret
 	                retry_refused ? " (kept retrying until the deadline)" : "");
 }
 
+/* Moves all len bytes, or (some_out not NULL) returns once some moved, saying how many. */
 static khor_status io_all(int fd, void *buf, size_t len, kdeadline dl, const char *what,
-                          bool is_write, kerr *err)
+                          bool is_write, size_t *some_out, kerr *err)
 {
 	char eb[128];
 	uint8_t *p = buf;
 
 	while (len > 0) {
 		ssize_t n = is_write ? send(fd, p, len, MSG_NOSIGNAL) : recv(fd, p, len, 0);
+		if (n > 0 && some_out != NULL) {
+			*some_out = (size_t)n;
+			return KHOR_SUCCESS;
+		}
 		if (n > 0) {
 			p += n;
 			len -= (size_t)n;
@@ -259,13 +264,19 @@ static khor_status io_all(int fd, void *buf, size_t len, kdeadline dl, const cha
 khor_status ksock_write_all(int fd, const void *buf, size_t len, kdeadline dl, const char *what,
                             kerr *err)
 {
-	return io_all(fd, (void *)buf, len, dl, what, true, err);
+	return io_all(fd, (void *)buf, len, dl, what, true, NULL, err);
 }
 
 khor_status ksock_read_all(int fd, void *buf, size_t len, kdeadline dl, const char *what,
                            kerr *err)
 {
-	return io_all(fd, buf, len, dl, what, false, err);
+	return io_all(fd, buf, len, dl, what, false, NULL, err);
+}
+
+khor_status ksock_read_some(int fd, void *buf, size_t cap, kdeadline dl, const char *what,
+                            size_t *len_out, kerr *err)
+{
+	return io_all(fd, buf, cap, dl, what, false, len_out, err);
 }
 
 /* --- interface selection -------------------------------------------------------------- */

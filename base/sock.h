@@ -45,6 +45,9 @@ khor_status ksock_write_all(int fd, const void *buf, size_t len, kdeadline dl, c
                             kerr *err);
 khor_status ksock_read_all(int fd, void *buf, size_t len, kdeadline dl, const char *what,
                            kerr *err);
+/* Reads what has come, at least one byte and at most cap (a stream parsed as it arrives). */
+khor_status ksock_read_some(int fd, void *buf, size_t cap, kdeadline dl, const char *what,
+                            size_t *len_out, kerr *err);
 
 /*
  * Picks the local address to publish. spec (KHOR_SOCKET_IFNAME) may be NULL or a list like

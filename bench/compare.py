@@ -251,7 +251,7 @@ def write_plot(a, order, table, panels, out):
     cols = len(a.nranks)
     rows = math.ceil(len(panels) / cols)
     script = [f"set terminal pngcairo size {600 * cols},{480 * rows} font 'sans,10'",
-              f"set output '{os.path.join(out, 'compare.png')}'",
+              "set output 'compare.png'",  # run in out: the script names no absolute path
               f"set multiplot layout {rows},{cols} title 'busbw against size, "
               f"{a.stat} of {a.repeats} interleaved run(s)' font 'sans,12'",
               "set logscale x 2", "set logscale y 10", "set format y '%g'",
@@ -279,13 +279,14 @@ def write_plot(a, order, table, panels, out):
             with open(dat, "w") as f:
                 f.writelines(f"{sz} {bw:.6g}\n" for sz, bw in pts)
             dash = 1 if s.is_khor else 2
-            plots.append(f"'{dat}' using 1:2 with linespoints lw 2 pt {7 if s.is_khor else 5} "
+            plots.append(f"'{os.path.relpath(dat, out)}' using 1:2 with linespoints lw 2 pt {7 if s.is_khor else 5} "
                          f"ps 0.8 dt {dash} lc rgb '{palette[i % len(palette)]}' "
                          f"title '{s.label}'")
         if plots:
             script.append("plot " + ", ".join(plots))
     script.append("unset multiplot")
-    r = subprocess.run([gp], input="\n".join(script) + "\n", capture_output=True, text=True)
+    r = subprocess.run([gp], input="\n".join(script) + "\n", capture_output=True, text=True,
+                       cwd=out)
     if r.returncode != 0:
         say(f"gnuplot failed, no PNG: {r.stderr.strip()[-500:]}")
     else:

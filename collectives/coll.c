@@ -284,6 +284,7 @@ static bool device_step(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
 		if (!done)
 			break;
 		x->req = NULL;
+		cc->completed++;
 		put_reg(cc, x);
 		x->stage = STAGE_NONE;
 		if (x->is_send || s != KHOR_SUCCESS) {
@@ -350,6 +351,7 @@ bool coll_done(coll_comm *cc, coll_xfer *x, khor_status *st, kerr *err)
 	s = cc->tps[x->tpi].ops->test(x->req, &done, err);
 	if (done) {
 		x->req = NULL;
+		cc->completed++;
 		if (s == KHOR_SUCCESS)
 			done = flush_after(cc, x, &s, err);
 		if (done)
@@ -613,6 +615,9 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 		return st;
 deadline:
 	if (kdeadline_passed(w->dl)) {
+		st = coll_wait_alive(cc, coll_wait_what(w), xs, nxs, w->started_ns, &w->dl, err);
+		if (st != KHOR_ERR_TIMEOUT)
+			return st;
 		char peers[256] = "";
 		size_t off = 0;
 		int first = -1;
@@ -641,6 +646,47 @@ deadline:
 		return cc->check_abort(cc->owner, err);
 	}
 	return KHOR_SUCCESS;
+}
+
+/* Whether x waits for its peer, not for this rank's device. */
+static bool on_wire(const coll_xfer *x)
+{
+	return x->req != NULL && x->stage != STAGE_PRE && x->stage != STAGE_D2H &&
+	       x->stage != STAGE_FLUSH;
+}
+
+khor_status coll_wait_alive(coll_comm *cc, const char *what, const coll_xfer *xs, int nxs,
+                            uint64_t started_ns, kdeadline *dl, kerr *err)
+{
+	int few[32], *peers = few, n = 0;
+	int64_t again;
+	khor_status st;
+
+	if (cc->check_alive == NULL)
+		return KHOR_ERR_TIMEOUT;
+	if (nxs > 32 && (peers = malloc((size_t)nxs * sizeof(int))) == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "%s: out of memory", what);
+	for (int i = 0; i < nxs; i++) {
+		int k = 0;
+		if (!on_wire(&xs[i]))
+			continue;
+		while (k < n && peers[k] != xs[i].peer)
+			k++;
+		if (k == n)
+			peers[n++] = xs[i].peer;
+	}
+	st = KHOR_ERR_TIMEOUT;
+	if (n > 0) {
+		coll_alive_ask q = { .what = what, .peers = peers, .n = n,
+		                     .waited_ms = (int64_t)((kclock_ns() - started_ns) / 1000000),
+		                     .progress = cc->completed };
+		st = cc->check_alive(cc->owner, &q, &again, err);
+		if (st == KHOR_SUCCESS)
+			*dl = kdeadline_in_ms(again);
+	}
+	if (peers != few)
+		free(peers);
+	return st;
 }
 
 void coll_drain(coll_comm *cc, coll_xfer *xs, int nxs)

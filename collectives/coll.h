@@ -110,6 +110,17 @@ typedef struct coll_reg_call {
 	} buf[2];
 } coll_reg_call;
 
+/* What a wait past its deadline asks the liveness hook (coll_comm.check_alive). */
+typedef struct coll_alive_ask {
+	const char *what;  /* "allreduce seq 7"; NULL: judge quietly, for a guard behind a wait
+	                    * that warns itself */
+	const int *peers;  /* the world ranks it still needs; NULL: every other rank of the comm */
+	int n;
+	int64_t waited_ms; /* since the wait began */
+	uint64_t progress; /* moves whenever the wait gets on (completed transfers); the same
+	                    * value while it is stuck */
+} coll_alive_ask;
+
 typedef struct coll_comm {
 	int rank, size;
 	uint32_t comm_id;
@@ -133,6 +144,15 @@ typedef struct coll_comm {
 	size_t slice_bytes;   /* pipeline slice */
 	int max_lanes;        /* slices in flight per collective */
 	int64_t timeout_ms;   /* per collective; < 0 = none */
+	/*
+	 * A wait passed timeout_ms (q says what it is and whom it still needs): KHOR_SUCCESS
+	 * while they are alive, and the wait goes on for *again_ms more; else the error naming
+	 * the one that is not, or that waits for this rank in turn. NULL: no heartbeats to
+	 * judge by, and timeout_ms is final.
+	 */
+	khor_status (*check_alive)(void *owner, const coll_alive_ask *q, int64_t *again_ms,
+	                           kerr *err);
+	uint64_t completed;   /* transfers completed (coll_done): a wait that adds none is stuck */
 	size_t rd_max_bytes;  /* auto: recursive doubling up to this many bytes */
 	int algo;             /* enum allreduce_algo forced by KHOR_ALGO */
 	uint64_t spin_ns;     /* busy-poll this long before sleeping in epoll */
@@ -276,11 +296,20 @@ const char *coll_wait_what(coll_wait *w);
 void coll_wait_fail(coll_wait *w, kerr *err, const char *detail, ...)
 	__attribute__((format(printf, 3, 4)));
 /*
- * Nothing could advance: drive the transport once (blocking briefly), then enforce the
- * deadline (the error names the peers of the still-pending transfers in xs) and poll for
- * a job abort once a second.
+ * Nothing could advance: drive the transport once (blocking briefly), then, past the
+ * deadline, ask whether the peers of the transfers still on the wire are alive (the wait
+ * goes on while they are; coll_wait_alive), else fail naming them; and poll for a job
+ * abort once a second.
  */
 khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int nxs, kerr *err);
+/*
+ * A wait on xs passed *dl, started_ns being when it began: with cc->check_alive and
+ * transfers on the wire, KHOR_SUCCESS and a later *dl while their peers are alive, or the
+ * error naming one that is not. KHOR_ERR_TIMEOUT with err untouched when the deadline
+ * stands (no liveness, or only the device is waited for): the caller says why.
+ */
+khor_status coll_wait_alive(coll_comm *cc, const char *what, const coll_xfer *xs, int nxs,
+                            uint64_t started_ns, kdeadline *dl, kerr *err);
 /*
  * One blocking exchange inside a collective: sends slen bytes to send_peer and receives
  * rlen bytes from recv_peer (either may be -1 for none; they may be the same rank), with

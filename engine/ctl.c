@@ -7,8 +7,31 @@
 #include "ctl.h"
 
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/*
+ * A wait of the negotiation passed dl: it goes on (a later *dl) while the peers it waits
+ * for are alive (coll_wait_alive); else the error, or "timed out" for the caller to say
+ * what was late.
+ */
+static khor_status alive_or_timeout(eset *s, coll_xfer *xs, int nxs, uint64_t t0,
+                                    kdeadline *dl, kerr *err)
+{
+	char what[64];
+	size_t k;
+
+	k = (size_t)snprintf(what, sizeof(what), "engine set %d, negotiation cycle %u", s->id,
+	                     s->cycle);
+	khor_status st = coll_wait_alive(&s->ctl->cc, what, xs, nxs, t0, dl, err);
+	if (st == KHOR_ERR_TIMEOUT)
+		return kerr_set(err, KHOR_ERR_TIMEOUT, "timed out");
+	/* The callers name the set and cycle themselves. */
+	if (st != KHOR_SUCCESS && strncmp(err->text, what, k) == 0 && err->text[k] == ':')
+		memmove(err->text, err->text + k + 2, strlen(err->text + k + 2) + 1);
+	return st;
+}
 
 /*
  * Waits until one of xs completes (*which = its index), or, with wake_ok, this set is woken
@@ -41,8 +64,11 @@ khor_status ctl_wait(eset *s, coll_xfer *xs, int nxs, bool wake_ok, kdeadline dl
 			return KHOR_SUCCESS;
 		}
 		uint64_t now = kclock_ns();
-		if (kdeadline_passed(dl))
-			return kerr_set(err, KHOR_ERR_TIMEOUT, "timed out");
+		if (kdeadline_passed(dl)) {
+			khor_status st = alive_or_timeout(s, xs, nxs, t0, &dl, err);
+			if (st != KHOR_SUCCESS)
+				return st;
+		}
 		if (idle_ms > 0 && now - t0 > (uint64_t)idle_ms * 1000000ull) {
 			*which = -2; /* the caller's timer */
 			return KHOR_SUCCESS;

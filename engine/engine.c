@@ -708,12 +708,40 @@ khor_status engine_timeline(struct khor_engine *e, const char *path, bool mark, 
 	return KHOR_SUCCESS;
 }
 
+/*
+ * engine_wait passed KHOR_TIMEOUT (under e->mu, let go meanwhile): while the engine's ranks
+ * are alive it waits on (a later *dl); a handle in its collective is judged there, and
+ * warned about there, so this check of it is quiet. Else the handle's error says who is not
+ * alive.
+ */
+static khor_status wait_alive(khor_handle *h, uint64_t t0, kdeadline *dl)
+{
+	struct khor_engine *e = h->eng;
+	char what[KERR_TEXT_MAX / 2];
+	int64_t again;
+	kerr err;
+
+	snprintf(what, sizeof(what), "waiting for '%s' (%s)", h->key,
+	         h->in_cycle ? "in its collective" : "for every rank to submit it");
+	coll_alive_ask q = { .what = h->in_cycle ? NULL : what,
+	                     .waited_ms = (int64_t)((kclock_ns() - t0) / 1000000) };
+	pthread_mutex_unlock(&e->mu);
+	khor_status st = e->comm->cc.check_alive(e->comm, &q, &again, &err);
+	pthread_mutex_lock(&e->mu);
+	if (st == KHOR_SUCCESS)
+		*dl = kdeadline_in_ms(again);
+	else if (!h->done)
+		kerr_set(&h->err, st, "'%s': %s", h->key, err.text);
+	return st;
+}
+
 khor_status engine_wait(khor_handle *h)
 {
 	struct khor_engine *e = h->eng;
 	khor_status st;
 	int64_t t = e->comm->ctx->cfg.timeout_ms;
 	kdeadline dl = kdeadline_in_ms(t);
+	const uint64_t t0 = kclock_ns();
 
 	/*
 	 * A short spin first, when this rank has a core for it besides the set thread's: a
@@ -731,6 +759,13 @@ khor_status engine_wait(khor_handle *h)
 		clock_gettime(CLOCK_MONOTONIC, &ts);
 		ts.tv_sec += 1;
 		pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+		if (!h->done && kdeadline_passed(dl) && e->comm->cc.check_alive != NULL) {
+			st = wait_alive(h, t0, &dl);
+			if (st == KHOR_SUCCESS || h->done)
+				continue;
+			pthread_mutex_unlock(&e->mu);
+			return st;
+		}
 		if (!h->done && kdeadline_passed(dl)) {
 			kerr_set(&h->err, KHOR_ERR_TIMEOUT, "'%s' did not complete within KHOR_TIMEOUT "
 			         "(%lld ms); it waits for %s (the coordinator's stall warnings name the "

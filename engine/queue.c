@@ -136,11 +136,11 @@ void queue_signal_locked(struct khor_engine *e)
 void queue_fail_set(eset *s, const kerr *cause)
 {
 	struct khor_engine *e = s->e;
-	kctx *x = s->user->ctx;
+	kctx *x = s->user != NULL ? s->user->ctx : NULL;
 	kerr verdict;
 
 	/* Elastic: a loss fails every handle with the driver's word on it, as the comms do. */
-	if (x->cfg.elastic && cause->status != KHOR_ERR_INVALID_ARG &&
+	if (x != NULL && x->cfg.elastic && cause->status != KHOR_ERR_INVALID_ARG &&
 	    cause->status != KHOR_ERR_MEMBERSHIP) {
 		verdict = *cause;
 		comm_elastic_verdict(x, &verdict);

@@ -162,7 +162,8 @@ KHOR_API int khor_is_elastic(const khor_comm *comm);
  * khor_comm_create_group: the nranks ranks listed (ranks of comm, no repeats) form a new
  * comm, ranked in list order. Every listed rank calls it with the same list; the others
  * need not call it (one that does gets NULL). A list that differs between its members is
- * an error on them (at the latest after KHOR_TIMEOUT), never a hang.
+ * an error on them (once they have waited for each other for twice KHOR_TIMEOUT, or, with
+ * KHOR_HEARTBEAT_TIMEOUT=-1, after KHOR_TIMEOUT), never a hang.
  *
  * The new comm has its own id, sequence numbers, scratch, tuning (a copy of the parent's
  * KHOR_ALGO and KHOR_HIER) and sticky error; its local and cross ranks count its own
@@ -313,7 +314,10 @@ KHOR_API khor_status khor_igather(khor_comm *comm, const void *sendbuf, void *re
 KHOR_API khor_status khor_iscatter(khor_comm *comm, const void *sendbuf, void *recvbuf,
                                    size_t count, khor_dtype dtype, int root,
                                    khor_request **request_out);
-/* Waits for completion (bounded by KHOR_TIMEOUT) and returns the collective's status. */
+/*
+ * Waits for completion and returns the collective's status. Past KHOR_TIMEOUT it waits on
+ * while the comm's ranks are alive (README "Slow, stopped and lost ranks").
+ */
 KHOR_API khor_status khor_wait(khor_request *request);
 /* KHOR_SUCCESS or an error when complete, KHOR_IN_PROGRESS when not. Never blocks. */
 KHOR_API khor_status khor_test(khor_request *request);
@@ -585,8 +589,10 @@ KHOR_API khor_status khor_enqueue_grouped_reducescatter_event(
 /* KHOR_SUCCESS or the handle's error once complete; KHOR_IN_PROGRESS before. Never blocks. */
 KHOR_API khor_status khor_handle_test(khor_handle *handle);
 /*
- * Waits for completion, at most KHOR_TIMEOUT of the engine's comm (then KHOR_ERR_TIMEOUT,
- * with what it waits for in khor_handle_error; the handle stays pending).
+ * Waits for completion. Past KHOR_TIMEOUT of the engine's comm it warns and waits on while
+ * the ranks are alive, and fails naming one that is not (the handle stays pending); without
+ * heartbeats to judge by (KHOR_HEARTBEAT_TIMEOUT=-1) it returns KHOR_ERR_TIMEOUT there,
+ * with what it waits for in khor_handle_error, the handle still pending.
  */
 KHOR_API khor_status khor_handle_wait(khor_handle *handle);
 /* The handle's error text once failed (or after a timed-out wait); "" otherwise. */

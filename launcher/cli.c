@@ -93,13 +93,27 @@ static void usage(FILE *f)
 	        "  given; every name of this host runs here, without ssh) and its rank and sizes\n"
 	        "  in the generation it starts in; its output lines start \"[HOST:SLOT] \".\n"
 	        "\n"
+	        "elastic jobs over etcd: one khorrun per host, each its host's agent, all with\n"
+	        "the same options (as torchrun's agents); no khorrun is the job's own:\n"
+	        "  --rdzv-backend etcd  meet in etcd (its JSON gateway; no TLS or etcd users)\n"
+	        "  --rdzv-endpoint HOST:PORT  etcd's client port, the job's store\n"
+	        "  --rdzv-id JOB        the job, the same on every host\n"
+	        "  --rdzv-host NAME     this host's name in the job (default: its host name)\n"
+	        "  --rdzv-ttl SECONDS   the agent's etcd lease (10): an agent not heard from for\n"
+	        "                       so long is gone, and its workers with it\n"
+	        "  Each agent offers --slots-per-host slots; one of them, elected in etcd, plans\n"
+	        "  the generations by the rules above; when it dies another takes over. -np,\n"
+	        "  --min-np and --max-np count ranks of the whole job.\n"
+	        "\n"
 	        "  -h, --help           show this help\n"
 	        "  --help-env           list the KHOR_* variables the ranks read\n"
 	        "  --version            print the version\n"
 	        "\n"
 	        "Each rank gets KHOR_RANK, KHOR_SIZE, KHOR_LOCAL_RANK, KHOR_LOCAL_SIZE,\n"
 	        "KHOR_CROSS_RANK, KHOR_CROSS_SIZE, KHOR_LOCAL_CPUS, KHOR_STORE_ADDR, KHOR_SECRET,\n"
-	        "KHOR_JOB_ID and KHOR_LAUNCHER=khorrun on top of khorrun's own environment, and\n"
+	        "KHOR_JOB_ID, KHOR_LAUNCHER=khorrun and the KHOR_HEARTBEAT_TIMEOUT and\n"
+	        "KHOR_HEARTBEAT_INTERVAL khorrun watches them with (a rank whose heartbeat stops\n"
+	        "for that long is killed) on top of khorrun's own environment, and\n"
 	        "for Horovod scripts HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK,\n"
 	        "HOROVOD_LOCAL_SIZE, HOROVOD_CROSS_RANK, HOROVOD_CROSS_SIZE (the same values)\n"
 	        "and HOROVOD_HOSTNAME (KHOR_HOSTNAME as the ranks see it, else this host's name).\n"
@@ -111,8 +125,9 @@ static void usage(FILE *f)
 	        "command line, 127 when the program is not found, 126 when it cannot be run,\n"
 	        "1 when a host cannot be reached or does not start its ranks in time.\n"
 	        "Elastic jobs: 0 when every rank of the last generation exited 0; 1 when the job\n"
-	        "cannot go on (every host blacklisted, no --min-np slots within --elastic-timeout,\n"
-	        "the discovery script's first run failed, no host of the last generation left);\n"
+	        "cannot go on (every host blacklisted, every rank of a generation lost, no\n"
+	        "--min-np slots within --elastic-timeout, the discovery script's first run\n"
+	        "failed, no host of the last generation left);\n"
 	        "3 when --reset-limit is exceeded; a rank's own status (as above) when it fails\n"
 	        "after another exited 0.\n");
 }
@@ -175,7 +190,8 @@ static bool takes_value(const char *name)
 		"--ssh-identity", "--start-timeout", "--remote-khorrun", "--output-filename",
 		"--min-np", "--min-num-proc", "--max-np", "--max-num-proc", "--host-discovery-script",
 		"--host-discovery-timeout", "--slots-per-host", "--reset-limit", "--elastic-timeout",
-		"--blacklist-cooldown-range",
+		"--blacklist-cooldown-range", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
+		"--rdzv-host", "--rdzv-ttl",
 	};
 
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
@@ -261,10 +277,38 @@ static int parse_cooldown(const char *lo, const char *hi, struct opts *o)
 	return -1;
 }
 
+/* An etcd job's agent: what it needs, and what it cannot take (the hosts are the agents). */
+static int check_rdzv(struct opts *o)
+{
+	bool any = o->rdzv_backend != NULL || o->rdzv_endpoint != NULL || o->rdzv_id != NULL ||
+	           o->rdzv_host != NULL;
+
+	if (!any)
+		return -1;
+	if (o->rdzv_backend == NULL || strcmp(o->rdzv_backend, "etcd") != 0)
+		return cli_bad_usage("--rdzv-endpoint, --rdzv-id and --rdzv-host go with "
+		                     "--rdzv-backend etcd (the one backend there is)");
+	if (o->rdzv_endpoint == NULL || o->rdzv_id == NULL)
+		return cli_bad_usage("--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT (etcd's "
+		                     "client port) and --rdzv-id JOB (the same on every host)");
+	if (o->nhost_args > 0 || o->hostfile != NULL || o->discovery != NULL)
+		return cli_bad_usage("an etcd job's hosts are its agents, one khorrun per host: "
+		                     "-H, --hostfile and --host-discovery-script do not go with "
+		                     "--rdzv-backend");
+	if (o->np == 0 && o->min_np == 0)
+		o->min_np = 1;
+	o->elastic = true;
+	return -1;
+}
+
 /* The elastic options once all are read: what goes with what, and the defaults. */
 static int check_elastic(struct opts *o)
 {
-	o->elastic = o->min_np > 0 || o->max_np > 0 || o->discovery != NULL;
+	int rc = check_rdzv(o);
+
+	if (rc >= 0)
+		return rc;
+	o->elastic = o->elastic || o->min_np > 0 || o->max_np > 0 || o->discovery != NULL;
 	if (!o->elastic) {
 		if (o->reset_limit >= 0 || o->cool_min_ms > 0 || o->elastic_timeout_ms >= 0)
 			return cli_bad_usage("--reset-limit, --blacklist-cooldown-range and "
@@ -275,6 +319,8 @@ static int check_elastic(struct opts *o)
 	if (o->discovery != NULL && (o->nhost_args > 0 || o->hostfile != NULL))
 		return cli_bad_usage("--host-discovery-script and %s both name the hosts; give one "
 		                     "of them", o->hostfile != NULL ? "--hostfile" : "-H");
+	bool np_given = o->np > 0;
+
 	if (o->np == 0 && o->min_np == 0)
 		return cli_bad_usage("an elastic job needs -np N or --min-np N");
 	if (o->min_np == 0)
@@ -285,7 +331,7 @@ static int check_elastic(struct opts *o)
 		return cli_bad_usage("-np %d is less than --min-np %d", o->np, o->min_np);
 	if (o->max_np > 0 && o->max_np < o->np)
 		return cli_bad_usage("--max-np %d is less than -np %d%s", o->max_np, o->np,
-		                     o->np == o->min_np ? " (-np defaults to --min-np)" : "");
+		                     np_given ? "" : " (-np defaults to --min-np)");
 	if (o->bind == CPUBIND_CORES)
 		return cli_bad_usage("--bind cores is for fixed jobs: an elastic job's ranks per "
 		                     "host change from one generation to the next");
@@ -312,6 +358,7 @@ int cli_parse(int argc, char **argv, struct opts *o)
 	o->reset_limit = -1;
 	o->elastic_timeout_ms = -1;
 	o->discovery_timeout_ms = 10000;
+	o->rdzv_ttl_s = 10;
 	o->xvars = calloc((size_t)argc, sizeof(*o->xvars));
 	o->xnames = calloc((size_t)argc, sizeof(*o->xnames));
 	o->host_args = calloc((size_t)argc, sizeof(*o->host_args));
@@ -486,6 +533,28 @@ int cli_parse(int argc, char **argv, struct opts *o)
 			if (!kparse_duration_ms(val, &o->elastic_timeout_ms) || o->elastic_timeout_ms < 0)
 				return cli_bad_usage("--elastic-timeout wants a finite duration like 600 (s), "
 				                     "30s or 10m, not '%s'", val);
+		} else if (strcmp(name, "--rdzv-backend") == 0) {
+			if (strcmp(val, "etcd") != 0)
+				return cli_bad_usage("--rdzv-backend wants etcd, not '%s'", val);
+			o->rdzv_backend = val;
+		} else if (strcmp(name, "--rdzv-endpoint") == 0) {
+			o->rdzv_endpoint = val;
+		} else if (strcmp(name, "--rdzv-id") == 0) {
+			if (!valid_job_id(val))
+				return cli_bad_usage("--rdzv-id wants 1 to 64 letters, digits, '-', '_' or "
+				                     "'.', not '%s'", val);
+			o->rdzv_id = val;
+		} else if (strcmp(name, "--rdzv-host") == 0) {
+			if (val[0] == '\0' || strlen(val) > EP_HOST_MAX || strpbrk(val, "/: \t") != NULL)
+				return cli_bad_usage("--rdzv-host wants a host name (no '/', ':' or blanks), "
+				                     "not '%s'", val);
+			o->rdzv_host = val;
+		} else if (strcmp(name, "--rdzv-ttl") == 0) {
+			int ttl;
+
+			if (!parse_count(name, val, 1, 3600, &ttl))
+				return 2;
+			o->rdzv_ttl_s = ttl;
 		} else if (strcmp(name, "--blacklist-cooldown-range") == 0) {
 			int rc;
 

@@ -54,7 +54,8 @@ bool discover_start(struct job *j, struct discover *d, const sigset_t *child_mas
 	pid_t pid;
 
 	if (pipe2(p, O_CLOEXEC) != 0) {
-		snprintf(why, wlen, "cannot make a pipe: %s", kerr_errno_str(errno, ebuf, sizeof(ebuf)));
+		snprintf(why, wlen, "cannot make a pipe: %s",
+		         kerr_errno_str(errno, ebuf, sizeof(ebuf)));
 		return false;
 	}
 	(void)fcntl(p[0], F_SETFL, O_NONBLOCK);
@@ -64,12 +65,12 @@ bool discover_start(struct job *j, struct discover *d, const sigset_t *child_mas
 	if (err == 0 && (err = posix_spawnattr_init(&attr)) != 0)
 		posix_spawn_file_actions_destroy(&fa);
 	if (err == 0) {
-		if ((err = posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY,
-		                                            0)) == 0 &&
+		if ((err = posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null",
+		                                            O_RDONLY, 0)) == 0 &&
 		    (err = posix_spawn_file_actions_adddup2(&fa, p[1], STDOUT_FILENO)) == 0 &&
 		    (err = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP |
-		                                                   POSIX_SPAWN_SETSIGMASK |
-		                                                   POSIX_SPAWN_SETSIGDEF)) == 0 &&
+		                                               POSIX_SPAWN_SETSIGMASK |
+		                                               POSIX_SPAWN_SETSIGDEF)) == 0 &&
 		    (err = posix_spawnattr_setpgroup(&attr, 0)) == 0 &&
 		    (err = posix_spawnattr_setsigmask(&attr, child_mask)) == 0 &&
 		    (err = posix_spawnattr_setsigdefault(&attr, &def)) == 0)
@@ -80,7 +81,8 @@ bool discover_start(struct job *j, struct discover *d, const sigset_t *child_mas
 	close(p[1]);
 	if (err != 0) {
 		close(p[0]);
-		snprintf(why, wlen, "cannot run /bin/sh: %s", kerr_errno_str(err, ebuf, sizeof(ebuf)));
+		snprintf(why, wlen, "cannot run /bin/sh: %s",
+		         kerr_errno_str(err, ebuf, sizeof(ebuf)));
 		return false;
 	}
 	j->script_pid = pid;

@@ -13,9 +13,9 @@
 struct discover {
 	const char *cmd;
 	int64_t timeout_ms;
-	int fd;          /* read end of its stdout; -1 once at EOF (or no run) */
-	bool running;    /* started, and its end not yet taken */
-	bool killed;     /* ran past its timeout */
+	int fd;       /* read end of its stdout; -1 once at EOF (or no run) */
+	bool running; /* started, and its end not yet taken */
+	bool killed;  /* ran past its timeout */
 	kdeadline dl;
 	char *out;
 	size_t len, cap;

@@ -11,7 +11,8 @@
  * It talks to khorrun's own store as a client, like any rank, through the generic store
  * interface, and keeps no state there but what the contract names: el/plan/<g>, el/gen,
  * el/update/<g>, el/done and the aborts. What a generation is made of comes from
- * elastic_plan.c; the processes are started by batch.c and signalled by procs.c.
+ * elastic_plan.c, what a loss or a request does to it from elastic_core.c (shared with the
+ * etcd agents' leader); the processes are started by batch.c and signalled by procs.c.
  *
  * A generation ends by a loss (a worker exited non-zero, was killed, its host's connection
  * ended, or its heartbeat stalled and khorrun killed it), or by the workers asking for a new
@@ -31,6 +32,7 @@
 
 #include "batch.h"
 #include "discover.h"
+#include "elastic_core.h"
 #include "elastic_plan.h"
 #include "env.h"
 #include "hosts.h"
@@ -42,7 +44,6 @@
 
 #include <errno.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,106 +55,58 @@
 #define POLL_MS 100
 /* Horovod's discovery period. */
 #define DISCOVER_EVERY_MS 1000
-/* Settings' defaults for when runtime/config.c's table has none. */
-#define DEF_HEARTBEAT_TIMEOUT "10s"
-#define DEF_ELASTIC_TIMEOUT "600s"
 
 /* What the driver knows of one worker; e->w[i] is j->ranks[i]. */
 struct ew {
-	int host, slot;       /* index into st.hosts; its slot there */
-	int rank;             /* its rank in generation e->gen; -1: none */
-	bool dropped;         /* a plan dropped it: it should exit 0 */
-	bool fenced;          /* khorrun killed it (its heartbeat stalled, or its id is wanted) */
-	int64_t killed_at;    /* when khorrun sent it SIGKILL (fenced, or dropped and stopped) */
-	bool abandoned;       /* its host did not answer: khorrun closed the ssh connection */
-	int64_t hb, hb_at;    /* the last heartbeat count seen in generation e->gen, and when */
+	int host, slot;    /* index into st.hosts; its slot there */
+	int rank;          /* its rank in generation e->c.gen; -1: none */
+	bool dropped;      /* a plan dropped it: it should exit 0 */
+	bool fenced;       /* khorrun killed it (its heartbeat stalled, or its id is wanted) */
+	int64_t killed_at; /* when khorrun sent it SIGKILL (fenced, or dropped and stopped) */
+	bool abandoned;    /* its host did not answer: khorrun closed the ssh connection */
+	int64_t hb, hb_at; /* the last heartbeat count seen in generation e->c.gen, and when */
 	/*
-	 * A survivor kept into generation e->gen, until it joins it: its rank in the generation
-	 * before (-1: none to watch), the heartbeat count last seen there and when it last
-	 * moved (or the plan was written), so that one stopped between generations is fenced.
+	 * A survivor kept into generation e->c.gen, until it joins it: its rank in the
+	 * generation before (-1: none to watch), the heartbeat count last seen there and when
+	 * it last moved (or the plan was written), so that one stopped between generations is
+	 * fenced.
 	 */
 	int prev_rank;
 	int64_t prev_hb, alive_at;
-	int64_t stop_at;      /* dropped: when to signal it if it has not exited */
-	int stop_sigs;        /* signals sent to it since it was dropped */
+	int64_t stop_at; /* dropped: when to signal it if it has not exited */
+	int stop_sigs;   /* signals sent to it since it was dropped */
 };
 
 struct elastic {
 	struct job *j;
 	const struct elastic_env *env;
 	const sigset_t *child_mask;
-	struct ep_state st;
-	bool *here;           /* per host of st: this host (no ssh) */
+	struct ec c; /* the generations (elastic_core.h) */
+	bool *here; /* per host of st: this host (no ssh) */
 	int nhere;
 	bool have_script;
 	struct discover disc;
 	struct ep_list fixed; /* the hosts, without a script */
 	int64_t disc_next;
-	char disc_err[512];   /* the last failure said, so a failing script is not said every second */
+	/* The last failure said, so that a script failing every second is said once. */
+	char disc_err[512];
 	store *s;
 	struct ew *w;
 	int nw;
 
-	int gen;              /* the newest generation planned; 0: none yet */
-	struct ep_slot *plan; /* its ranks */
-	int nplan;
-	bool gen_over;        /* it has ended (a loss, or its workers asked for a new one) */
-	unsigned updates;     /* el/update/<gen> as said so far */
-	bool need_gen;
-	int64_t wait_since;   /* waiting for slots since then; -1: not waiting */
-	int64_t gen_beat_at;  /* the first heartbeat of any rank of gen; 0: none yet */
-	int64_t lost_at;      /* the first loss in gen; 0: none */
+	int64_t lost_at;      /* the first loss in generation c.gen; 0: none */
 	int64_t settle_check; /* when settled() may ask the store again */
 	int64_t next_poll;
-	bool finishing;       /* a worker of gen exited 0: no new generation */
-	bool done_said;       /* el/done written */
-	bool ending;
+	bool done_said; /* el/done written */
 	int rc;
-	char *path;           /* the program here, once looked up */
+	char *path; /* the program here, once looked up */
 
-	int64_t hb_timeout_ms; /* -1: no heartbeat check */
-	int64_t elastic_timeout_ms;
-	const char *elastic_timeout_arg; /* KHOR_ELASTIC_TIMEOUT for the ranks; NULL: theirs */
-	char timeout_arg[32];
-	uint64_t rnd;
+	int64_t hb_every_ms, next_hb; /* c.hb_timeout_ms -1: no heartbeat check */
 };
 
 static int64_t now_ms(void)
 {
 	return (int64_t)(kclock_ns() / 1000000u);
-}
-
-/* A draw in [0, 1) for the cooldown (xorshift; its quality does not matter here). */
-static double draw(struct elastic *e)
-{
-	e->rnd ^= e->rnd << 13;
-	e->rnd ^= e->rnd >> 7;
-	e->rnd ^= e->rnd << 17;
-	return (double)(e->rnd >> 11) / (double)(1ull << 53);
-}
-
-/*
- * A duration the ranks read too: -x VAR=..., else khorrun's environment (then the Horovod
- * alias), else the settings table's default. False with the reason said.
- */
-static bool rank_duration(const struct opts *o, const char *name, const char *alias,
-                          const char *fallback, int64_t *out)
-{
-	const char *v = env_rank_value(o, name), *from = name;
-
-	if ((v == NULL || *v == '\0') && alias != NULL) {
-		v = env_rank_value(o, alias);
-		from = alias;
-	}
-	if (v == NULL || *v == '\0') {
-		v = config_default(name) != NULL ? config_default(name) : fallback;
-		from = name;
-	}
-	if (!kparse_duration_ms(v, out)) {
-		say("%s=%s: wants a duration like 10s, 500ms or 2m", from, v);
-		return false;
-	}
-	return true;
 }
 
 /* Makes e->w cover every rank started so far. */
@@ -174,10 +127,6 @@ static bool ew_room(struct elastic *e)
 	return true;
 }
 
-/* The job cannot go on: say why, tell the workers waiting in init, stop the others. */
-static void fail_job(struct elastic *e, int rc, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
 static void tell_done(struct elastic *e)
 {
 	kerr err;
@@ -190,18 +139,15 @@ static void tell_done(struct elastic *e)
 		KLOG_WARN("khorrun: elastic: cannot write el/done: %s", err.text);
 }
 
-static void fail_job(struct elastic *e, int rc, const char *fmt, ...)
+/* The job cannot go on: say why, tell the workers waiting in init, stop the others. */
+static void job_failed(void *ctx, int rc, const char *msg)
 {
-	char msg[2048];
-	va_list ap;
+	struct elastic *e = ctx;
 
-	if (e->ending)
+	if (e->c.ending)
 		return;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
 	say("%s", msg);
-	e->ending = true;
+	e->c.ending = true;
 	e->rc = rc;
 	tell_done(e);
 	e->j->keep_open = false;
@@ -211,7 +157,7 @@ static void fail_job(struct elastic *e, int rc, const char *fmt, ...)
 
 static void store_failed(struct elastic *e, const char *what, const kerr *err)
 {
-	fail_job(e, 1, "elastic: the store failed (%s): %s", what, err->text);
+	ec_fail(&e->c, 1, "elastic: the store failed (%s): %s", what, err->text);
 }
 
 static bool put(struct elastic *e, int gen, const char *key, const char *val)
@@ -256,8 +202,9 @@ static char *peek(struct elastic *e, int gen, const char *key)
 }
 
 /* Ends generation gen for its ranks: the first abort written is the one they report. */
-static void write_abort(struct elastic *e, int gen, const char *text)
+static void write_abort(void *ctx, int gen, const char *text)
 {
+	struct elastic *e = ctx;
 	int64_t n = 0;
 	kerr err;
 
@@ -271,62 +218,25 @@ static void write_abort(struct elastic *e, int gen, const char *text)
 		(void)put(e, gen, "abort", text);
 }
 
+static const struct ec_ops elastic_ops = { .fail = job_failed, .abort_gen = write_abort };
+
 /* "killed by signal 9 (SIGKILL)", or what is known of a rank on a host now gone. */
 static void end_text(const struct elastic *e, int i, char *buf, size_t len)
 {
 	const struct rank *rk = &e->j->ranks[i];
 	const struct host *h = &e->j->hosts[rk->host];
-	char name[32];
-	int st = rk->wstatus;
 
 	if (rk->lost) {
 		if (h->failed && !h->ready)
-			snprintf(buf, len, "it could not be started there%s%s", h->last_err[0] ? ": " : "",
-			         h->last_err);
+			snprintf(buf, len, "it could not be started there%s%s",
+			         h->last_err[0] ? ": " : "", h->last_err);
 		else
-			snprintf(buf, len, "the ssh connection to %s ended before its exit was known%s%s",
+			snprintf(buf, len,
+			         "the ssh connection to %s ended before its exit was known%s%s",
 			         h->name, h->last_err[0] ? ": " : "", h->last_err);
-	} else if (WIFEXITED(st)) {
-		snprintf(buf, len, "exited with status %d", WEXITSTATUS(st));
-	} else if (WIFSIGNALED(st)) {
-		snprintf(buf, len, "killed by signal %d (%s)%s", WTERMSIG(st),
-		         say_sig_name(WTERMSIG(st), name, sizeof(name)),
-		         WCOREDUMP(st) ? ", core dumped" : "");
 	} else {
-		snprintf(buf, len, "ended with wait status 0x%x", (unsigned)st);
+		ec_end_words(rk->wstatus, buf, len);
 	}
-}
-
-static int status_to_exit(int st)
-{
-	if (WIFEXITED(st))
-		return WEXITSTATUS(st);
-	if (WIFSIGNALED(st))
-		return 128 + WTERMSIG(st);
-	return 1;
-}
-
-/* A new generation is needed (counted against --reset-limit once). */
-static void want_gen(struct elastic *e)
-{
-	if (e->need_gen || e->ending || e->finishing)
-		return;
-	if (e->gen > 0 && !ep_take_reset(&e->st)) {
-		fail_job(e, 3, "Horovod was shutdown because number of resets during elastic job "
-		         "exceeded limit: %d", e->st.reset_limit);
-		return;
-	}
-	e->need_gen = true;
-}
-
-/* Every host of the newest generation is blacklisted: Horovod's end of the job. */
-static bool all_blacklisted(const struct elastic *e)
-{
-	for (int r = 0; r < e->nplan; r++) {
-		if (!e->st.hosts[e->plan[r].host].blacklisted)
-			return false;
-	}
-	return e->nplan > 0;
 }
 
 /*
@@ -338,69 +248,35 @@ static bool all_blacklisted(const struct elastic *e)
  */
 static void lost(struct elastic *e, int i, const char *why)
 {
-	struct ew *w = &e->w[i];
-	struct rank *rk = &e->j->ranks[i];
-	const struct host *jh = &e->j->hosts[rk->host];
-	const char *host = e->st.hosts[w->host].name;
-	bool never_started = rk->lost && jh->failed && !jh->ready;
-	char text[1024], tail[160];
+	const struct ew *w = &e->w[i];
+	const struct rank *rk = &e->j->ranks[i];
+	const struct host *h = &e->j->hosts[rk->host];
+	struct ec_loss l = { .rank = w->rank,
+		             .host = w->host,
+		             .worker = rk->worker,
+		             .why = why,
+		             .finish_rc = rk->lost ? 255 : ec_exit_status(rk->wstatus),
+		             .blacklist = true,
+		             .unstartable = rk->lost && h->failed && !h->ready };
 
-	if (e->finishing) {
-		fail_job(e, rk->lost ? 255 : status_to_exit(rk->wstatus),
-		         "elastic: rank %d on %s (worker %s) failed after the job began to finish: %s",
-		         w->rank, host, rk->worker, why);
-		return;
-	}
-	snprintf(text, sizeof(text), "rank %d on %s (worker %s) was lost in generation %d: %s",
-	         w->rank, host, rk->worker, e->gen, why);
-	if (!e->gen_over) {
-		write_abort(e, e->gen, text);
-		e->gen_over = true;
-	}
-	if (e->lost_at == 0)
+	if (!e->c.finishing && e->lost_at == 0)
 		e->lost_at = now_ms();
-	if (ep_count_hosts(e->plan, e->nplan) > 1 || never_started) {
-		if (e->st.hosts[w->host].blacklisted) {
-			snprintf(tail, sizeof(tail), "; host %s is blacklisted already", host);
-		} else {
-			int64_t cd = ep_blacklist(&e->st, w->host, now_ms(), draw(e));
-
-			if (cd < 0)
-				snprintf(tail, sizeof(tail), "; host %s blacklisted", host);
-			else
-				snprintf(tail, sizeof(tail), "; host %s blacklisted for %lld s", host,
-				         (long long)((cd + 999) / 1000));
-		}
-	} else {
-		snprintf(tail, sizeof(tail), "; a fresh worker takes its slot");
-	}
-	say("elastic: generation %d: rank %d on %s (worker %s) was lost: %s%s", e->gen, w->rank,
-	    host, rk->worker, why, tail);
-	if (all_blacklisted(e)) {
-		fail_job(e, 1, "elastic: every host of generation %d is blacklisted; the job cannot "
-		         "go on", e->gen);
-		return;
-	}
-	want_gen(e);
+	ec_lost(&e->c, &l);
 }
 
 /*
- * Kills worker i, whose heartbeat stalled (in generation e->gen, or between the one it
+ * Kills worker i, whose heartbeat stalled (in generation e->c.gen, or between the one it
  * left and this one it has not joined), before anyone hears of it (fencing).
  */
 static void fence(struct elastic *e, int i, int64_t stalled_ms, bool joining)
 {
-	char why[256], where[96] = "";
+	char why[256];
 
 	procs_signal_rank(e->j, &e->j->ranks[i], SIGKILL);
 	e->w[i].fenced = true;
 	e->w[i].killed_at = now_ms();
-	if (joining)
-		snprintf(where, sizeof(where), " since it left generation %d, and it has not joined "
-		         "generation %d", e->gen - 1, e->gen);
-	snprintf(why, sizeof(why), "its heartbeat stopped for %.1f s%s (KHOR_HEARTBEAT_TIMEOUT "
-	         "%.1f s); khorrun killed it", (double)stalled_ms / 1000.0, where,
-	         (double)e->hb_timeout_ms / 1000.0);
+	ep_fence_text(why, sizeof(why), stalled_ms, e->c.hb_timeout_ms, "khorrun",
+	              joining ? e->c.gen - 1 : 0);
 	lost(e, i, why);
 }
 
@@ -417,15 +293,15 @@ static void ends(struct elastic *e)
 		if (rk->running || rk->noted)
 			continue;
 		rk->noted = true;
-		if (e->ending || w->dropped || w->fenced)
+		if (e->c.ending || w->dropped || w->fenced)
 			continue; /* expected, or said when it was fenced */
 		if (!rk->lost && WIFEXITED(rk->wstatus) && WEXITSTATUS(rk->wstatus) == 0) {
-			if (!e->finishing)
-				KLOG_INFO("khorrun: elastic: worker %s (rank %d of generation %d) exited 0: "
-				          "the job is finishing, no new generation", rk->worker, w->rank,
-				          e->gen);
-			e->finishing = true;
-			e->need_gen = false;
+			if (!e->c.finishing)
+				KLOG_INFO("khorrun: elastic: worker %s (rank %d of generation %d) "
+				          "exited 0: the job is finishing, no new generation",
+				          rk->worker, w->rank, e->c.gen);
+			e->c.finishing = true;
+			e->c.need_gen = false;
 			tell_done(e);
 			continue;
 		}
@@ -447,67 +323,46 @@ static void ends(struct elastic *e)
  */
 static bool note_new_hosts(struct elastic *e)
 {
-	if (e->nhere >= e->st.nhosts)
+	if (e->nhere >= e->c.st.nhosts)
 		return true;
-	bool *h = realloc(e->here, (size_t)e->st.cap * sizeof(*h));
+	bool *h = realloc(e->here, (size_t)e->c.st.cap * sizeof(*h));
 
 	if (h == NULL)
 		return false;
 	e->here = h;
-	for (int i = e->nhere; i < e->st.nhosts; i++) {
-		h[i] = place_host_is_here(e->st.hosts[i].name);
+	for (int i = e->nhere; i < e->c.st.nhosts; i++) {
+		h[i] = place_host_is_here(e->c.st.hosts[i].name);
 		if (!h[i] && e->env != NULL && e->env->store_loopback) {
-			say("elastic: host %s cannot reach the store, which listens on %s only; it is "
-			    "left out (give --bind-store with an address every host reaches)",
-			    e->st.hosts[i].name, e->env->store_host);
-			ep_exclude(&e->st, i);
+			say("elastic: host %s cannot reach the store, which listens on %s only; "
+			    "it is left out (give --bind-store with an address every host reaches)",
+			    e->c.st.hosts[i].name, e->env->store_host);
+			ep_exclude(&e->c.st, i);
 		}
 	}
-	e->nhere = e->st.nhosts;
+	e->nhere = e->c.st.nhosts;
 	return true;
-}
-
-static void update_words(unsigned flags, char *buf, size_t len)
-{
-	snprintf(buf, len, "%s%s%s", flags & EP_ADDED ? "added" : "",
-	         flags == (EP_ADDED | EP_REMOVED) ? "," : "", flags & EP_REMOVED ? "removed" : "");
 }
 
 /* A discovery's hosts: the state takes them in; a change the ranks must act on is told. */
 static void take_hosts(struct elastic *e, const struct ep_list *l)
 {
-	int flags = ep_update(&e->st, l, now_ms());
-	struct ep_slot *next;
-	int n, cap;
+	int flags = ep_update(&e->c.st, l, now_ms());
 	char words[32], slots[512], key[64];
 
 	if (flags < 0 || !note_new_hosts(e)) {
-		fail_job(e, 1, "elastic: out of memory taking in the hosts");
+		ec_fail(&e->c, 1, "elastic: out of memory taking in the hosts");
 		return;
 	}
-	if (flags == 0 || e->gen == 0 || e->gen_over || e->finishing || e->ending)
+	if (!ec_hosts_changed(&e->c, flags, slots, sizeof(slots)))
 		return;
-	cap = ep_available_slots(&e->st) + 1;
-	next = calloc((size_t)cap, sizeof(*next));
-	if (next == NULL) {
-		fail_job(e, 1, "elastic: out of memory taking in the hosts");
-		return;
-	}
-	n = ep_assign(&e->st, next, cap);
-	if (n >= 0 && ep_same_assignment(e->plan, e->nplan, next, n)) {
-		free(next);
-		return; /* nothing the ranks would do differently (Horovod skips it too) */
-	}
-	e->updates |= (unsigned)flags;
-	update_words(e->updates, words, sizeof(words));
-	ep_describe_slots(&e->st, next, n < 0 ? 0 : n, slots, sizeof(slots));
-	free(next);
-	snprintf(key, sizeof(key), "el/update/%d", e->gen);
+	ep_update_words(e->c.updates, words, sizeof(words));
+	snprintf(key, sizeof(key), "el/update/%d", e->c.gen);
 	if (!put(e, 0, key, words))
 		return;
-	update_words((unsigned)flags, words, sizeof(words));
+	ep_update_words((unsigned)flags, words, sizeof(words));
 	say("elastic: hosts %s during generation %d; the ranks go to a new generation at their "
-	    "next commit (%s)", words, e->gen, slots[0] ? slots : "no slots");
+	    "next commit (%s)",
+	    words, e->c.gen, slots[0] ? slots : "no slots");
 }
 
 /* The discovery script, or the fixed hosts again (a cooldown may have ended). */
@@ -528,7 +383,9 @@ static void discovery(struct elastic *e, short revents)
 		if (now < e->disc_next)
 			return;
 		if (!discover_start(e->j, &e->disc, e->child_mask, why, sizeof(why))) {
-			say("elastic: cannot run the host discovery script: %s; trying again in 1 s", why);
+			say("elastic: cannot run the host discovery script: %s; trying again "
+			    "in 1 s",
+			    why);
 			e->disc_next = now + DISCOVER_EVERY_MS;
 		}
 		return;
@@ -551,8 +408,9 @@ static void discovery(struct elastic *e, short revents)
 	}
 	/* Horovod's rule: after the first run, a failure is said and the hosts stay. */
 	if (strcmp(why, e->disc_err) != 0)
-		say("elastic: the host discovery script failed: %s; the hosts stay as they were, and "
-		    "it runs again every second", why);
+		say("elastic: the host discovery script failed: %s; the hosts stay as they were, "
+		    "and it runs again every second",
+		    why);
 	kstrlcpy(e->disc_err, why, sizeof(e->disc_err));
 }
 
@@ -565,7 +423,7 @@ static char *asked_why(struct elastic *e, int *who)
 
 		if (e->w[i].rank < 0 || e->w[i].dropped)
 			continue;
-		snprintf(key, sizeof(key), "el/why/%d/%s", e->gen, e->j->ranks[i].worker);
+		snprintf(key, sizeof(key), "el/why/%d/%s", e->c.gen, e->j->ranks[i].worker);
 		v = peek(e, 0, key);
 		if (v != NULL) {
 			*who = i;
@@ -579,33 +437,29 @@ static char *asked_why(struct elastic *e, int *who)
 /* el/want/<gen>: the ranks want a new generation (a host update, or an error of theirs). */
 static void check_want(struct elastic *e)
 {
-	char key[64], text[1400];
+	char key[64];
 	int64_t n = 0;
 	int who;
 	char *why;
 
-	snprintf(key, sizeof(key), "el/want/%d", e->gen);
+	snprintf(key, sizeof(key), "el/want/%d", e->c.gen);
 	if (!count(e, 0, key, &n) || n == 0)
 		return;
-	e->gen_over = true;
-	if (e->updates != 0) {
-		KLOG_INFO("khorrun: elastic: the ranks of generation %d asked for a new one after the "
-		          "host update", e->gen);
-		want_gen(e);
+	e->c.gen_over = true;
+	if (e->c.updates != 0) {
+		KLOG_INFO("khorrun: elastic: the ranks of generation %d asked for a new one after "
+		          "the host update",
+		          e->c.gen);
+		ec_want_gen(&e->c);
 		return;
 	}
 	why = asked_why(e, &who);
 	if (who >= 0)
-		snprintf(text, sizeof(text), "generation %d ended: rank %d on %s (worker %s) asked for "
-		         "a new one: %s", e->gen, e->w[who].rank, e->st.hosts[e->w[who].host].name,
+		ec_asked(&e->c, e->w[who].rank, e->c.st.hosts[e->w[who].host].name,
 		         e->j->ranks[who].worker, why);
 	else
-		snprintf(text, sizeof(text), "generation %d ended: a rank asked for a new one",
-		         e->gen);
+		ec_asked(&e->c, -1, NULL, NULL, NULL);
 	free(why);
-	write_abort(e, e->gen, text);
-	say("elastic: %s", text);
-	want_gen(e);
 }
 
 /*
@@ -621,67 +475,48 @@ static bool join_stalled(struct elastic *e, int i, int64_t now)
 {
 	struct ew *w = &e->w[i];
 	char key[32], *val;
+	int64_t stalled;
 
 	if (w->prev_rank < 0 || w->hb > 0)
 		return false;
 	snprintf(key, sizeof(key), "host/%d", w->rank);
-	val = peek(e, e->gen, key);
+	val = peek(e, e->c.gen, key);
 	if (val != NULL) {
 		free(val);
 		w->prev_rank = -1; /* it joined: from here on, its heartbeat in this generation */
 		return false;
 	}
 	snprintf(key, sizeof(key), "hb/%d", w->prev_rank);
-	val = peek(e, e->gen - 1, key);
-	if (val != NULL) {
-		int64_t v = strtoll(val, NULL, 10);
-
-		free(val);
-		if (v != w->prev_hb) {
-			w->prev_hb = v;
-			w->alive_at = now;
-		}
-	}
-	if (now - w->alive_at <= e->hb_timeout_ms)
+	val = peek(e, e->c.gen - 1, key);
+	stalled = ep_join_stall(&w->prev_hb, &w->alive_at, val, now, e->c.hb_timeout_ms);
+	free(val);
+	if (stalled == 0)
 		return false;
-	fence(e, i, now - w->alive_at, true);
+	fence(e, i, stalled, true);
 	return true;
 }
 
 /* Each rank's heartbeat in this generation; a stalled one is fenced. */
 static void check_heartbeats(struct elastic *e, int64_t now)
 {
-	for (int i = 0; i < e->j->nstarted && !e->gen_over; i++) {
+	for (int i = 0; i < e->j->nstarted && !e->c.gen_over; i++) {
 		struct ew *w = &e->w[i];
 		char key[32], *val;
-		int64_t v, since;
+		int64_t stalled;
 
 		if (w->rank < 0 || w->dropped || w->fenced || !e->j->ranks[i].running)
 			continue;
 		if (join_stalled(e, i, now))
 			continue;
-		/* Read, never added to: khor_finalize removes the counter, and it must stay gone. */
-		snprintf(key, sizeof(key), "hb/%d", w->rank);
-		val = peek(e, e->gen, key);
-		if (val == NULL && w->hb > 0)
-			continue; /* it beat, then left the generation (finalize): going, not stalled */
-		v = val != NULL ? strtoll(val, NULL, 10) : 0;
-		free(val);
-		if (v != w->hb) {
-			if (e->gen_beat_at == 0)
-				e->gen_beat_at = now;
-			w->hb = v;
-			w->hb_at = now;
-			continue;
-		}
-		/*
-		 * Before its first beat a rank is still joining; but once any rank of the
-		 * generation beats, all have joined (the bootstrap is collective), so one that
-		 * has not beaten since then is stalled too.
+		/* Read, never added to: khor_finalize removes the counter, and it must stay gone.
 		 */
-		since = w->hb > 0 ? w->hb_at : e->gen_beat_at;
-		if (since > 0 && now - since > e->hb_timeout_ms)
-			fence(e, i, now - since, false);
+		snprintf(key, sizeof(key), "hb/%d", w->rank);
+		val = peek(e, e->c.gen, key);
+		stalled = ep_heartbeat(&w->hb, &w->hb_at, &e->c.gen_beat_at, val, now,
+		                       e->c.hb_timeout_ms);
+		free(val);
+		if (stalled > 0)
+			fence(e, i, stalled, false);
 	}
 }
 
@@ -750,53 +585,34 @@ static void abandon_silent(struct elastic *e, int64_t now)
 static size_t batch_env(struct elastic *e, const char *host, bool here, char **fixed,
                         size_t *ncommon)
 {
-	size_t n = 0;
-	bool ok = true;
-
-	for (size_t i = 0; i < e->env->ncommon && ok; i++)
-		ok = env_add_fixed(fixed, &n, "%s", e->env->common[i]);
-	for (size_t p = 0; p < NPREFIXES && ok; p++)
-		ok = env_add_fixed(fixed, &n, "%sSIZE=%d", env_id_prefixes[p], e->nplan) &&
-		     env_add_fixed(fixed, &n, "%sELASTIC=1", env_id_prefixes[p]);
-	if (ok && e->elastic_timeout_arg != NULL)
-		ok = env_add_fixed(fixed, &n, "KHOR_ELASTIC_TIMEOUT=%s", e->elastic_timeout_arg);
-	*ncommon = n;
-	if (ok && here)
-		ok = env_add_fixed(fixed, &n, "KHOR_HOSTNAME=%s", host) &&
-		     env_add_fixed(fixed, &n, "HOROVOD_HOSTNAME=%s", host) &&
-		     (e->env->local_cpus <= 0 ||
-		      env_add_fixed(fixed, &n, "KHOR_LOCAL_CPUS=%d", e->env->local_cpus));
-	if (!ok) {
-		for (size_t i = 0; i < n; i++)
-			free(fixed[i]);
-		return 0;
-	}
-	return n;
+	return ec_worker_env(&e->c, e->env->common, e->env->ncommon, e->c.nplan,
+	                     here ? host : NULL, e->env->local_cpus, fixed, ncommon);
 }
 
 /* Starts the fresh workers of the new plan, one batch per host. */
 static void start_workers(struct elastic *e, const int *keep)
 {
-	struct batch_rank *br = calloc((size_t)e->nplan, sizeof(*br));
+	struct batch_rank *br = calloc((size_t)e->c.nplan, sizeof(*br));
 
 	if (br == NULL) {
-		fail_job(e, 1, "elastic: out of memory starting generation %d", e->gen);
+		ec_fail(&e->c, 1, "elastic: out of memory starting generation %d", e->c.gen);
 		return;
 	}
-	for (int r = 0; r < e->nplan && !e->ending && e->j->cause == CAUSE_NONE; r++) {
-		int h = e->plan[r].host, n = 0, first;
+	for (int r = 0; r < e->c.nplan && !e->c.ending && e->j->cause == CAUSE_NONE; r++) {
+		int h = e->c.plan[r].host, n = 0, first;
 		char *fixed[MAX_FIXED];
 		size_t nfixed, ncommon;
 		struct batch b;
 
-		if (r > 0 && e->plan[r - 1].host == h)
+		if (r > 0 && e->c.plan[r - 1].host == h)
 			continue; /* each host once, at its first rank */
-		for (int q = r; q < e->nplan && e->plan[q].host == h; q++) {
-			const struct ep_slot *s = &e->plan[q];
+		for (int q = r; q < e->c.nplan && e->c.plan[q].host == h; q++) {
+			const struct ep_slot *s = &e->c.plan[q];
 
 			if (keep[q] < 0)
-				br[n++] = (struct batch_rank){ s->rank, s->local_rank, s->local_size,
-					                       s->cross_rank, s->cross_size, s->local_rank };
+				br[n++] = (struct batch_rank){ s->rank,       s->local_rank,
+					                       s->local_size, s->cross_rank,
+					                       s->cross_size, s->local_rank };
 		}
 		if (n == 0)
 			continue;
@@ -809,21 +625,28 @@ static void start_workers(struct elastic *e, const int *keep)
 				break;
 			}
 		}
-		nfixed = batch_env(e, e->st.hosts[h].name, e->here[h], fixed, &ncommon);
+		nfixed = batch_env(e, e->c.st.hosts[h].name, e->here[h], fixed, &ncommon);
 		if (nfixed == 0) {
-			fail_job(e, 1, "elastic: out of memory building the ranks' environment");
+			ec_fail(&e->c, 1, "elastic: out of memory building the ranks' environment");
 			break;
 		}
-		b = (struct batch){ .host = e->st.hosts[h].name, .here = e->here[h], .r = br, .n = n,
-			            .fixed = fixed, .nfixed = nfixed, .ncommon = ncommon,
-			            .path = e->path, .self_path = e->env->self_path, .cwd = e->env->cwd,
+		b = (struct batch){ .host = e->c.st.hosts[h].name,
+			            .here = e->here[h],
+			            .r = br,
+			            .n = n,
+			            .fixed = fixed,
+			            .nfixed = nfixed,
+			            .ncommon = ncommon,
+			            .path = e->path,
+			            .self_path = e->env->self_path,
+			            .cwd = e->env->cwd,
 			            .child_mask = e->child_mask };
 		first = batch_start(e->j, &b);
 		for (size_t i = 0; i < nfixed; i++)
 			free(fixed[i]);
 		if (first < 0 || !ew_room(e)) {
-			fail_job(e, 1, "elastic: cannot start generation %d's workers on %s",
-			         e->gen, e->st.hosts[h].name);
+			ec_fail(&e->c, 1, "elastic: cannot start generation %d's workers on %s",
+			        e->c.gen, e->c.st.hosts[h].name);
 			break;
 		}
 		for (int k = 0; k < n; k++)
@@ -881,27 +704,6 @@ static bool id_taken(struct elastic *e, const struct ep_slot *s, int n, const in
 	return wait;
 }
 
-/* Not enough slots for a new generation yet: wait, at most --elastic-timeout. */
-static void short_of_slots(struct elastic *e, int need)
-{
-	int64_t now = now_ms();
-	char why[1024];
-
-	ep_describe_shortage(&e->st, need, now, why, sizeof(why));
-	if (e->wait_since < 0) {
-		e->wait_since = now;
-		say("elastic: generation %d waits for %d slot%s: %s (at most %.0f s, "
-		    "--elastic-timeout)", e->gen + 1, need, need == 1 ? "" : "s", why,
-		    (double)e->elastic_timeout_ms / 1000.0);
-		return;
-	}
-	if (now - e->wait_since >= e->elastic_timeout_ms)
-		fail_job(e, 1, "elastic: timed out after %.0f s (--elastic-timeout) waiting for the "
-		         "slots of generation %d: %s. Check that there are enough hosts to run at "
-		         "least %d processes", (double)e->elastic_timeout_ms / 1000.0, e->gen + 1, why,
-		         need);
-}
-
 /*
  * After a loss, the next generation waits until every other worker of the old one has
  * either asked for it or gone too, for at most SETTLE_MS: workers that fail together (a
@@ -917,7 +719,7 @@ static bool settled(struct elastic *e, int64_t now)
 	int64_t asked = 0;
 	int alive = 0;
 
-	if (e->gen == 0 || e->lost_at == 0 || now - e->lost_at >= SETTLE_MS)
+	if (e->c.gen == 0 || e->lost_at == 0 || now - e->lost_at >= SETTLE_MS)
 		return true;
 	if (now < e->settle_check)
 		return false;
@@ -928,60 +730,59 @@ static bool settled(struct elastic *e, int64_t now)
 		if (w->rank >= 0 && !w->dropped && !w->fenced && e->j->ranks[i].running)
 			alive++;
 	}
-	snprintf(key, sizeof(key), "el/want/%d", e->gen);
+	snprintf(key, sizeof(key), "el/want/%d", e->c.gen);
 	return count(e, 0, key, &asked) && asked >= alive;
 }
 
 /* Plans the next generation and starts its fresh workers, once it can. */
 static void plan_next(struct elastic *e)
 {
-	int cap = ep_available_slots(&e->st) + 1, need = e->gen == 0 ? e->j->o.np : e->st.min_np;
-	struct ep_slot *s = calloc((size_t)cap, sizeof(*s));
-	struct ep_worker *lw = calloc((size_t)e->j->nstarted + 1, sizeof(*lw));
-	int *idx = calloc((size_t)e->j->nstarted + 1, sizeof(*idx));
-	int *keep = calloc((size_t)cap, sizeof(*keep));
-	bool *drop = calloc((size_t)e->j->nstarted + 1, sizeof(*drop));
-	char **drops = calloc((size_t)e->j->nstarted + 1, sizeof(*drops));
-	char *text = NULL, num[32], slots[512];
-	int n, nl, nd = 0, g = e->gen + 1;
+	int need = e->c.gen == 0 ? e->j->o.np : e->c.st.min_np;
+	struct ec_plan x;
+	char *text = NULL, num[32], slots[512], said[1200];
+	int n, nl, nd = 0, g = e->c.gen + 1;
 
-	if (s == NULL || lw == NULL || idx == NULL || keep == NULL || drop == NULL || drops == NULL) {
-		fail_job(e, 1, "elastic: out of memory planning generation %d", g);
+	if (!ec_plan_new(&e->c, e->j->nstarted, &x)) {
+		ec_fail(&e->c, 1, "elastic: out of memory planning generation %d", g);
 		goto out;
 	}
-	n = ep_assign(&e->st, s, cap);
+	n = ep_assign(&e->c.st, x.s, x.cap);
 	if (n < need) {
-		short_of_slots(e, need);
+		ec_short_of_slots(&e->c, need, now_ms(), true);
 		goto out;
 	}
-	if (!ep_keeps_a_host(e->plan, e->nplan, s, n)) {
-		ep_describe_slots(&e->st, s, n, slots, sizeof(slots));
-		fail_job(e, 1, "elastic: generation %d would have none of generation %d's hosts (%s), "
-		         "so no rank to take the state from; the job cannot go on", g, e->gen, slots);
+	if (!ep_keeps_a_host(e->c.plan, e->c.nplan, x.s, n)) {
+		ep_describe_slots(&e->c.st, x.s, n, slots, sizeof(slots));
+		ec_fail(&e->c, 1,
+		        "elastic: generation %d would have none of generation %d's hosts (%s), "
+		        "so no rank to take the state from; the job cannot go on",
+		        g, e->c.gen, slots);
 		goto out;
 	}
-	nl = live_workers(e, lw, idx);
-	ep_match(s, n, lw, nl, keep, drop);
+	nl = live_workers(e, x.lw, x.idx);
+	ep_match(x.s, n, x.lw, nl, x.keep, x.drop);
 	int kept = 0;
 	for (int r = 0; r < n; r++) {
-		keep[r] = keep[r] >= 0 ? idx[keep[r]] : -1;
-		kept += keep[r] >= 0;
+		x.keep[r] = x.keep[r] >= 0 ? x.idx[x.keep[r]] : -1;
+		kept += x.keep[r] >= 0;
 	}
 	/* Only fresh workers: the state would start over, which is a failure (Horovod's too). */
-	if (e->gen > 0 && kept == 0) {
-		fail_job(e, 1, "elastic: every worker of generation %d was lost, so no rank is left "
-		         "to take the state from; the job cannot go on", e->gen);
+	if (e->c.gen > 0 && kept == 0) {
+		ec_fail(&e->c, 1,
+		        "elastic: every worker of generation %d was lost, so no rank is left to "
+		        "take the state from; the job cannot go on",
+		        e->c.gen);
 		goto out;
 	}
-	if (id_taken(e, s, n, keep))
+	if (id_taken(e, x.s, n, x.keep))
 		goto out;
 	for (int k = 0; k < nl; k++) {
-		if (drop[k])
-			drops[nd++] = e->j->ranks[idx[k]].worker;
+		if (x.drop[k])
+			x.drops[nd++] = e->j->ranks[x.idx[k]].worker;
 	}
-	text = ep_plan_text(&e->st, g, s, n, drops, nd);
+	text = ep_plan_text(&e->c.st, g, x.s, n, x.drops, nd);
 	if (text == NULL) {
-		fail_job(e, 1, "elastic: out of memory planning generation %d", g);
+		ec_fail(&e->c, 1, "elastic: out of memory planning generation %d", g);
 		goto out;
 	}
 	snprintf(num, sizeof(num), "%d", g);
@@ -1001,53 +802,37 @@ static void plan_next(struct elastic *e)
 		w->rank = -1;
 	}
 	for (int k = 0; k < nl; k++) {
-		struct ew *w = &e->w[idx[k]];
+		struct ew *w = &e->w[x.idx[k]];
 
-		if (drop[k]) {
+		if (x.drop[k]) {
 			w->dropped = true;
-			w->stop_at = now_ms() + (e->hb_timeout_ms > 0 ? e->hb_timeout_ms : 10000) +
+			w->stop_at = now_ms() +
+			             (e->c.hb_timeout_ms > 0 ? e->c.hb_timeout_ms : 10000) +
 			             e->j->o.grace_ms;
 		}
 	}
 	for (int r = 0; r < n; r++) {
-		if (keep[r] >= 0) {
-			e->w[keep[r]].rank = r;
-			e->w[keep[r]].hb = e->w[keep[r]].hb_at = 0;
+		if (x.keep[r] >= 0) {
+			e->w[x.keep[r]].rank = r;
+			e->w[x.keep[r]].hb = e->w[x.keep[r]].hb_at = 0;
 		}
 	}
-	free(e->plan);
-	e->plan = s;
-	s = NULL;
-	e->nplan = n;
-	e->gen = g;
-	e->gen_over = false;
-	e->updates = 0;
-	e->need_gen = false;
-	e->wait_since = -1;
-	e->gen_beat_at = 0;
+	ec_begin_gen(&e->c, g, x.s, n);
+	x.s = NULL;
 	e->lost_at = 0;
-	ep_describe_slots(&e->st, e->plan, n, slots, sizeof(slots));
+	ep_describe_gen(&e->c.st, g, e->c.plan, n, said, sizeof(said));
 	if (nd > 0)
 		snprintf(num, sizeof(num), "; %d dropped", nd);
 	else
 		num[0] = '\0';
 	if (g == 1)
-		KLOG_INFO("khorrun: elastic: generation 1: %d rank%s on %d host%s (%s)", n,
-		          n == 1 ? "" : "s", ep_count_hosts(e->plan, n),
-		          ep_count_hosts(e->plan, n) == 1 ? "" : "s", slots);
+		KLOG_INFO("khorrun: elastic: %s", said);
 	else
-		say("elastic: generation %d: %d rank%s on %d host%s (%s)%s", g, n, n == 1 ? "" : "s",
-		    ep_count_hosts(e->plan, n), ep_count_hosts(e->plan, n) == 1 ? "" : "s", slots,
-		    num);
-	start_workers(e, keep);
+		say("elastic: %s%s", said, num);
+	start_workers(e, x.keep);
 out:
 	free(text);
-	free(drops);
-	free(drop);
-	free(keep);
-	free(idx);
-	free(lw);
-	free(s);
+	ec_plan_free(&x);
 }
 
 /* One turn of the driver, after one turn of the loop. */
@@ -1057,35 +842,38 @@ static void drive(struct elastic *e, short disc_revents)
 	int64_t now;
 
 	if (!ew_room(e)) {
-		fail_job(e, 1, "elastic: out of memory");
+		ec_fail(&e->c, 1, "elastic: out of memory");
 		return;
 	}
-	if (j->cause != CAUSE_NONE && !e->ending) {
+	if (j->cause != CAUSE_NONE && !e->c.ending) {
 		/* Interrupted, or a start failed here: the job stops as a fixed one would. */
-		e->ending = true;
+		e->c.ending = true;
 		e->rc = -1;
 		tell_done(e);
 		j->keep_open = false;
 	}
 	ends(e);
-	if (e->ending)
+	if (e->c.ending)
 		return;
 	discovery(e, disc_revents);
 	now = now_ms();
-	if (now >= e->next_poll && e->gen > 0 && !e->ending) {
+	if (now >= e->next_poll && e->c.gen > 0 && !e->c.ending) {
 		e->next_poll = now + POLL_MS;
-		if (!e->gen_over && !e->finishing)
+		if (!e->c.gen_over && !e->c.finishing)
 			check_want(e);
-		if (!e->gen_over && !e->finishing && e->hb_timeout_ms > 0)
+		if (!e->c.gen_over && !e->c.finishing && e->c.hb_timeout_ms > 0 &&
+		    now >= e->next_hb) {
+			e->next_hb = now + e->hb_every_ms;
 			check_heartbeats(e, now);
+		}
 	}
 	stop_dropped(e, now);
-	if (e->finishing)
+	if (e->c.finishing)
 		abandon_silent(e, now);
-	if (e->need_gen && !e->ending && settled(e, now))
+	if (e->c.need_gen && !e->c.ending && settled(e, now))
 		plan_next(e);
-	if (e->finishing && j->nrunning == 0 && !e->ending) {
-		e->ending = true;
+	if (e->c.finishing && j->nrunning == 0 && !e->c.ending) {
+		e->c.ending = true;
 		e->rc = 0;
 		j->keep_open = false;
 	}
@@ -1112,8 +900,8 @@ int elastic_run(struct elastic *e, const struct elastic_env *env)
 		return 1;
 	}
 	j->keep_open = true;
-	e->need_gen = true;
-	e->wait_since = -1;
+	e->c.need_gen = true;
+	e->c.wait_since = -1;
 	e->disc_next = now_ms() + DISCOVER_EVERY_MS;
 	drive(e, 0);
 	for (;;) {
@@ -1128,6 +916,12 @@ int elastic_run(struct elastic *e, const struct elastic_env *env)
 		drive(e, nextra > 0 ? extra.revents : 0);
 	}
 	loop_close(j, &l);
+	/* A discovery run still going is khorrun's, not something the ranks left behind. */
+	if (e->disc.running && !j->script_reaped && j->script_pid > 0) {
+		(void)kill(-j->script_pid, SIGKILL);
+		(void)waitpid(j->script_pid, NULL, 0);
+		j->script_pid = -1;
+	}
 	if (e->rc < 0 || j->cause != CAUSE_NONE)
 		return -1;
 	return e->rc;
@@ -1172,13 +966,15 @@ static int first_discovery(struct elastic *e, struct ep_list *out)
 			break;
 	}
 	if (!ok) {
-		say("elastic: the host discovery script failed on its first run, so the job does not "
-		    "start: %s", why);
+		say("elastic: the host discovery script failed on its first run, so the job "
+		    "does not start: %s",
+		    why);
 		return 1;
 	}
 	if (!ep_parse_hosts(d->out, d->len, j->o.slots_per_host, out, why, sizeof(why))) {
-		say("elastic: the host discovery script's first output is not a list of hosts, so the "
-		    "job does not start: %s", why);
+		say("elastic: the host discovery script's first output is not a list of hosts, "
+		    "so the job does not start: %s",
+		    why);
 		return 1;
 	}
 	return -1;
@@ -1203,8 +999,8 @@ static int fixed_hosts(struct elastic *e)
 		}
 	}
 	hostlist_free(&l);
-	if (e->fixed.n == 0 && !ep_list_add(&e->fixed, "localhost",
-	                                    j->o.max_np > 0 ? j->o.max_np : j->o.np)) {
+	if (e->fixed.n == 0 &&
+	    !ep_list_add(&e->fixed, "localhost", j->o.max_np > 0 ? j->o.max_np : j->o.np)) {
 		say("out of memory");
 		return 1;
 	}
@@ -1224,41 +1020,30 @@ int elastic_prepare(struct job *j, const sigset_t *child_mask, struct elastic **
 	*out = e;
 	e->j = j;
 	e->child_mask = child_mask;
-	e->rnd = kclock_ns() | 1;
+	ec_init(&e->c, &elastic_ops, e);
 	j->elastic = true;
 	j->script_pid = -1;
-	ep_init(&e->st, j->o.min_np, j->o.max_np, j->o.cool_min_ms, j->o.cool_max_ms,
+	ep_init(&e->c.st, j->o.min_np, j->o.max_np, j->o.cool_min_ms, j->o.cool_max_ms,
 	        j->o.reset_limit);
-	if (!rank_duration(&j->o, "KHOR_HEARTBEAT_TIMEOUT", NULL, DEF_HEARTBEAT_TIMEOUT,
-	                   &e->hb_timeout_ms))
+	if (!ec_timeouts(&e->c, &j->o, "HOROVOD_ELASTIC_TIMEOUT"))
 		return 2;
-	if (j->o.elastic_timeout_ms >= 0) {
-		e->elastic_timeout_ms = j->o.elastic_timeout_ms;
-		/* The ranks wait in khor_init as long as the driver waits for slots, unless told. */
-		if (env_rank_value(&j->o, "KHOR_ELASTIC_TIMEOUT") == NULL) {
-			snprintf(e->timeout_arg, sizeof(e->timeout_arg), "%lldms",
-			         (long long)j->o.elastic_timeout_ms + 10000);
-			e->elastic_timeout_arg = e->timeout_arg;
-		}
-	} else if (!rank_duration(&j->o, "KHOR_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT",
-	                          DEF_ELASTIC_TIMEOUT, &e->elastic_timeout_ms)) {
-		return 2;
-	}
-	if (e->elastic_timeout_ms < 0)
-		e->elastic_timeout_ms = INT64_MAX / 2;
+	/* A stall is seen within an eighth of the timeout, at a store round trip per rank. */
+	e->hb_every_ms = e->c.hb_timeout_ms / 8 < POLL_MS ? POLL_MS
+	                 : e->c.hb_timeout_ms / 8 > 1000  ? 1000
+	                                                  : e->c.hb_timeout_ms / 8;
 	if (j->o.discovery != NULL) {
 		e->have_script = true;
 		discover_init(&e->disc, j->o.discovery, j->o.discovery_timeout_ms);
 		rc = first_discovery(e, &first);
 		if (rc >= 0)
 			return rc;
-		rc = ep_update(&e->st, &first, now_ms()) < 0 ? 1 : -1;
+		rc = ep_update(&e->c.st, &first, now_ms()) < 0 ? 1 : -1;
 		ep_list_free(&first);
 	} else {
 		rc = fixed_hosts(e);
 		if (rc >= 0)
 			return rc;
-		rc = ep_update(&e->st, &e->fixed, now_ms()) < 0 ? 1 : -1;
+		rc = ep_update(&e->c.st, &e->fixed, now_ms()) < 0 ? 1 : -1;
 	}
 	if (rc < 0 && !note_new_hosts(e))
 		rc = 1;
@@ -1269,9 +1054,9 @@ int elastic_prepare(struct job *j, const sigset_t *child_mask, struct elastic **
 
 const char *elastic_remote_host(const struct elastic *e)
 {
-	for (int i = 0; i < e->st.norder; i++) {
-		if (!e->here[e->st.order[i]])
-			return e->st.hosts[e->st.order[i]].name;
+	for (int i = 0; i < e->c.st.norder; i++) {
+		if (!e->here[e->c.st.order[i]])
+			return e->c.st.hosts[e->c.st.order[i]].name;
 	}
 	return NULL;
 }
@@ -1284,8 +1069,8 @@ void elastic_free(struct elastic *e)
 		store_close(e->s);
 	discover_free(&e->disc);
 	ep_list_free(&e->fixed);
-	ep_free(&e->st);
-	free(e->plan);
+	ep_free(&e->c.st);
+	free(e->c.plan);
 	free(e->here);
 	free(e->w);
 	free(e->path);

@@ -18,13 +18,13 @@ struct elastic;
 struct elastic_env {
 	char *const *common; /* every rank's environment (store, secret, job id, ...) */
 	size_t ncommon;
-	int local_cpus;           /* KHOR_LOCAL_CPUS for the ranks here; 0: unknown */
-	const char *self_path;    /* khorrun on the other hosts */
-	const char *cwd;          /* the ranks' working directory there */
+	int local_cpus;        /* KHOR_LOCAL_CPUS for the ranks here; 0: unknown */
+	const char *self_path; /* khorrun on the other hosts */
+	const char *cwd;       /* the ranks' working directory there */
 	const sigset_t *child_mask;
-	const char *store_host;   /* as the ranks reach it */
+	const char *store_host; /* as the ranks reach it */
 	uint16_t store_port;
-	bool store_loopback;      /* only this host reaches it */
+	bool store_loopback; /* only this host reaches it */
 	const char *secret;
 	const char *job_id;
 };

@@ -59,8 +59,8 @@ bool ep_list_add(struct ep_list *l, const char *name, int slots)
 }
 
 /* One line, blanks trimmed: "HOST" or "HOST:SLOTS". */
-static bool parse_line(const char *p, size_t n, int default_slots, struct ep_list *out,
-                       char *why, size_t wlen)
+static bool parse_line(const char *p, size_t n, int default_slots, struct ep_list *out, char *why,
+                       size_t wlen)
 {
 	const char *colon = memchr(p, ':', n);
 	size_t hl = colon != NULL ? (size_t)(colon - p) : n;
@@ -75,8 +75,9 @@ static bool parse_line(const char *p, size_t n, int default_slots, struct ep_lis
 	for (size_t i = 0; i < hl; i++) {
 		if (isspace((unsigned char)p[i]) || iscntrl((unsigned char)p[i]) ||
 		    strchr("'\"[]", p[i]) != NULL || (i == 0 && p[i] == '-')) {
-			snprintf(why, wlen, "'%.*s' is not a host name (one host a line: HOST or "
-			         "HOST:SLOTS)", (int)(n < 80 ? n : 80), p);
+			snprintf(why, wlen,
+			         "'%.*s' is not a host name (one host a line: HOST or HOST:SLOTS)",
+			         (int)(n < 80 ? n : 80), p);
 			return false;
 		}
 	}
@@ -93,7 +94,8 @@ static bool parse_line(const char *p, size_t n, int default_slots, struct ep_lis
 		num[sl] = '\0';
 		slots = strtol(num, &end, 10);
 		if (*end != '\0' || !isdigit((unsigned char)num[0]) || slots > EP_SLOTS_MAX) {
-			snprintf(why, wlen, "'%.*s': the slots after ':' want a number from 0 to %d",
+			snprintf(why, wlen,
+			         "'%.*s': the slots after ':' want a number from 0 to %d",
 			         (int)(n < 80 ? n : 80), p, EP_SLOTS_MAX);
 			return false;
 		}
@@ -105,8 +107,8 @@ static bool parse_line(const char *p, size_t n, int default_slots, struct ep_lis
 	return true;
 }
 
-bool ep_parse_hosts(const char *text, size_t len, int default_slots, struct ep_list *out,
-                    char *why, size_t wlen)
+bool ep_parse_hosts(const char *text, size_t len, int default_slots, struct ep_list *out, char *why,
+                    size_t wlen)
 {
 	const char *p = text, *end = text + len;
 
@@ -129,8 +131,8 @@ bool ep_parse_hosts(const char *text, size_t len, int default_slots, struct ep_l
 	return true;
 }
 
-void ep_init(struct ep_state *st, int min_np, int max_np, int64_t cool_min_ms,
-             int64_t cool_max_ms, int reset_limit)
+void ep_init(struct ep_state *st, int min_np, int max_np, int64_t cool_min_ms, int64_t cool_max_ms,
+             int reset_limit)
 {
 	memset(st, 0, sizeof(*st));
 	st->min_np = min_np;
@@ -232,8 +234,9 @@ int ep_update(struct ep_state *st, const struct ep_list *found, int64_t now_ms)
 			if (idx[k] == i)
 				at = k;
 		}
-		if (at < 0 ? h->listed : !h->listed || h->slots != found->h[at].slots ||
-		                             (h->blacklisted && resurrected(h, now_ms)))
+		if (at < 0 ? h->listed
+		           : !h->listed || h->slots != found->h[at].slots ||
+		                 (h->blacklisted && resurrected(h, now_ms)))
 			changed = true;
 	}
 	if (!changed) {
@@ -347,8 +350,9 @@ int ep_assign(const struct ep_state *st, struct ep_slot *out, int cap)
 				free(count);
 				return -1;
 			}
-			out[rank] = (struct ep_slot){ .host = h, .rank = rank, .local_rank = k,
-				                      .cross_rank = seen[k]++ };
+			out[rank] = (struct ep_slot){
+				.host = h, .rank = rank, .local_rank = k, .cross_rank = seen[k]++
+			};
 			count[k]++;
 			rank++;
 		}
@@ -374,8 +378,7 @@ bool ep_same_assignment(const struct ep_slot *a, int na, const struct ep_slot *b
 	return true;
 }
 
-bool ep_keeps_a_host(const struct ep_slot *prev, int nprev, const struct ep_slot *next,
-                     int nnext)
+bool ep_keeps_a_host(const struct ep_slot *prev, int nprev, const struct ep_slot *next, int nnext)
 {
 	if (nprev == 0)
 		return true;
@@ -426,7 +429,7 @@ bool ep_take_reset(struct ep_state *st)
 
 /* Appends printf output to a growing string; false when out of memory. */
 static bool append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
+    __attribute__((format(printf, 4, 5)));
 
 static bool append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
 {
@@ -463,8 +466,9 @@ char *ep_plan_text(const struct ep_state *st, int gen, const struct ep_slot *s, 
 	for (int r = 0; ok && r < n; r++) {
 		const char *h = st->hosts[s[r].host].name;
 
-		ok = append(&buf, &len, &cap, "rank %d %s:%d %s %d %d %d %d\n", r, h, s[r].local_rank,
-		            h, s[r].local_rank, s[r].local_size, s[r].cross_rank, s[r].cross_size);
+		ok = append(&buf, &len, &cap, "rank %d %s:%d %s %d %d %d %d\n", r, h,
+		            s[r].local_rank, h, s[r].local_rank, s[r].local_size, s[r].cross_rank,
+		            s[r].cross_size);
 	}
 	for (int i = 0; ok && i < ndrops; i++)
 		ok = append(&buf, &len, &cap, "drop %s\n", drops[i]);
@@ -504,8 +508,8 @@ void ep_describe_shortage(const struct ep_state *st, int need, int64_t now_ms, c
 	for (int i = 0; i < st->norder && off < len; i++) {
 		const struct ep_host *h = &st->hosts[st->order[i]];
 
-		off += (size_t)snprintf(buf + off, len - off, "%s%s:%d", i == 0 ? " (" : ", ", h->name,
-		                        h->slots);
+		off += (size_t)snprintf(buf + off, len - off, "%s%s:%d", i == 0 ? " (" : ", ",
+		                        h->name, h->slots);
 		if (i + 1 == st->norder && off < len)
 			off += (size_t)snprintf(buf + off, len - off, ")");
 	}
@@ -516,16 +520,186 @@ void ep_describe_shortage(const struct ep_state *st, int need, int64_t now_ms, c
 
 		if (!h->blacklisted)
 			continue;
-		off += (size_t)snprintf(buf + off, len - off, "%s%s", shown++ == 0 ? "; blacklisted: "
-		                                                                   : ", ", h->name);
+		off += (size_t)snprintf(buf + off, len - off, "%s%s",
+		                        shown++ == 0 ? "; blacklisted: " : ", ", h->name);
 		if (off >= len)
 			break;
 		if (h->cool_until_ms > now_ms)
-			off += (size_t)snprintf(buf + off, len - off, " (for %lld s more)",
-			                        (long long)((h->cool_until_ms - now_ms + 999) / 1000));
+			off +=
+			    (size_t)snprintf(buf + off, len - off, " (for %lld s more)",
+			                     (long long)((h->cool_until_ms - now_ms + 999) / 1000));
 		else if (h->cool_until_ms == 0)
 			off += (size_t)snprintf(buf + off, len - off, " (for good)");
 		else
 			off += (size_t)snprintf(buf + off, len - off, " (cooled down, not listed)");
 	}
+}
+
+double ep_draw(uint64_t *rnd)
+{
+	*rnd ^= *rnd << 13;
+	*rnd ^= *rnd >> 7;
+	*rnd ^= *rnd << 17;
+	return (double)(*rnd >> 11) / (double)(1ull << 53);
+}
+
+bool ep_all_blacklisted(const struct ep_state *st, const struct ep_slot *s, int n)
+{
+	for (int r = 0; r < n; r++) {
+		if (!st->hosts[s[r].host].blacklisted)
+			return false;
+	}
+	return n > 0;
+}
+
+enum ep_loss ep_lose(struct ep_state *st, const struct ep_slot *s, int n, int h, bool unstartable,
+                     int64_t now_ms, uint64_t *rnd, int64_t *cooldown_ms, char *tail,
+                     size_t len)
+{
+	const char *host = st->hosts[h].name;
+	int64_t cd;
+
+	if (ep_count_hosts(s, n) <= 1 && !unstartable) {
+		snprintf(tail, len, "; a fresh worker takes its slot");
+		return EP_LOSS_FRESH;
+	}
+	if (st->hosts[h].blacklisted) {
+		snprintf(tail, len, "; host %s is blacklisted already", host);
+		return EP_LOSS_ALREADY;
+	}
+	cd = ep_blacklist(st, h, now_ms, ep_draw(rnd));
+	*cooldown_ms = cd;
+	if (cd < 0)
+		snprintf(tail, len, "; host %s blacklisted", host);
+	else
+		snprintf(tail, len, "; host %s blacklisted for %lld s", host,
+		         (long long)((cd + 999) / 1000));
+	return EP_LOSS_BLACKLISTED;
+}
+
+void ep_lost_text(char *buf, size_t len, int gen, int rank, const char *host,
+                  const char *worker, const char *why)
+{
+	snprintf(buf, len, "rank %d on %s (worker %s) was lost in generation %d: %s", rank, host,
+	         worker, gen, why);
+}
+
+int ep_update_moves(const struct ep_state *st, const struct ep_slot *plan, int n, char *slots,
+                    size_t len)
+{
+	int cap = ep_available_slots(st) + 1, nn;
+	struct ep_slot *next = calloc((size_t)cap, sizeof(*next));
+
+	if (next == NULL)
+		return -1;
+	nn = ep_assign(st, next, cap);
+	if (nn >= 0 && ep_same_assignment(plan, n, next, nn)) {
+		free(next);
+		return 0;
+	}
+	if (slots != NULL)
+		ep_describe_slots(st, next, nn < 0 ? 0 : nn, slots, len);
+	free(next);
+	return 1;
+}
+
+void ep_update_words(unsigned flags, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s%s%s", flags & EP_ADDED ? "added" : "",
+	         flags == (EP_ADDED | EP_REMOVED) ? "," : "", flags & EP_REMOVED ? "removed" : "");
+}
+
+int64_t ep_heartbeat(int64_t *hb, int64_t *hb_at, int64_t *gen_beat_at, const char *val,
+                     int64_t now, int64_t timeout_ms)
+{
+	int64_t v, since;
+
+	if (val == NULL && *hb > 0)
+		return 0; /* it beat, then left the generation (finalize): going, not stalled */
+	v = val != NULL ? strtoll(val, NULL, 10) : 0;
+	if (v != *hb) {
+		if (*gen_beat_at == 0)
+			*gen_beat_at = now;
+		*hb = v;
+		*hb_at = now;
+		return 0;
+	}
+	/*
+	 * Before its first beat a rank is still joining; but once any rank of the generation
+	 * beats, all have joined (the bootstrap is collective), so one that has not beaten
+	 * since then is stalled too.
+	 */
+	since = *hb > 0 ? *hb_at : *gen_beat_at;
+	if (since > 0 && now - since > timeout_ms)
+		return now - since;
+	return 0;
+}
+
+int64_t ep_join_stall(int64_t *prev_hb, int64_t *alive_at, const char *prev_val, int64_t now,
+                      int64_t timeout_ms)
+{
+	if (prev_val != NULL) {
+		int64_t v = strtoll(prev_val, NULL, 10);
+
+		if (v != *prev_hb) {
+			*prev_hb = v;
+			*alive_at = now;
+		}
+	}
+	return now - *alive_at > timeout_ms ? now - *alive_at : 0;
+}
+
+void ep_fence_text(char *buf, size_t len, int64_t stalled_ms, int64_t timeout_ms,
+                   const char *killer, int left_gen)
+{
+	char where[96] = "";
+
+	if (left_gen > 0)
+		snprintf(where, sizeof(where), " since it left generation %d, and it has not "
+		         "joined generation %d", left_gen, left_gen + 1);
+	snprintf(buf, len, "its heartbeat stopped for %.1f s%s (KHOR_HEARTBEAT_TIMEOUT %.1f s); "
+	         "%s killed it", (double)stalled_ms / 1000.0, where, (double)timeout_ms / 1000.0,
+	         killer);
+}
+
+void ep_want_text(char *buf, size_t len, int gen, int rank, const char *host,
+                  const char *worker, const char *why)
+{
+	if (rank >= 0)
+		snprintf(buf, len, "generation %d ended: rank %d on %s (worker %s) asked for a new "
+		         "one: %s", gen, rank, host, worker, why);
+	else
+		snprintf(buf, len, "generation %d ended: a rank asked for a new one", gen);
+}
+
+enum ep_wait ep_wait_slots(const struct ep_state *st, int gen, int need, int64_t *wait_since,
+                           int64_t now, int64_t timeout_ms, char *buf, size_t len)
+{
+	char why[1024];
+
+	ep_describe_shortage(st, need, now, why, sizeof(why));
+	if (*wait_since < 0) {
+		*wait_since = now;
+		snprintf(buf, len,
+		         "elastic: generation %d waits for %d slot%s: %s (at most %.0f s, "
+		         "--elastic-timeout)",
+		         gen, need, need == 1 ? "" : "s", why, (double)timeout_ms / 1000.0);
+		return EP_WAIT_BEGUN;
+	}
+	if (now - *wait_since < timeout_ms)
+		return EP_WAIT_ON;
+	snprintf(buf, len, "elastic: timed out after %.0f s (--elastic-timeout) waiting for the "
+	         "slots of generation %d: %s", (double)timeout_ms / 1000.0, gen, why);
+	return EP_WAIT_OVER;
+}
+
+void ep_describe_gen(const struct ep_state *st, int gen, const struct ep_slot *s, int n,
+                     char *buf, size_t len)
+{
+	char slots[1024];
+	int hosts = ep_count_hosts(s, n);
+
+	ep_describe_slots(st, s, n, slots, sizeof(slots));
+	snprintf(buf, len, "generation %d: %d rank%s on %d host%s (%s)", gen, n, n == 1 ? "" : "s",
+	         hosts, hosts == 1 ? "" : "s", slots);
 }

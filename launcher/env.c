@@ -6,6 +6,9 @@
 #include "env.h"
 
 #include "base/err.h"
+#include "base/parse.h"
+#include "runtime/config.h"
+#include "say.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -95,6 +98,31 @@ void env_rank_hostname(const struct opts *o, char *out, size_t len)
 	memset(out, 0, len);
 	if (gethostname(out, len - 1) != 0)
 		kstrlcpy(out, "localhost", len);
+}
+
+bool env_heartbeat(const struct opts *o, int64_t *timeout_ms, int64_t *interval_ms)
+{
+	static const char *const names[2] = { "KHOR_HEARTBEAT_TIMEOUT", "KHOR_HEARTBEAT_INTERVAL" };
+	int64_t *out[2] = { timeout_ms, interval_ms };
+
+	for (int i = 0; i < 2; i++) {
+		const char *v = env_rank_value(o, names[i]);
+		if (v == NULL || *v == '\0')
+			v = config_default(names[i]);
+		if (v == NULL || !kparse_duration_ms(v, out[i])) {
+			say("%s='%s': expected a duration such as 10s or 500ms (-1: off)", names[i],
+			    v != NULL ? v : "");
+			return false;
+		}
+	}
+	if (*interval_ms <= 0) {
+		say("KHOR_HEARTBEAT_INTERVAL must be positive");
+		return false;
+	}
+	/* As runtime/config.c does: at least five beats in a timeout. */
+	if (*timeout_ms > 0 && *interval_ms > *timeout_ms / 5)
+		*interval_ms = *timeout_ms / 5 > 0 ? *timeout_ms / 5 : 1;
+	return true;
 }
 
 /*

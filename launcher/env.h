@@ -33,6 +33,12 @@ bool env_add_fixed(char **fixed, size_t *nfixed, const char *fmt, ...)
 void env_rank_hostname(const struct opts *o, char *out, size_t len);
 /* VAR as the ranks will see it: the last -x VAR=VALUE, else khorrun's own; NULL if unset. */
 const char *env_rank_value(const struct opts *o, const char *name);
+/*
+ * KHOR_HEARTBEAT_TIMEOUT and KHOR_HEARTBEAT_INTERVAL as the ranks will see them (the last
+ * -x, else khorrun's environment, else the defaults), the interval at most a fifth of the
+ * timeout; khorrun watches with them and passes them on. False with the reason said.
+ */
+bool env_heartbeat(const struct opts *o, int64_t *timeout_ms, int64_t *interval_ms);
 /* The environment to start the ranks with; slots are rewritten before each start. */
 char **env_build(const struct opts *o, char **fixed, size_t nfixed, char (*slots)[SLOT_LEN]);
 

@@ -64,6 +64,12 @@ struct opts {
 	int reset_limit; /* -1: none */
 	int64_t cool_min_ms, cool_max_ms; /* --blacklist-cooldown-range; 0: none */
 	int64_t elastic_timeout_ms; /* -1: not given */
+	/* An elastic job over etcd (--rdzv-backend etcd): this khorrun is one host's agent. */
+	const char *rdzv_backend;
+	const char *rdzv_endpoint; /* HOST:PORT, etcd's client port */
+	const char *rdzv_id;       /* the job's id in etcd */
+	const char *rdzv_host;     /* this host's name in the job; NULL: its host name */
+	int64_t rdzv_ttl_s;        /* the agent's lease */
 	char **prog_argv; /* NULL-terminated, points into argv */
 };
 
@@ -85,6 +91,7 @@ struct rank {
 	int rank; /* its rank as its environment says (elastic: in the generation it starts in) */
 	int host; /* index into job.hosts */
 	int lrank, lsize, xrank, xsize; /* local and cross rank and size */
+	int64_t fenced_ms; /* > 0: killed by khorrun, its heartbeat silent this long */
 	char *worker; /* elastic: its worker id HOST:SLOT (malloc'd); NULL otherwise */
 	bool noted; /* elastic: the driver has dealt with its end */
 	char prefix[PREFIX_MAX];
@@ -137,6 +144,7 @@ struct job {
 	int nhostfds; /* their stdout and stderr pipes not yet at EOF */
 	int nremote, nready; /* hosts reached over ssh; of them, those whose ranks started */
 	bool helper; /* this is `khorrun --remote-helper` */
+	bool die_with_khorrun; /* ranks get PR_SET_PDEATHSIG (the helper's, an etcd agent's) */
 	sigset_t child_mask; /* helper: the mask its ranks start with */
 	bool stdin_open; /* helper: khorrun's frames still come */
 
@@ -161,6 +169,16 @@ struct job {
 	/* Ranks all exited but something they started still holds their pipes open. */
 	bool draining;
 	kdeadline drain_until;
+
+	/*
+	 * The ranks' heartbeats (watch.h; NULL when KHOR_HEARTBEAT_TIMEOUT is off). A rank
+	 * that stops answering is killed at once (fencing), and the others get --grace to fail
+	 * on their own, naming it, before the stop begins (fence_stop).
+	 */
+	struct watch *watch;
+	bool fencing;
+	kdeadline fence_stop;
+	char fence_host[64]; /* the first fenced rank's host, as it named itself */
 
 	enum cause cause;
 	int first_fail; /* rank index, for CAUSE_FAILURE */

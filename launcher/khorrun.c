@@ -17,6 +17,15 @@
  * Python ranks get their KeyboardInterrupt and can clean up, then escalates the same way;
  * a second one kills at once.
  *
+ * Liveness. Every rank's heartbeat thread adds 1 to a counter in the store each
+ * KHOR_HEARTBEAT_INTERVAL; khorrun reads them (watch.c) and kills a rank whose counter has
+ * not moved for KHOR_HEARTBEAT_TIMEOUT: stopped (SIGSTOP, a debugger), hung or cut off. It
+ * writes the job's abort key naming that rank first, so the others fail with the cause
+ * rather than a reset link, gives them --grace to do so, then stops them as above. A rank
+ * that is only slow beats on and is left alone however long it takes, as are the ranks
+ * that wait for it (past KHOR_TIMEOUT they warn). khorrun passes both settings to every
+ * rank, so the ranks' own judgement of their peers (runtime/liveness.c) and its own agree.
+ *
  * No leftovers. Each rank leads its own process group, so stopping a rank stops what it
  * forked. khorrun is also a child subreaper: whatever a rank leaves running when it exits is
  * re-parented to khorrun, where it is found (in /proc), stopped and reaped before khorrun
@@ -29,6 +38,7 @@
  *
  *   khorrun --ssh host2--> sshd -> khorrun --remote-helper -> rank 4..7 (own process groups)
  *      ^  stdin:  frames "cwd, argv, environment (the secret), ranks, go", then "signal N"
+ *      |          and "kill rank R"
  *      |  stdout: frames "started pid", "output of rank r", "rank r exited: wait status"
  *      +- stderr: ssh's own errors, shown with the host's name
  *
@@ -48,6 +58,7 @@
  * The pieces, lowest first (each calls only those listed before it):
  *   frames.c     the frame format between khorrun and a helper
  *   say.c        khorrun's own messages
+ *   watch.c      the ranks' heartbeats, read from the store
  *   cli.c        the command line
  *   hostlist.c   the hosts of -H and --hostfile
  *   slurm.c      the hosts of a Slurm allocation
@@ -58,17 +69,29 @@
  *   spawn.c      starting the ranks of this host
  *   ssh.c        khorrun's side of each other host
  *   loop.c       the poll loop, and the sweep after it
+ *   batch.c      starting ranks on one host while the job runs (elastic generations)
+ *   discover.c   running --host-discovery-script, one polled run at a time
+ *   elastic_plan.c  the elastic rules: hosts, blacklist, assignment, plan text (pure)
+ *   elastic.c    the elastic driver, between the loop's turns (docs/ELASTIC.md)
+ *   agent.c      one host's agent of an elastic job over etcd (--rdzv-backend etcd)
  *   helper.c     the remote helper's side (khorrun --remote-helper)
  *   khorrun.c    main: the flow that ties them together
+ *
+ * Elastic jobs (--min-np, --max-np, --host-discovery-script) take another road after the
+ * command line: elastic.c takes the hosts (running the discovery script once), main starts
+ * the store and builds the environment every rank shares, and the driver runs the job,
+ * generation by generation, on the same loop, spawn and ssh code as a fixed job.
  */
 #include "base/auth.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
+#include "base/sock.h"
 #include "khor.h"
 #include "rendezvous/store.h"
 #include "runtime/cpubind.h"
 
+#include "agent.h"
 #include "cli.h"
 #include "elastic.h"
 #include "env.h"
@@ -81,6 +104,7 @@
 #include "say.h"
 #include "spawn.h"
 #include "ssh.h"
+#include "watch.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -128,6 +152,12 @@ static int report(struct job *j)
 			    "the rank's end was known", j->first_fail, h->name, st,
 			    h->last_err[0] ? ": " : "", h->last_err);
 			return 255;
+		}
+		if (rk->fenced_ms > 0) {
+			say("rank %d on %s failed first: it stopped answering (no heartbeat for %.1f s, "
+			    "KHOR_HEARTBEAT_TIMEOUT) and khorrun killed it", j->first_fail,
+			    j->fence_host, (double)rk->fenced_ms / 1e3);
+			return 128 + SIGKILL;
 		}
 		say_status(rk->wstatus, what, sizeof(what));
 		if (j->multi)
@@ -254,6 +284,36 @@ static bool store_address(struct job *j, const char *first, char *bind_out, size
 	return true;
 }
 
+/*
+ * The heartbeat watcher of a fixed job, on a store connection of its own to the store of
+ * this process (a client, as the ranks are; the store thread answers it like any other).
+ * False with the reason said.
+ */
+static bool start_watch(struct job *j, const char *store_addr, const char *secret,
+                        const char *job_id, int64_t timeout_ms, int64_t interval_ms)
+{
+	char host[300];
+	uint16_t port;
+	store *st;
+	kerr err;
+
+	kerr_clear(&err);
+	if (!ksock_split_hostport(store_addr, host, sizeof(host), &port) ||
+	    store_tcp_connect(host, port, secret, job_id, kdeadline_in_ms(5000), &st, &err) !=
+	        KHOR_SUCCESS) {
+		say("cannot reach the job's store at %s to watch the ranks' heartbeats: %s",
+		    store_addr, err.text[0] ? err.text : "bad address");
+		return false;
+	}
+	j->watch = watch_new(st, job_id, 0, j->o.np, timeout_ms, interval_ms);
+	if (j->watch == NULL) {
+		store_close(st);
+		say("out of memory for the heartbeat watcher");
+		return false;
+	}
+	return true;
+}
+
 int main(int argc, char **argv)
 {
 	struct job job;
@@ -272,6 +332,7 @@ int main(int argc, char **argv)
 	bool bind = false, have_cpus = false;
 	int rc, lh = -1;
 	ssize_t sl;
+	int64_t hb_timeout, hb_interval;
 	struct elastic *el = NULL;
 	const char *remote = NULL; /* the first host reached over ssh */
 
@@ -346,6 +407,18 @@ int main(int argc, char **argv)
 	}
 	if (!procs_setup_signals(j, &old_mask))
 		goto out_free_path;
+	if (j->o.rdzv_backend != NULL) {
+		struct agent_env env = { .cwd = cwd, .child_mask = &old_mask,
+			                 .local_cpus = have_cpus ? cpus.n : 0 };
+
+		/* One host's agent: etcd is the store, and the job has no khorrun of its own. */
+		rc = agent_run(j, &env);
+		loop_sweep_leftovers(j);
+		if (rc < 0)
+			rc = report(j);
+		output_free_ranks(j);
+		goto out_close_sfd;
+	}
 	if (j->o.elastic) {
 		rc = elastic_prepare(j, &old_mask, &el);
 		if (rc >= 0) {
@@ -396,7 +469,12 @@ int main(int argc, char **argv)
 		goto out_free_ranks;
 
 	/* The same in every rank, on every host; the identity of each is in its slots. */
+	if (!env_heartbeat(&j->o, &hb_timeout, &hb_interval))
+		goto out_free_fixed;
 	if (!env_add_fixed(fixed, &nfixed, "KHOR_STORE_ADDR=%s", store_addr) ||
+	    !env_add_fixed(fixed, &nfixed, "KHOR_HEARTBEAT_TIMEOUT=%lldms", (long long)hb_timeout) ||
+	    !env_add_fixed(fixed, &nfixed, "KHOR_HEARTBEAT_INTERVAL=%lldms",
+	                   (long long)hb_interval) ||
 	    !env_add_fixed(fixed, &nfixed, "KHOR_SECRET=%s", secret) ||
 	    !env_add_fixed(fixed, &nfixed, "KHOR_JOB_ID=%s", job_id) ||
 	    !env_add_fixed(fixed, &nfixed, "KHOR_LAUNCHER=khorrun") ||
@@ -443,6 +521,9 @@ int main(int argc, char **argv)
 		goto out_free_fixed;
 	}
 
+	if (hb_timeout > 0 && !start_watch(j, store_addr, secret, job_id, hb_timeout, hb_interval))
+		goto out_free_fixed;
+
 	/* Other hosts first: their ssh connections take longest. */
 	for (int i = 0; i < j->nhosts; i++) {
 		struct host *h = &j->hosts[i];
@@ -462,6 +543,7 @@ int main(int argc, char **argv)
 	rc = report(j);
 
 out_free_fixed:
+	watch_free(j->watch);
 	for (size_t i = 0; i < nfixed; i++)
 		free(fixed[i]);
 out_free_ranks:

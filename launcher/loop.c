@@ -12,6 +12,7 @@
 #include "procs.h"
 #include "say.h"
 #include "ssh.h"
+#include "watch.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -111,6 +112,40 @@ static void handle_signals(struct job *j)
 static uint64_t ms_left(kdeadline d)
 {
 	return (uint64_t)kdeadline_left_ms(d, INT_MAX);
+}
+
+/*
+ * khorrun: the ranks whose heartbeat stopped. Each is killed at once and named; the others
+ * learn why from the abort key, fail on their own within --grace, and then the stop begins.
+ */
+static void watch_ranks(struct job *j)
+{
+	struct watch_silent s[16];
+	const char *why = NULL;
+	int n = watch_poll(j->watch, s, 16, &why);
+
+	if (why != NULL)
+		say("%s", why);
+	for (int i = 0; i < n; i++) {
+		struct rank *rk = &j->ranks[s[i].rank];
+		char text[256];
+
+		if (!rk->running || j->stopping) {
+			watch_forget(j->watch, s[i].rank);
+			continue;
+		}
+		snprintf(text, sizeof(text), "khorrun: rank %d on %s stopped answering: no heartbeat "
+		         "for %.1f s (stopped or hung); killed it", s[i].rank,
+		         s[i].host[0] ? s[i].host : j->hosts[rk->host].name,
+		         (double)s[i].silent_ms / 1e3);
+		if (j->fence_host[0] == '\0')
+			snprintf(j->fence_host, sizeof(j->fence_host), "%s",
+			         s[i].host[0] ? s[i].host : j->hosts[rk->host].name);
+		watch_abort(j->watch, s[i].gen, text);
+		say("%s", text + strlen("khorrun: "));
+		procs_fence(j, rk, s[i].silent_ms);
+		watch_forget(j->watch, s[i].rank);
+	}
 }
 
 /* Helper: khorrun's frames after the start ("signal N"), and EOF when it is gone. */
@@ -264,6 +299,21 @@ bool loop_turn(struct job *j, struct loop *l, struct pollfd *extra, int nextra,
 				    "output open after %lld ms; stopping them",
 				    (long long)j->o.grace_ms);
 			procs_begin_stop(j, SIGTERM);
+		}
+	}
+	if (j->watch != NULL && !j->stopping) {
+		watch_ranks(j);
+		if (watch_due_ms(j->watch) < timeout)
+			timeout = watch_due_ms(j->watch);
+	}
+	if (j->fencing && !j->stopping) {
+		if (kdeadline_passed(j->fence_stop)) {
+			if (j->nrunning > 0)
+				say("stopping the other ranks, %lld ms after the rank that stopped "
+				    "answering was killed", (long long)j->o.grace_ms);
+			procs_begin_stop(j, SIGTERM);
+		} else if (ms_left(j->fence_stop) < (uint64_t)timeout) {
+			timeout = (int)ms_left(j->fence_stop);
 		}
 	}
 	if (j->stopping && kdeadline_passed(j->stop_next)) {

@@ -77,6 +77,20 @@ void procs_signal_rank(struct job *j, struct rank *rk, int sig)
 	}
 }
 
+void procs_fence(struct job *j, struct rank *rk, int64_t silent_ms)
+{
+	rk->fenced_ms = silent_ms > 0 ? silent_ms : 1;
+	procs_signal_rank(j, rk, SIGKILL);
+	if (j->cause == CAUSE_NONE) {
+		j->cause = CAUSE_FAILURE;
+		j->first_fail = (int)(rk - j->ranks);
+	}
+	if (!j->stopping && !j->fencing) {
+		j->fencing = true;
+		j->fence_stop = kdeadline_in_ms(j->o.grace_ms);
+	}
+}
+
 /*
  * Finds the processes whose parent is khorrun but which are not running ranks: what ranks
  * left behind, re-parented to us because we are a subreaper. The live ones are listed in

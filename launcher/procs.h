@@ -24,6 +24,12 @@ void procs_signal_rank(struct job *j, struct rank *rk, int sig);
 void procs_begin_stop(struct job *j, int first_sig);
 /* The grace period passed: send the next signal, or stop waiting after SIGKILL. */
 void procs_escalate(struct job *j);
+/*
+ * Rank rk stopped answering (its heartbeat, silent for silent_ms): SIGKILL to it, here or
+ * through its host's helper, which also ends a stopped process. It is the job's failure
+ * unless one came first; the stop of the others begins --grace later.
+ */
+void procs_fence(struct job *j, struct rank *rk, int64_t silent_ms);
 /* Rank rk ended with wait status st (the first failure stops the job). */
 void procs_rank_ended(struct job *j, struct rank *rk, int st);
 

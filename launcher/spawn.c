@@ -143,10 +143,10 @@ static int spawn_exit_code(int err)
 }
 
 /*
- * The helper's way to start a rank: as posix_spawn would (own process group, khorrun's
- * signal mask, SIGPIPE default), plus PR_SET_PDEATHSIG, which posix_spawn cannot set: if
- * the helper itself is killed (kill -9, the OOM killer), its ranks die with it instead of
- * running on unwatched. The helper has one thread, so fork is safe. Returns 0 or exec's
+ * The helper's way to start a rank (and an etcd agent's): as posix_spawn would (own
+ * process group, khorrun's signal mask, SIGPIPE default), plus PR_SET_PDEATHSIG, which
+ * posix_spawn cannot set: if the helper itself is killed (kill -9, the OOM killer), its
+ * ranks die with it instead of running on unwatched. Both have one thread, so fork is safe. Returns 0 or exec's
  * errno, passed back on a CLOEXEC pipe.
  */
 static int helper_fork_exec(struct job *j, pid_t *pid_out, const char *path, char **env,
@@ -222,7 +222,7 @@ static int spawn_rank(struct job *j, int r, const char *path, char **env,
 	    (err = posix_spawn_file_actions_adddup2(&fa, p[1][1], STDERR_FILENO)) != 0)
 		goto fail_destroy_actions;
 	/* glibc's posix_spawn returns exec's own errno, so ENOENT etc. surface right here. */
-	if (j->helper)
+	if (j->helper || j->die_with_khorrun)
 		err = helper_fork_exec(j, &rk->pid, path, env, devnull, p[0][1], p[1][1]);
 	else
 		err = posix_spawn(&rk->pid, path, &fa, attr, j->o.prog_argv, env);

@@ -83,6 +83,19 @@ static void host_err_bytes(struct host *h, const char *p, size_t n)
 	}
 }
 
+/* "ranks 4-7", or in an elastic job "worker node2:0" / "2 workers (node2:0, ...)". */
+static void host_ranks(const struct job *j, const struct host *h, char *buf, size_t len)
+{
+	const char *w = h->n > 0 ? j->ranks[h->first].worker : NULL;
+
+	if (w == NULL)
+		place_rank_range(h, buf, len);
+	else if (h->n == 1)
+		snprintf(buf, len, "worker %s", w);
+	else
+		snprintf(buf, len, "%d workers (%s, ...)", h->n, w);
+}
+
 static void host_close_fd(struct job *j, int *fd)
 {
 	if (*fd < 0)
@@ -115,7 +128,7 @@ void ssh_start_failed(struct job *j, struct host *h, int code)
  */
 void ssh_check(struct job *j, struct host *h)
 {
-	char ranks[48], what[96];
+	char ranks[320], what[96];
 
 	if (h->finished || h->ssh_running || h->from_fd >= 0 || h->err_fd >= 0)
 		return;
@@ -128,7 +141,7 @@ void ssh_check(struct job *j, struct host *h)
 		host_err_line(h, h->errline, h->errline_len);
 		h->errline_len = 0;
 	}
-	place_rank_range(h, ranks, sizeof(ranks));
+	host_ranks(j, h, ranks, sizeof(ranks));
 	if (!h->ready && !h->failed) {
 		int st = h->ssh_status;
 		size_t keep = h->early_len;
@@ -298,7 +311,7 @@ void ssh_read_err(struct job *j, struct host *h)
 
 void ssh_start_timed_out(struct job *j)
 {
-	char ranks[48];
+	char ranks[320];
 
 	for (int i = 0; i < j->nhosts; i++) {
 		struct host *h = &j->hosts[i];
@@ -306,7 +319,7 @@ void ssh_start_timed_out(struct job *j)
 		if (h->local || h->ready || h->failed || !h->ssh_running ||
 		    !kdeadline_passed(h->start_dl))
 			continue;
-		place_rank_range(h, ranks, sizeof(ranks));
+		host_ranks(j, h, ranks, sizeof(ranks));
 		if (h->early_len > 1) {
 			size_t keep = h->early_len - 1;
 

@@ -83,6 +83,7 @@ khor_status store_get(store *s, const char *key, kdeadline dl, void **val_out, s
 		int64_t left = kdeadline_left_ms(dl, STORE_WAIT_SLICE_MS + 1);
 		bool last = left <= STORE_WAIT_SLICE_MS;
 		pthread_mutex_lock(&s->mu);
+		s->get_until = dl;
 		st = s->ops->get(s, full, last ? dl : kdeadline_in_ms(STORE_WAIT_SLICE_MS), val_out,
 		                 len_out, err);
 		pthread_mutex_unlock(&s->mu);

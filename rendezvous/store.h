@@ -2,8 +2,8 @@
  * store.h -- the rendezvous key-value store interface.
  *
  * The store carries bootstrap data only: addresses, host names, counters, the abort
- * notice. Tensors never go through it. Backends (the embedded TCP store today; etcd or a
- * file on a shared disk later) implement store_ops; callers use the store_* wrappers, which
+ * notice. Tensors never go through it. Backends (the embedded TCP store, etcd; a file on
+ * a shared disk later) implement store_ops; callers use the store_* wrappers, which
  * put every key under "<job id>/<generation>/" so jobs and elastic generations never see
  * each other's keys.
  *
@@ -57,6 +57,12 @@ struct store {
 	const struct store_ops *ops;
 	char prefix[128]; /* "<job>/<generation>/" */
 	pthread_mutex_t mu;
+	/*
+	 * The deadline of the whole get in progress, of which ops->get sees one slice: a
+	 * backend that retries an unreachable server within slices (etcd's) reports it as a
+	 * timeout of the slice, and as the error it is only in the last one.
+	 */
+	kdeadline get_until;
 };
 
 /* For backends: sets up the fields above (ops and the lock). */
@@ -77,6 +83,23 @@ void store_close(store *s);
  */
 khor_status store_tcp_connect(const char *host, uint16_t port, const char *secret,
                               const char *job_id, kdeadline dl, store **store_out, kerr *err);
+
+/*
+ * etcd as the store (store_etcd.c), through its JSON gateway on the client port. Keys are
+ * the full keys; the job's isolation is the prefix alone: etcd knows nothing of khor's
+ * job secret, and TLS and etcd's own authentication are not supported yet.
+ */
+khor_status store_etcd_connect(const char *host, uint16_t port, kdeadline dl,
+                               store **store_out, kerr *err);
+
+/*
+ * Connects to the store at addr (store_connect.c): "host:port" or "[v6]:port" is the
+ * embedded TCP store, proven with the secret and job id; "etcd://host:port" an etcd server
+ * (the secret is then not used: see store_etcd_connect).
+ */
+#define STORE_ETCD_SCHEME "etcd://"
+khor_status store_connect(const char *addr, const char *secret, const char *job_id,
+                          kdeadline dl, store **store_out, kerr *err);
 
 /*
  * The server runs on its own thread with epoll. bind_host may be NULL for all interfaces;

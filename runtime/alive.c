@@ -100,8 +100,8 @@ khor_status alive_start(kctx *x, kerr *err)
 	if (a == NULL)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "heartbeat: out of memory");
 	a->x = x;
-	st = store_tcp_connect(s->store_host, s->store_port, s->secret, s->job_id,
-	                       kdeadline_in_ms(s->init_timeout_ms), &a->st, err);
+	st = store_connect(x->store_addr, s->secret, s->job_id, kdeadline_in_ms(s->init_timeout_ms),
+	                   &a->st, err);
 	if (st != KHOR_SUCCESS) {
 		free(a);
 		kerr_prefix(err, "heartbeat");
@@ -126,6 +126,15 @@ void alive_stop(kctx *x)
 		return;
 	atomic_store_explicit(&a->stop, true, memory_order_release);
 	pthread_join(a->thread, NULL);
+	/*
+	 * A rank that left beats no more: its counter goes with it, so that a launcher's
+	 * watcher (launcher/watch.c) does not take a process that goes on after khor_finalize,
+	 * or an elastic worker between two generations, for one that stopped answering.
+	 */
+	char key[32];
+	kerr e;
+	snprintf(key, sizeof(key), "hb/%d", x->rank);
+	(void)store_del(a->st, key, &e);
 	store_close(a->st);
 	free(a);
 	x->alive = NULL;

@@ -29,6 +29,7 @@
 #include "comm.h"
 #include "alive.h"
 #include "elastic.h"
+#include "liveness.h"
 #include "nccl.h"
 
 #include "base/dtype.h"
@@ -126,9 +127,9 @@ static khor_status start_store(kctx *c, kerr *err)
 		}
 		KLOG_INFO("serving the rendezvous store on port %u", s->store_port);
 	}
-	snprintf(c->store_addr, sizeof(c->store_addr), "%s:%u", s->store_host, s->store_port);
-	st = store_tcp_connect(s->store_host, s->store_port, s->secret, s->job_id, dl, &c->store,
-	                       err);
+	snprintf(c->store_addr, sizeof(c->store_addr), "%s%s:%u",
+	         s->store_etcd ? STORE_ETCD_SCHEME : "", s->store_host, s->store_port);
+	st = store_connect(c->store_addr, s->secret, s->job_id, dl, &c->store, err);
 	if (st != KHOR_SUCCESS)
 		return st;
 	if (s->elastic)
@@ -705,6 +706,7 @@ khor_status comm_create(kctx *x, const khor_comm *parent, const int *members, in
 	c->cc.slice_bytes = s->slice_bytes;
 	c->cc.max_lanes = s->pipeline_depth;
 	c->cc.timeout_ms = s->timeout_ms;
+	c->cc.check_alive = liveness_on(x) ? liveness_comm_check : NULL;
 	c->cc.rd_max_bytes = s->rd_max_bytes;
 	c->cc.algo = c->tune_algo;
 	c->cc.spin_ns = s->spin_us * 1000;
@@ -804,6 +806,7 @@ void comm_destroy(khor_comm *c)
 static void ctx_destroy(kctx *x)
 {
 	alive_stop(x);
+	liveness_free(x);
 	if (x->store != NULL)
 		store_close(x->store);
 	for (int i = 0; i < x->ntps; i++) {
@@ -1203,6 +1206,7 @@ static khor_status make_link(khor_comm *owner, int peer, kdeadline dl, tp_link *
 	tp_link *l = c->links[peer];
 	khor_status st;
 	int tpi = 0;
+	const uint64_t t0 = kclock_ns();
 
 	st = choose_transport(c, peer, dl, &tpi, err);
 	if (st != KHOR_SUCCESS)
@@ -1244,6 +1248,19 @@ static khor_status make_link(khor_comm *owner, int peer, kdeadline dl, tp_link *
 			*link_out = l;
 			*tp_out = tpi;
 			return KHOR_SUCCESS;
+		}
+		if (kdeadline_passed(dl) && owner->cc.check_alive != NULL) {
+			/* A peer that is alive comes when it is done with what it does first. */
+			int64_t again;
+			char what[64];
+			snprintf(what, sizeof(what), "%s rank %d over %s", c->rank < peer ?
+			         "connecting to" : "waiting for a connection from", peer, ops->name);
+			coll_alive_ask q = { .what = what, .peers = &peer, .n = 1,
+			                     .waited_ms = (int64_t)((kclock_ns() - t0) / 1000000) };
+			st = owner->cc.check_alive(owner, &q, &again, err);
+			if (st != KHOR_SUCCESS)
+				return st;
+			dl = kdeadline_in_ms(again);
 		}
 		if (kdeadline_passed(dl)) {
 			/* What tcp tried so far (each address of the peer and why it failed), when we

@@ -91,6 +91,7 @@ typedef struct kctx {
 	char abort_text[KERR_TEXT_MAX];
 	_Atomic int hosts_updated; /* elastic: the driver's host change (bits: 1 added, 2 removed) */
 	char tp_job[80];      /* the transports' job id: "g<generation>/<job>" when elastic */
+	_Atomic(struct liveness *) live; /* the peers' heartbeats as waits here read them */
 } kctx;
 
 /*

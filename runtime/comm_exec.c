@@ -844,8 +844,10 @@ khor_status comm_submit(khor_comm *c, struct khor_request *r)
 khor_status comm_wait(khor_comm *c, struct khor_request *r)
 {
 	/*
-	 * The collective enforces KHOR_TIMEOUT itself; this wait adds a margin for the
-	 * collectives queued before it, each with its own deadline, and never waits forever.
+	 * The collective enforces KHOR_TIMEOUT itself (past it, the liveness of the peers it
+	 * waits for); this wait adds a margin for the collectives queued before it, each with
+	 * its own deadline, and never waits forever: past the margin it waits on only while
+	 * the comm's ranks are alive (the collectives warn; this guard does not).
 	 */
 	khor_status st;
 
@@ -858,18 +860,35 @@ khor_status comm_wait(khor_comm *c, struct khor_request *r)
 	}
 	int64_t t = c->ctx->cfg.timeout_ms;
 	kdeadline dl = kdeadline_in_ms(t < 0 ? -1 : t * 4 + 10000);
+	const uint64_t t0 = kclock_ns();
 	while (!r->done) {
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
 		ts.tv_sec += 1;
 		pthread_cond_timedwait(&c->cv, &c->mu, &ts);
 		if (!r->done && kdeadline_passed(dl)) {
-			pthread_mutex_unlock(&c->mu);
+			const uint32_t seq = r->seq;
+			int64_t again;
 			kerr e;
-			kerr_set(&e, KHOR_ERR_TIMEOUT, "collective seq %u did not complete within the "
-			         "wait deadline (KHOR_TIMEOUT x 4 + 10 s)", r->seq);
+			pthread_mutex_unlock(&c->mu);
+			st = KHOR_ERR_TIMEOUT;
+			coll_alive_ask q = { .waited_ms = (int64_t)((kclock_ns() - t0) / 1000000) };
+			if (c->cc.check_alive != NULL)
+				st = c->cc.check_alive(c, &q, &again, &e);
+			pthread_mutex_lock(&c->mu);
+			if (st == KHOR_SUCCESS || r->done) {
+				if (st == KHOR_SUCCESS)
+					dl = kdeadline_in_ms(again);
+				continue;
+			}
+			pthread_mutex_unlock(&c->mu);
+			if (st == KHOR_ERR_TIMEOUT)
+				kerr_set(&e, KHOR_ERR_TIMEOUT, "collective seq %u did not complete within "
+				         "the wait deadline (KHOR_TIMEOUT x 4 + 10 s)", seq);
+			else
+				kerr_prefix(&e, "khor_wait on collective seq %u", seq);
 			comm_fail(c, &e);
-			return KHOR_ERR_TIMEOUT;
+			return st;
 		}
 	}
 	st = r->status;

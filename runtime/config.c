@@ -4,6 +4,7 @@
 #include "base/parse.h"
 #include "collectives/select.h"
 #include "base/sock.h"
+#include "rendezvous/store.h"
 
 #include <stddef.h>
 
@@ -20,19 +21,19 @@ const struct config_var config_vars[] = {
 	{ "KHOR_CROSS_RANK", NULL, "Rank among ranks with the same local rank (else computed)", NULL, NULL },
 	{ "KHOR_CROSS_SIZE", NULL, "Number of ranks with this local rank (else computed)", NULL, NULL },
 	{ "KHOR_LOCAL_CPUS", NULL, "CPUs this host's ranks share (set by khorrun; else this process's CPU set, or all online CPUs when it is one CPU)", NULL, NULL },
-	{ "KHOR_STORE_ADDR", NULL, "host:port of the rendezvous store (set by khorrun; else MASTER_ADDR:MASTER_PORT, or the srun step's first node, or Kubernetes index 0, where rank 0 starts it)", NULL, NULL },
+	{ "KHOR_STORE_ADDR", NULL, "host:port of the rendezvous store, or etcd://host:port for an etcd server (set by khorrun; else MASTER_ADDR:MASTER_PORT, or the srun step's first node, or Kubernetes index 0, where rank 0 starts it)", NULL, NULL },
 	{ "KHOR_K8S_SIZE", NULL, "Kubernetes indexed Job: number of ranks (the Job's completions); the rank is JOB_COMPLETION_INDEX, one per pod", NULL, NULL },
 	{ "KHOR_K8S_SERVICE", NULL, "Kubernetes: the headless Service named as the pods' subdomain; the store is then on JOB-0.SERVICE, JOB being this pod's host name less its -INDEX", NULL, NULL },
 	{ "KHOR_K8S_STORE_HOST", NULL, "Kubernetes: host of the store, served by index 0, instead of JOB-0.KHOR_K8S_SERVICE", NULL, NULL },
 	{ "KHOR_K8S_STORE_PORT", "29500", "Kubernetes: port index 0 serves the store on", NULL, NULL },
 	{ "KHOR_SECRET", NULL, "Job secret proven by every store and link handshake (khorrun makes one); unset = unauthenticated", NULL, NULL },
 	{ "KHOR_JOB_ID", "default", "Job id; keys and links of other jobs are refused", NULL, NULL },
-	{ "KHOR_TIMEOUT", "300s", "Deadline of every collective and wait (e.g. 30s, 500ms, 5m; -1 = none)", NULL, NULL },
+	{ "KHOR_TIMEOUT", "300s", "After this long a collective or wait warns and asks whether the ranks it waits for are alive (KHOR_HEARTBEAT_TIMEOUT): it waits on while they are and fails naming one that is not; without heartbeats to judge by (one rank, KHOR_HEARTBEAT_TIMEOUT=-1) it fails (e.g. 30s, 500ms, 5m; -1 = never)", NULL, NULL },
 	{ "KHOR_INIT_TIMEOUT", NULL, "Deadline for all ranks to join at init (default: KHOR_TIMEOUT)", NULL, NULL },
 	{ "KHOR_ELASTIC", "0", "1 = an elastic job: ranks rejoin a new generation after a loss or a host change instead of ending (needs khorrun's or etcd's store; alias HOROVOD_ELASTIC)", "HOROVOD_ELASTIC", NULL },
 	{ "KHOR_WORKER_ID", NULL, "Elastic: this worker's id, HOST:SLOT (set by khorrun's elastic driver)", NULL, NULL },
 	{ "KHOR_ELASTIC_TIMEOUT", "600s", "Elastic: how long khor_init waits for a generation that includes this worker", NULL, NULL },
-	{ "KHOR_HEARTBEAT_TIMEOUT", "10s", "A rank whose heartbeat (through the store) has not moved for this long is not alive: khorrun kills it and the waits on it fail (-1 = never)", NULL, NULL },
+	{ "KHOR_HEARTBEAT_TIMEOUT", "10s", "A rank whose heartbeat (through the store) has not moved for this long is not alive: khorrun kills it and the waits on it fail (-1 = off: nobody is judged, and KHOR_TIMEOUT is a deadline again)", NULL, NULL },
 	{ "KHOR_HEARTBEAT_INTERVAL", "1s", "How often each rank beats its heartbeat (at most a fifth of KHOR_HEARTBEAT_TIMEOUT is used)", NULL, NULL },
 	{ "KHOR_HOSTNAME", NULL, "Host identity used to group ranks per node (default: gethostname)", NULL, NULL },
 	{ "KHOR_SOCKET_IFNAME", NULL, "Interface for links: prefixes (eth,ib), =exact, ^excluded, or a CIDR (198.18.0.0/15); unset = tcp publishes every usable address, the store's subnet first, and each peer dials one it can reach", NULL, NULL },
@@ -439,10 +440,12 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	/* The store: given, or derived from torchrun/Slurm variables with rank 0 serving it. */
 	p = config_lookup(cfg, "KHOR_STORE_ADDR");
 	if (p != NULL) {
-		if (!ksock_split_hostport(p, s->store_host, sizeof(s->store_host),
-		                                 &s->store_port))
+		/* An etcd server outlives the job and is never served by a rank. */
+		s->store_etcd = strncmp(p, STORE_ETCD_SCHEME, strlen(STORE_ETCD_SCHEME)) == 0;
+		if (!ksock_split_hostport(s->store_etcd ? p + strlen(STORE_ETCD_SCHEME) : p,
+		                          s->store_host, sizeof(s->store_host), &s->store_port))
 			return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_STORE_ADDR='%s': expected "
-			                "host:port", p);
+			                "host:port, or etcd://host:port for an etcd server", p);
 	} else if (env("MASTER_ADDR") && env("MASTER_PORT")) {
 		if ((st = get_int(NULL, "", "MASTER_PORT", 1, 65535, &v, &found, err)))
 			return st;

@@ -43,6 +43,7 @@ typedef struct settings {
 	char store_host[256];
 	uint16_t store_port;
 	bool serve_store;       /* this process (rank 0) runs the store */
+	bool store_etcd;        /* the store is an etcd server (KHOR_STORE_ADDR=etcd://...) */
 	char secret[256];
 	char job_id[64];
 	char hostname[256];
@@ -76,7 +77,7 @@ typedef struct settings {
 	bool elastic;           /* KHOR_ELASTIC=1 (docs/ELASTIC.md) */
 	char worker_id[128];    /* KHOR_WORKER_ID, else "<hostname>:<rank>" */
 	int64_t elastic_timeout_ms;
-	int64_t hb_timeout_ms;  /* KHOR_HEARTBEAT_TIMEOUT; < 0: never */
+	int64_t hb_timeout_ms;  /* KHOR_HEARTBEAT_TIMEOUT; < 0: off (liveness.h) */
 	int64_t hb_interval_ms;
 } settings;
 

@@ -24,10 +24,13 @@
  * ids and publishes them with its list; each other member reads it (one round trip),
  * checks that the lists are the same and counts itself in "<key>/ok"; the member that
  * completes the count sets "<key>/all", which the first rank waits for before it returns.
- * A member whose list differs meets nobody, or meets a different list, and fails at the
- * latest at KHOR_TIMEOUT with the reason, never hangs; so does the first rank then.
+ * A member whose list differs meets nobody, or meets a different list: past KHOR_TIMEOUT
+ * it warns, naming the member it waits for, and fails once that one is not alive
+ * (liveness.h) or, without heartbeats to judge by, at KHOR_TIMEOUT with the reason; so
+ * does the first rank then.
  */
 #include "comm.h"
+#include "liveness.h"
 
 #include "base/log.h"
 #include "collectives/rd.h"
@@ -279,7 +282,8 @@ khor_status comm_create_group(khor_comm *p, const int *ranks, int nranks,
 		char all[128];
 		snprintf(all, sizeof(all), "%s/all", key);
 		if (nranks > 1) {
-			st = store_get(x->store, all, kdeadline_in_ms(x->cfg.timeout_ms), &v, &vl, err);
+			st = liveness_store_get(x, "khor_comm_create_group", all, world + 1,
+			                        nranks - 1, &v, &vl, err);
 			if (st == KHOR_ERR_TIMEOUT) {
 				st = kerr_set(err, KHOR_ERR_TIMEOUT, "khor_comm_create_group: timed out "
 				              "after %lld ms (KHOR_TIMEOUT) waiting for the other %d listed "
@@ -292,7 +296,7 @@ khor_status comm_create_group(khor_comm *p, const int *ranks, int nranks,
 				goto out;
 		}
 	} else {
-		st = store_get(x->store, key, kdeadline_in_ms(x->cfg.timeout_ms), &v, &vl, err);
+		st = liveness_store_get(x, "khor_comm_create_group", key, world, 1, &v, &vl, err);
 		if (st == KHOR_ERR_TIMEOUT) {
 			st = kerr_set(err, KHOR_ERR_TIMEOUT, "khor_comm_create_group: timed out after "
 			              "%lld ms (KHOR_TIMEOUT) waiting for world rank %d, the list's first, "

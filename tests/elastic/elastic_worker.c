@@ -97,41 +97,48 @@ int main(int argc, char **argv)
 			continue;
 		}
 		step = got;
-		printf("join %s gen %d rank %d size %d local %d/%d step %lld\n", id, khor_generation(c),
-		       rank, size, khor_local_rank(c), khor_local_size(c), (long long)step);
+		printf("join %s gen %d rank %d size %d local %d/%d step %lld\n", id,
+		       khor_generation(c), rank, size, khor_local_rank(c), khor_local_size(c),
+		       (long long)step);
 		while (step < steps) {
 			float send[N], recv[N];
 			int32_t flags = khor_hosts_updated(c), any;
 
 			if (stop != NULL && access(stop, F_OK) == 0)
 				flags |= 256;
-			/* The commit's check: every rank learns of a host change at the same step. */
-			if ((st = khor_allreduce(c, &flags, &any, 1, KHOR_INT32, KHOR_MAX)) != KHOR_SUCCESS)
+			/* The commit's check: every rank learns of a host change at one step. */
+			st = khor_allreduce(c, &flags, &any, 1, KHOR_INT32, KHOR_MAX);
+			if (st != KHOR_SUCCESS)
 				break;
 			if (any & 256) {
 				steps = step;
 				break;
 			}
 			if (any != 0) {
-				printf("hosts %s gen %d updated %d\n", id, khor_generation(c), (int)any);
+				printf("hosts %s gen %d updated %d\n", id, khor_generation(c),
+				       (int)any);
 				break;
 			}
 			for (int i = 0; i < N; i++)
 				send[i] = (float)(rank + 1 + i);
-			if ((st = khor_allreduce(c, send, recv, N, KHOR_FLOAT32, KHOR_SUM)) != KHOR_SUCCESS)
+			st = khor_allreduce(c, send, recv, N, KHOR_FLOAT32, KHOR_SUM);
+			if (st != KHOR_SUCCESS)
 				break;
 			for (int i = 0; i < N; i++) {
-				float want = (float)size * (float)(size + 1) / 2.0f + (float)size * (float)i;
+				float want = (float)size * (float)(size + 1) / 2.0f +
+				             (float)size * (float)i;
 
 				if (recv[i] != want) {
-					printf("FAIL %s gen %d step %lld: element %d is %g, not %g\n", id,
-					       khor_generation(c), (long long)step, i, recv[i], want);
+					printf("FAIL %s gen %d step %lld: element %d is %g, "
+					       "not %g\n", id, khor_generation(c), (long long)step, i,
+					       recv[i], want);
 					return 2;
 				}
 			}
 			step++;
 			if (step == exit_at) {
-				printf("exit1 %s gen %d step %lld\n", id, khor_generation(c), (long long)step);
+				printf("exit1 %s gen %d step %lld\n", id, khor_generation(c),
+				       (long long)step);
 				return 1;
 			}
 			nap(step_ms);
@@ -147,8 +154,8 @@ int main(int argc, char **argv)
 			}
 			continue;
 		}
-		printf("done %s gen %d rank %d size %d steps %lld\n", id, khor_generation(c), rank, size,
-		       (long long)step);
+		printf("done %s gen %d rank %d size %d steps %lld\n", id, khor_generation(c), rank,
+		       size, (long long)step);
 		khor_finalize(c);
 		return 0;
 	}

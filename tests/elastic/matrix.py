@@ -145,19 +145,41 @@ def check_exit(rc, want_rc, cap, out, patterns, why):
             why.append("no line matching %r" % pat)
 
 
+def baseline(khorrun, python, tmp):
+    """The fault-free run's final loss, run once for all the cases of one build and one
+    training script (kept in the temporary directory, keyed by khorrun, libkhor and the
+    script)."""
+    import hashlib
+    h = hashlib.sha256()
+    for f in (khorrun, TRAIN, os.environ.get("KHOR_LIBRARY_PATH", TRAIN)):
+        with open(f, "rb") as fh:
+            h.update(fh.read())
+    h.update(("%d %d" % (STEPS, COMMIT)).encode())
+    cache = os.path.join(tempfile.gettempdir(), "khor-matrix-base-%s" % h.hexdigest()[:16])
+    if os.path.exists(cache):
+        with open(cache) as f:
+            return float(f.read())
+    rc, out, _ = run(khorrun, python, ONE, [], {}, os.path.join(tmp, "base.log"))
+    loss = final_loss(out)
+    if rc != 0 or loss is None:
+        print(out)
+        print("matrix: the fault-free run failed (%s)" % rc)
+        return None
+    with open(cache + ".tmp", "w") as f:
+        f.write(repr(loss))
+    os.replace(cache + ".tmp", cache)
+    return loss
+
+
 def main():
     khorrun, python, case = sys.argv[1:4]
     flags, faults, extra, want_rc, patterns, bound = CASES[case]
     why = []
     with tempfile.TemporaryDirectory(prefix="khor-matrix-") as tmp:
-        base_log = os.path.join(tmp, "base.log")
         base_loss = None
         if want_rc == 0 and case != "none":
-            rc, out, _ = run(khorrun, python, ONE, [], {}, base_log)
-            base_loss = final_loss(out)
-            if rc != 0 or base_loss is None:
-                print(out)
-                print("matrix: the fault-free run failed (%s)" % rc)
+            base_loss = baseline(khorrun, python, tmp)
+            if base_loss is None:
                 return 1
         log = os.path.join(tmp, "case.log")
         rc, out, took = run(khorrun, python, flags, faults, extra, log)

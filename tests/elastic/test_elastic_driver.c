@@ -122,13 +122,13 @@ Test(elastic_driver, one_host_kill9_starts_a_fresh_worker)
 	cr_assert_neq(pid_of(&p, "localhost:1", 2), old);
 	finish(&p);
 	expect_status(&p, 0);
-	expect(&p, 1, "khorrun: elastic: generation 1: rank 1 on localhost (worker localhost:1) was "
-	              "lost: killed by signal 9 (SIGKILL); a fresh worker takes its slot\n");
+	expect(&p, 1, "khorrun: elastic: generation 1: rank 1 on localhost (worker localhost:1) "
+	              "was lost: killed by signal 9 (SIGKILL); a fresh worker takes its slot\n");
 	expect(&p, 1, "khorrun: elastic: generation 2: 2 ranks on 1 host (localhost:2)\n");
 	/* The survivor heard it from the driver, with who, where and why. */
 	expect(&p, 0, "lost localhost:0 gen 1: ");
-	expect(&p, 0, "rank 1 on localhost (worker localhost:1) was lost in generation 1: killed by "
-	              "signal 9 (SIGKILL)");
+	expect(&p, 0, "rank 1 on localhost (worker localhost:1) was lost in generation 1: killed "
+	              "by signal 9 (SIGKILL)");
 	expect(&p, 0, "done localhost:0 gen 2 rank 0 size 2");
 	expect(&p, 0, "done localhost:1 gen 2 rank 1 size 2");
 	proc_free(&p);
@@ -151,9 +151,10 @@ Test(elastic_driver, two_hosts_kill9_blacklists_the_host)
 	wait_for(&p, "removed 127.0.0.1:1: ", 1, 20);
 	finish(&p);
 	expect_status(&p, 0);
-	expect(&p, 1, "khorrun: elastic: generation 1: rank 2 on 127.0.0.1 (worker 127.0.0.1:0) was "
-	              "lost: killed by signal 9 (SIGKILL); host 127.0.0.1 blacklisted\n");
-	expect(&p, 1, "khorrun: elastic: generation 2: 2 ranks on 1 host (localhost:2); 1 dropped\n");
+	expect(&p, 1, "khorrun: elastic: generation 1: rank 2 on 127.0.0.1 (worker 127.0.0.1:0) "
+	              "was lost: killed by signal 9 (SIGKILL); host 127.0.0.1 blacklisted\n");
+	expect(&p, 1, "khorrun: elastic: generation 2: 2 ranks on 1 host (localhost:2); "
+	              "1 dropped\n");
 	cr_assert_eq(count_str(p.b[0].data, "] up "), 4, "no worker was started again:\n%s",
 	             p.b[0].data);
 	proc_free(&p);
@@ -172,8 +173,8 @@ Test(elastic_driver, worker_exiting_1)
 	wait_for(&p, "join localhost:1 gen 2 rank 1 size 2", 1, 20);
 	finish(&p);
 	expect_status(&p, 0);
-	expect(&p, 1, "khorrun: elastic: generation 1: rank 0 on localhost (worker localhost:0) was "
-	              "lost: exited with status 1; a fresh worker takes its slot\n");
+	expect(&p, 1, "khorrun: elastic: generation 1: rank 0 on localhost (worker localhost:0) "
+	              "was lost: exited with status 1; a fresh worker takes its slot\n");
 	expect(&p, 0, "was lost in generation 1: exited with status 1");
 	proc_free(&p);
 }
@@ -199,8 +200,8 @@ Test(elastic_driver, stopped_worker_is_fenced)
 	expect_status(&p, 0);
 	/* The contract's bound: fenced within the heartbeat timeout and 2 s. */
 	cr_assert_lt(took, 4.0, "fenced %.2f s after SIGSTOP", took);
-	expect(&p, 1, "khorrun: elastic: generation 1: rank 1 on localhost (worker localhost:1) was "
-	              "lost: its heartbeat stopped for ");
+	expect(&p, 1, "khorrun: elastic: generation 1: rank 1 on localhost (worker localhost:1) "
+	              "was lost: its heartbeat stopped for ");
 	expect(&p, 1, "(KHOR_HEARTBEAT_TIMEOUT 2.0 s); khorrun killed it; a fresh worker takes its "
 	              "slot\n");
 	cr_assert(pid_gone(stopped), "the stopped worker %d was not killed", (int)stopped);
@@ -235,7 +236,8 @@ Test(elastic_driver, discovery_adds_and_removes_a_host)
 	expect(&p, 1, "khorrun: elastic: generation 2: 3 ranks on 2 hosts (localhost:2, "
 	              "127.0.0.1:1)\n");
 	expect(&p, 1, "khorrun: elastic: hosts removed during generation 2");
-	expect(&p, 1, "khorrun: elastic: generation 3: 2 ranks on 1 host (localhost:2); 1 dropped\n");
+	expect(&p, 1, "khorrun: elastic: generation 3: 2 ranks on 1 host (localhost:2); "
+	              "1 dropped\n");
 	proc_free(&p);
 }
 
@@ -266,8 +268,9 @@ Test(elastic_driver, reset_limit_exceeded)
 /* Fewer slots than --min-np for --elastic-timeout: the job fails saying what there is. */
 Test(elastic_driver, min_np_never_reached)
 {
-	const char *args[] = { "-H", "localhost:1,127.0.0.1:1", "--min-np", "2", "--elastic-timeout",
-		               "2", "-x", stop_x, worker(), "1000000", "5", NULL };
+	const char *args[] = { "-H", "localhost:1,127.0.0.1:1", "--min-np", "2",
+		               "--elastic-timeout", "2", "-x", stop_x, worker(), "1000000", "5",
+		               NULL };
 	struct proc p;
 	pid_t survivor;
 
@@ -369,8 +372,8 @@ Test(elastic_driver, discovery_fails_later)
 	wait_for_in(&p, 1, "khorrun: elastic: the host discovery script works again\n", 1, 20);
 	finish(&p);
 	expect_status(&p, 0);
-	expect(&p, 1, "khorrun: elastic: the host discovery script failed: it exited with status 4; "
-	              "the hosts stay as they were, and it runs again every second\n");
+	expect(&p, 1, "khorrun: elastic: the host discovery script failed: it exited with status "
+	              "4; the hosts stay as they were, and it runs again every second\n");
 	cr_assert_eq(count_str(p.b[1].data, "failed: it exited with status 4"), 1, "%s",
 	             p.b[1].data);
 	cr_assert_eq(count_str(p.b[0].data, " gen 2 "), 0, "the failure changed the job:\n%s",
@@ -400,10 +403,32 @@ Test(elastic_driver, worker_over_ssh_is_fenced_through_its_helper)
 	wait_for(&p, "join localhost:0 gen 2 rank 0 size 1", 1, 20);
 	finish(&p);
 	expect_status(&p, 0);
-	expect(&p, 1, "khorrun: elastic: generation 1: rank 1 on 192.0.2.1 (worker 192.0.2.1:0) was "
-	              "lost: its heartbeat stopped for ");
+	expect(&p, 1, "khorrun: elastic: generation 1: rank 1 on 192.0.2.1 (worker 192.0.2.1:0) "
+	              "was lost: its heartbeat stopped for ");
 	expect(&p, 1, "khorrun killed it; host 192.0.2.1 blacklisted\n");
 	cr_assert(pid_gone(remote), "the stopped worker %d was not killed", (int)remote);
+	proc_free(&p);
+}
+
+/* A host whose workers cannot even start (ssh refused) is blacklisted; the rest goes on. */
+Test(elastic_driver, host_that_cannot_be_reached_is_left_out)
+{
+	const char *args[] = { "--ssh-command",
+		               "/bin/sh -c 'echo \"ssh: connect to host $0 port 22: Connection "
+		               "refused\" >&2; exit 255'",
+		               "-H", "localhost:1,192.0.2.1:1", "--min-np", "1", "-np", "2", "-x",
+		               stop_x, worker(), "1000000", "5", NULL };
+	struct proc p;
+
+	proc_start(&p, args, job_env);
+	wait_for(&p, "join localhost:0 gen 2 rank 0 size 1", 1, 20);
+	finish(&p);
+	expect_status(&p, 0);
+	expect(&p, 1, "khorrun: cannot start worker 192.0.2.1:0 on 192.0.2.1: ssh: connect to host "
+	              "192.0.2.1 port 22: Connection refused\n");
+	expect(&p, 1, "khorrun: elastic: generation 1: rank 1 on 192.0.2.1 (worker 192.0.2.1:0) "
+	              "was lost: it could not be started there: ssh: connect to host 192.0.2.1 "
+	              "port 22: Connection refused; host 192.0.2.1 blacklisted\n");
 	proc_free(&p);
 }
 

@@ -158,7 +158,8 @@ Test(elastic_plan, cooldown_doubles_within_its_range)
 	st.cool_max_ms = 100000;
 	/* min * 2^k + rnd * min, within [min, max] (Horovod's HostState._set_cooldown_period) */
 	cr_assert_eq(ep_blacklist(&st, 1, 0, 0.0), 20000);
-	cr_assert_eq(ep_blacklist(&st, 1, 5000, 0.9), 0, "a second failure in the cooldown: no change");
+	cr_assert_eq(ep_blacklist(&st, 1, 5000, 0.9), 0,
+	             "a second failure in the cooldown: no change");
 	cr_assert_eq(update(&st, "a:1\nb:1\n", 19999), 0, "not yet");
 	cr_assert_str_eq(order(&st), "a");
 	cr_assert_eq(update(&st, "a:1\nb:1\n", 20000), (int)EP_ADDED, "back after its cooldown");
@@ -265,5 +266,144 @@ Test(elastic_plan, plan_text)
 	free(t);
 	ep_describe_slots(&st, s, n, buf, sizeof(buf));
 	cr_assert_str_eq(buf, "node1:2, node2:2");
+	ep_free(&st);
+}
+
+Test(elastic_plan, a_loss_blacklists_on_several_hosts_and_restarts_on_one)
+{
+	struct ep_state st = state(1, 0, "a:2\nb:1\n", 0);
+	struct ep_slot s[4];
+	int n = ep_assign(&st, s, 4);
+	uint64_t rnd = 1;
+	int64_t cd = 7;
+	char tail[160];
+
+	cr_assert_eq(n, 3);
+	cr_assert_not(ep_all_blacklisted(&st, s, n));
+	cr_assert_eq(ep_lose(&st, s, n, 1, false, 0, &rnd, &cd, tail, sizeof(tail)),
+	             EP_LOSS_BLACKLISTED);
+	cr_assert_eq(cd, -1, "no cooldown range: for good");
+	cr_assert_str_eq(tail, "; host b blacklisted");
+	cr_assert(st.hosts[1].blacklisted);
+	cr_assert_eq(ep_lose(&st, s, n, 1, false, 0, &rnd, &cd, tail, sizeof(tail)),
+	             EP_LOSS_ALREADY);
+	cr_assert_str_eq(tail, "; host b is blacklisted already");
+	cr_assert_not(ep_all_blacklisted(&st, s, n), "a is still in");
+	/* On one host a fresh worker takes the slot, unless none can start there at all. */
+	cr_assert_eq(ep_lose(&st, s, 2, 0, false, 0, &rnd, &cd, tail, sizeof(tail)),
+	             EP_LOSS_FRESH);
+	cr_assert_str_eq(tail, "; a fresh worker takes its slot");
+	cr_assert_not(st.hosts[0].blacklisted);
+	st.cool_min_ms = 1000;
+	st.cool_max_ms = 60000;
+	cr_assert_eq(ep_lose(&st, s, 2, 0, true, 0, &rnd, &cd, tail, sizeof(tail)),
+	             EP_LOSS_BLACKLISTED);
+	cr_assert(cd >= 2000 && cd < 3000, "1 s * 2 + a draw of 1 s: %lld", (long long)cd);
+	cr_assert(ep_all_blacklisted(&st, s, n));
+	cr_assert_not(ep_all_blacklisted(&st, s, 0), "no generation: not its end");
+	ep_free(&st);
+}
+
+Test(elastic_plan, draws_are_in_the_unit_interval)
+{
+	uint64_t rnd = 12345;
+
+	for (int i = 0; i < 1000; i++) {
+		double d = ep_draw(&rnd);
+
+		cr_assert(d >= 0.0 && d < 1.0, "%f", d);
+	}
+}
+
+Test(elastic_plan, a_stalled_heartbeat_is_told_after_its_timeout)
+{
+	int64_t hb = 0, at = 0, gen_beat = 0, hb2 = 0, at2 = 0;
+
+	cr_assert_eq(ep_heartbeat(&hb, &at, &gen_beat, NULL, 100, 1000), 0, "not joined yet");
+	cr_assert_eq(ep_heartbeat(&hb2, &at2, &gen_beat, NULL, 5000, 1000), 0,
+	             "no rank has beaten: all may still be joining");
+	cr_assert_eq(ep_heartbeat(&hb, &at, &gen_beat, "1", 6000, 1000), 0);
+	cr_assert_eq(gen_beat, 6000);
+	cr_assert_eq(ep_heartbeat(&hb, &at, &gen_beat, "2", 6900, 1000), 0);
+	cr_assert_eq(ep_heartbeat(&hb, &at, &gen_beat, "2", 7900, 1000), 0, "exactly the timeout");
+	cr_assert_eq(ep_heartbeat(&hb, &at, &gen_beat, "2", 8000, 1000), 1100);
+	cr_assert_eq(ep_heartbeat(&hb2, &at2, &gen_beat, NULL, 7500, 1000), 1500,
+	             "one never beaten since another beat has stalled too");
+	cr_assert_eq(ep_heartbeat(&hb, &at, &gen_beat, NULL, 90000, 1000), 0,
+	             "beat, then gone: finalized, not stalled");
+}
+
+Test(elastic_plan, a_survivor_that_does_not_join_is_told_after_its_timeout)
+{
+	int64_t hb = 5, at = 1000; /* the plan at 1000, its count 5 in the generation it left */
+
+	cr_assert_eq(ep_join_stall(&hb, &at, "6", 1500, 1000), 0, "still training there");
+	cr_assert_eq(at, 1500);
+	cr_assert_eq(ep_join_stall(&hb, &at, NULL, 2500, 1000), 0, "finalized, exactly the timeout");
+	cr_assert_eq(ep_join_stall(&hb, &at, NULL, 2600, 1000), 1100,
+	             "neither beating there nor joined here: stopped between generations");
+	cr_assert_eq(hb, 6);
+}
+
+Test(elastic_plan, waiting_for_slots_ends_at_the_timeout)
+{
+	struct ep_state st = state(2, 0, "a:1\n", 0);
+	int64_t since = -1;
+	char buf[1400];
+
+	cr_assert_eq(ep_wait_slots(&st, 3, 2, &since, 1000, 5000, buf, sizeof(buf)),
+	             EP_WAIT_BEGUN);
+	cr_assert_eq(since, 1000);
+	cr_assert_str_eq(buf, "elastic: generation 3 waits for 2 slots: 1 slot available (a:1), "
+	                      "2 needed (at most 5 s, --elastic-timeout)");
+	cr_assert_eq(ep_wait_slots(&st, 3, 2, &since, 5999, 5000, buf, sizeof(buf)), EP_WAIT_ON);
+	cr_assert_eq(ep_wait_slots(&st, 3, 2, &since, 6000, 5000, buf, sizeof(buf)),
+	             EP_WAIT_OVER);
+	cr_assert_str_eq(buf, "elastic: timed out after 5 s (--elastic-timeout) waiting for the "
+	                      "slots of generation 3: 1 slot available (a:1), 2 needed");
+	ep_free(&st);
+}
+
+Test(elastic_plan, an_update_is_told_only_when_ranks_would_move)
+{
+	struct ep_state st = state(1, 2, "a:1\nb:1\n", 0);
+	struct ep_slot s[4];
+	int n = ep_assign(&st, s, 4);
+	char slots[128], words[32];
+
+	cr_assert_eq(update(&st, "a:1\nb:1\nc:1\n", 10), (int)EP_ADDED);
+	cr_assert_eq(ep_update_moves(&st, s, n, slots, sizeof(slots)), 0, "c is past --max-np");
+	cr_assert_eq(update(&st, "a:1\nc:1\n", 20), (int)EP_REMOVED);
+	cr_assert_eq(ep_update_moves(&st, s, n, slots, sizeof(slots)), 1);
+	cr_assert_str_eq(slots, "a:1, c:1");
+	cr_assert_eq(ep_update_moves(&st, s, n, NULL, 0), 1);
+	ep_update_words(EP_ADDED | EP_REMOVED, words, sizeof(words));
+	cr_assert_str_eq(words, "added,removed");
+	ep_update_words(EP_REMOVED, words, sizeof(words));
+	cr_assert_str_eq(words, "removed");
+	ep_free(&st);
+}
+
+Test(elastic_plan, the_texts_the_drivers_say)
+{
+	struct ep_state st = state(1, 0, "a:2\nb:1\n", 0);
+	struct ep_slot s[4];
+	int n = ep_assign(&st, s, 4);
+	char buf[256];
+
+	ep_describe_gen(&st, 2, s, n, buf, sizeof(buf));
+	cr_assert_str_eq(buf, "generation 2: 3 ranks on 2 hosts (a:2, b:1)");
+	ep_lost_text(buf, sizeof(buf), 4, 2, "b", "b:0", "exited with status 1");
+	cr_assert_str_eq(buf, "rank 2 on b (worker b:0) was lost in generation 4: exited with "
+	                      "status 1");
+	ep_want_text(buf, sizeof(buf), 4, -1, NULL, NULL, NULL);
+	cr_assert_str_eq(buf, "generation 4 ended: a rank asked for a new one");
+	ep_fence_text(buf, sizeof(buf), 3200, 3000, "khorrun", 0);
+	cr_assert_str_eq(buf, "its heartbeat stopped for 3.2 s (KHOR_HEARTBEAT_TIMEOUT 3.0 s); "
+	                      "khorrun killed it");
+	ep_fence_text(buf, sizeof(buf), 3200, 3000, "khorrun", 4);
+	cr_assert_str_eq(buf, "its heartbeat stopped for 3.2 s since it left generation 4, and it "
+	                      "has not joined generation 5 (KHOR_HEARTBEAT_TIMEOUT 3.0 s); "
+	                      "khorrun killed it");
 	ep_free(&st);
 }

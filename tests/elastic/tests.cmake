@@ -16,9 +16,16 @@ target_link_libraries(test_elastic_driver PRIVATE khor_testproc)
 add_dependencies(test_elastic_driver khorrun elastic_worker)
 set_tests_properties(test_elastic_driver PROPERTIES ENVIRONMENT
   "KHORRUN=$<TARGET_FILE:khorrun>;ELASTIC_WORKER=$<TARGET_FILE:elastic_worker>")
+# An elastic job over etcd: one khorrun agent per host (here two on this machine), a real
+# etcd server each case starts; the leader killed, etcd restarted, a failed worker.
+khor_test(test_elastic_etcd elastic/test_elastic_etcd.c 120)
+target_link_libraries(test_elastic_etcd PRIVATE khor_testproc)
+add_dependencies(test_elastic_etcd khorrun elastic_worker)
+set_tests_properties(test_elastic_etcd PROPERTIES ENVIRONMENT
+  "KHORRUN=$<TARGET_FILE:khorrun>;ELASTIC_WORKER=$<TARGET_FILE:elastic_worker>")
 # The fault matrix on this machine: tests/elastic/train_matrix.py (numpy, no framework)
 # under the driver, one self-injected fault or more per case (tests/elastic/matrix.py).
-# Not in sanitizer builds: python3 cannot load an instrumented libkhor (tests/python).
+# Not in sanitizer builds, as tests/python's: python3 cannot load an instrumented libkhor.
 if(KHOR_PYTHON AND NOT KHOR_SANITIZE)
   foreach(c none kill_worker kill_rank0 exit_worker stop_worker kill_in_sync kill_twice
             reset_limit all_fail host_blacklisted every_host_blacklisted min_np_never)

@@ -3,11 +3,12 @@
 # its own sshd and a differently named interface (netns_hosts.sh). Checks what a user of
 # `khorrun -H` sees: collectives right across hosts, each rank's identity and working
 # directory, -x forwarding, both hostfile forms, the first failure named with its host,
-# nothing left on any host after a kill -9, a Ctrl-C or a failed start, start-up errors
+# nothing left on any host after a kill -9, a Ctrl-C, a SIGSTOP (khorrun kills the stopped
+# rank through its host's helper) or a failed start, start-up errors
 # (unreachable host, refused key) within --start-timeout naming the host and ssh's error,
-# and the job secret on no command line of any process.
+# the job secret on no command line of any process, and an elastic job that loses a host.
 #
-# usage: test_hosts.sh KHORRUN KHOR_BENCH EXAMPLE_ALLREDUCE
+# usage: test_hosts.sh KHORRUN KHOR_BENCH EXAMPLE_ALLREDUCE [ELASTIC_WORKER]
 # Exits 77 (CTest's skip) with one line why when it cannot run here: not root, no sshd,
 # no network namespaces.
 set -u -o pipefail
@@ -16,6 +17,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 KHORRUN=${1:?usage: $0 KHORRUN KHOR_BENCH EXAMPLE_ALLREDUCE}
 BENCH=${2:?usage}
 EXAMPLE=${3:?usage}
+WORKER=${4:-} # tests/elastic/elastic_worker: the elastic case runs with it
 
 skip() { echo "SKIP: $*"; exit 77; }
 [ "$(id -u)" -eq 0 ] || skip "needs root for network namespaces"
@@ -248,6 +250,32 @@ else
 	fail "ranks did not start for the helper test"
 fi
 
+# ---- 4d. a remote rank stopped (SIGSTOP): khorrun kills it through its helper --------------
+MARK=khhmark$$f
+bg "${KR[@]}" --job-id "$MARK" -x KHOR_LOG=info -x KHOR_TIMEOUT=1s -x KHOR_HEARTBEAT_TIMEOUT=2s \
+	-H "$H0:2,$H1:2,$H2:2,$H3:2" "$BENCH" allreduce -b 8 -e 8 -n 100000000 -w 1 -c 0
+if wait_lines "$ERR" "joined job '$MARK' as rank" 8 20 $kpid; then
+	victim=$(for p in $(hosts_pids 2); do
+		tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx KHOR_RANK=5 &&
+			tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx "KHOR_JOB_ID=$MARK" && echo $p
+	done | head -1)
+	sleep 1 # a beat or two in the store first
+	t0=$(now)
+	kill -STOP "$victim"
+	wait $kpid
+	st=$?
+	dt=$(elapsed "$t0")
+	if [ $st -eq 137 ] && grep -q "khorrun: rank 5 on $H2 stopped answering: no heartbeat for" "$ERR" &&
+		grep -q "rank 5 on $H2 failed first: it stopped answering" "$ERR" && no_leftovers "$MARK"; then
+		pass "SIGSTOP of rank 5 on $H2: killed and named, exit 137 in $(printf %.2f "$dt") s, nothing left"
+	else
+		fail "SIGSTOP of a remote rank (exit $st after $dt s, pid '$victim')"
+	fi
+else
+	kill -9 $kpid 2>/dev/null
+	fail "ranks did not start for the SIGSTOP test"
+fi
+
 # ---- 5. start-up errors: within --start-timeout, the host and ssh's error named ----------
 NOBODY=198.19.${HOSTS_T}.99
 MARK=khhmark$$c
@@ -295,6 +323,36 @@ if "${KR[@]}" --output-filename "$WORK/logs" -H "$H0:1,$H1:1" /bin/sh -c 'echo "
 	pass "--output-filename: DIR/rank.N/stdout and stderr, remote ranks too"
 else
 	fail "--output-filename"
+fi
+
+# ---- 7. elastic over ssh: a worker killed on one host, the job goes on on the others -----
+if [ -n "$WORKER" ]; then
+	MARK=khhmark$$e
+	rm -f "$WORK/stop"
+	bg "${KR[@]}" --job-id "$MARK" -H "$H0:2,$H1:2,$H2:2" --min-np 2 -np 6 \
+		-x "EW_STOP=$WORK/stop" -x KHOR_COST_ALPHA_US=5 -x KHOR_COST_BETA_GBPS=2 \
+		-x KHOR_COST_GAMMA_GBPS=4 "$WORKER" 1000000 5
+	if wait_lines "$OUT" " gen 1 rank " 6 30 $kpid; then
+		victim=$(sed -n "s/^\[$H1:1\] up $H1:1 pid \([0-9]*\).*/\1/p" "$OUT")
+		kill -9 "$victim"
+		ok=0
+		wait_lines "$OUT" "join $H2:1 gen 2 rank 3 size 4" 1 30 $kpid &&
+			wait_lines "$OUT" "removed $H1:0: " 1 30 $kpid && ok=1
+		touch "$WORK/stop"
+		wait $kpid
+		st=$?
+		if [ $ok = 1 ] && [ $st -eq 0 ] &&
+			grep -q "generation 1: rank 3 on $H1 (worker $H1:1) was lost: killed by signal 9 (SIGKILL); host $H1 blacklisted" "$ERR" &&
+			grep -q "generation 2: 4 ranks on 2 hosts ($H0:2, $H2:2); 1 dropped" "$ERR" &&
+			no_leftovers "$MARK"; then
+			pass "elastic: kill -9 on $H1 blacklists it, 4 ranks go on on 2 hosts, exit 0, nothing left"
+		else
+			fail "elastic over ssh (exit $st)"
+		fi
+	else
+		kill -9 $kpid 2>/dev/null
+		fail "elastic workers did not start over ssh"
+	fi
 fi
 
 echo "$npass passed, $nfail failed"

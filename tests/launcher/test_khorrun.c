@@ -1285,7 +1285,7 @@ Test(khorrun, slurm_allocation_of_this_host_runs_here, .timeout = 30)
 Test(khorrun, remote_helper_refuses_bad_bytes_on_stdin, .timeout = 60)
 {
 	char hello[64], go_alone[160], truncated[160];
-	int hn = snprintf(hello, sizeof(hello), "khorrun-helper 1 %d.%d.%d", KHOR_VERSION_MAJOR,
+	int hn = snprintf(hello, sizeof(hello), "khorrun-helper 2 %d.%d.%d", KHOR_VERSION_MAJOR,
 	                  KHOR_VERSION_MINOR, KHOR_VERSION_PATCH);
 	/* A valid hello, then "go" with no cwd, argv or ranks: "incomplete start-up". */
 	snprintf(go_alone, sizeof(go_alone), "H\\000\\000\\000\\%03o%sG\\000\\000\\000\\000", hn,

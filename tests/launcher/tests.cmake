@@ -7,7 +7,8 @@ set_tests_properties(test_khorrun PROPERTIES ENVIRONMENT
 # khorrun -H over ssh on 4 network-namespace hosts, each with its own sshd (exit 77, a skip,
 # without root, sshd or network namespaces).
 add_test(NAME hosts_ssh COMMAND ${CMAKE_CURRENT_LIST_DIR}/../hosts/test_hosts.sh
-  $<TARGET_FILE:khorrun> $<TARGET_FILE:khor-bench> $<TARGET_FILE:example-allreduce>)
+  $<TARGET_FILE:khorrun> $<TARGET_FILE:khor-bench> $<TARGET_FILE:example-allreduce>
+  $<TARGET_FILE:elastic_worker>)
 set_tests_properties(hosts_ssh PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77 LABELS hosts
   RUN_SERIAL TRUE)
 # A real one-node Slurm (slurmctld, slurmd, munged on 127.0.0.1, all under a temp dir):

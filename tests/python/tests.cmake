@@ -25,7 +25,8 @@ if(KHOR_PYTHON AND NOT KHOR_SANITIZE)
     # skip.
     set(KHOR_HOROVOD_SRC "$ENV{KHOR_HOROVOD_SRC}" CACHE PATH
       "A Horovod source tree, for the elastic_horovod_* tests (optional)")
-    foreach(s kill hosts horovod-hosts horovod-failure-exception horovod-failure-kill)
+    foreach(s kill hosts horovod-hosts horovod-failure-exception horovod-failure-kill
+              horovod-fixed-hosts-kill horovod-reset-limit)
       string(REPLACE "-" "_" t "elastic_${s}")
       add_test(NAME ${t} COMMAND ${KHOR_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/elastic/run_elastic.py
         $<TARGET_FILE:khorrun> ${KHOR_PYTHON} ${s})

@@ -76,6 +76,30 @@ Test(config, khor_vars_then_torchrun_then_slurm)
 	cr_assert(!s.serve_store);
 }
 
+/* An etcd store: its address parsed, and no rank serves it, whatever else is set. */
+Test(config, an_etcd_store_is_never_served_by_a_rank)
+{
+	settings s;
+	kerr e;
+	setenv("KHOR_RANK", "0", 1);
+	setenv("KHOR_SIZE", "2", 1);
+	setenv("MASTER_ADDR", "10.1.2.3", 1);
+	setenv("MASTER_PORT", "29500", 1);
+	setenv("KHOR_STORE_ADDR", "etcd://etcd.example:2379", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert(s.store_etcd);
+	cr_assert_str_eq(s.store_host, "etcd.example");
+	cr_assert_eq(s.store_port, 2379);
+	cr_assert(!s.serve_store);
+	setenv("KHOR_STORE_ADDR", "[fd00::5]:2379", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert(!s.store_etcd);
+	cr_assert_str_eq(s.store_host, "fd00::5");
+	setenv("KHOR_STORE_ADDR", "etcd://etcd.example", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_ERR_INVALID_ARG);
+	cr_assert(strstr(e.text, "etcd://host:port"), "%s", e.text);
+}
+
 Test(config, caller_config_wins_and_bad_values_are_refused)
 {
 	settings s;

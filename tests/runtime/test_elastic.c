@@ -1,11 +1,14 @@
 /*
  * test_elastic.c -- the C core's side of an elastic job (docs/ELASTIC.md), with this test
- * process as the driver: it serves a real store, writes the plans, kills a worker, ends its
- * generation and watches the real worker processes leave one generation and join the next
- * in-process, with new ranks, size and links.
+ * process as the driver: it serves a real store (khor's, or an etcd server it starts),
+ * writes the plans, kills a worker, ends its generation and watches the real worker
+ * processes leave one generation and join the next in-process, with new ranks, size and
+ * links.
  */
 #include "runtime/elastic.h"
 #include "tests/harness.h"
+#include "transport/transport.h"
+#include "tests/rendezvous/etcd_proc.h"
 
 #include <criterion/criterion.h>
 #include <signal.h>
@@ -13,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,7 +38,7 @@ struct shared {
 	_Atomic int stop;
 };
 
-static uint16_t port;
+static char store_addr[64]; /* KHOR_STORE_ADDR of the workers */
 
 static void worker_env(int i)
 {
@@ -43,8 +47,7 @@ static void worker_env(int i)
 	snprintf(v, sizeof(v), "h:%d", i);
 	setenv("KHOR_WORKER_ID", v, 1);
 	setenv("KHOR_HOSTNAME", "h", 1);
-	snprintf(v, sizeof(v), "127.0.0.1:%u", port);
-	setenv("KHOR_STORE_ADDR", v, 1);
+	setenv("KHOR_STORE_ADDR", store_addr, 1);
 	setenv("KHOR_SECRET", SECRET, 1);
 	setenv("KHOR_JOB_ID", JOB, 1);
 	setenv("KHOR_TIMEOUT", "20s", 1);
@@ -153,6 +156,48 @@ static void plan(int gen, const int *ids, int n, const char *drop)
 	put("el/gen", key);
 }
 
+/*
+ * Fencing: a transport of generation 1, as a rank of it that missed the end would still
+ * hold, dials a rank of generation `gen` and must be refused at the handshake, before a
+ * byte of the new generation's traffic could be mixed with its own.
+ */
+static void old_link_refused(int gen)
+{
+	const struct transport_ops *tcp = transport_find("tcp");
+	char job[64], key[32];
+	void *addr;
+	size_t len;
+	tp_ctx *ctx;
+	tp_link *l;
+	kerr e;
+
+	cr_assert(tcp != NULL);
+	snprintf(job, sizeof(job), "g1/%s", JOB);
+	tp_options o = { .rank = 0, .size = 2, .job_id = job, .secret = SECRET, .nsocks = 1,
+	                 .min_stripe_bytes = 1 << 18, .handshake_timeout_ms = 5000 };
+	cr_assert_eq(tcp->create(&o, &ctx, &e), KHOR_SUCCESS, "%s", e.text);
+	store_set_prefix(driver, JOB, gen);
+	snprintf(key, sizeof(key), "addr/tcp/1");
+	cr_assert_eq(store_get(driver, key, kdeadline_in_ms(5000), &addr, &len, &e), KHOR_SUCCESS,
+	             "%s", e.text);
+	cr_assert_eq(tcp->connect(ctx, 1, addr, &l, &e), KHOR_SUCCESS, "%s", e.text);
+	free(addr);
+	khor_status st = KHOR_SUCCESS;
+	kdeadline dl = kdeadline_in_ms(10000);
+	while (st == KHOR_SUCCESS && !tcp->link_ready(l) && !kdeadline_passed(dl)) {
+		bool moved;
+		st = tcp->progress(ctx, 10, &moved, &e);
+		if (st == KHOR_SUCCESS)
+			st = tcp->link_error(l, &e);
+	}
+	cr_expect(!tcp->link_ready(l), "a link of generation 1 was let into generation %d", gen);
+	cr_expect(st != KHOR_SUCCESS && strstr(e.text, "job id") != NULL,
+	          "the old generation's link was not refused for its job id: %s", e.text);
+	printf("generation 1's link into generation %d: %s\n", gen, e.text);
+	tcp->destroy(ctx);
+	store_set_prefix(driver, JOB, 0);
+}
+
 static int64_t counter(const char *key)
 {
 	void *v;
@@ -185,24 +230,21 @@ static void await_gen(struct shared *sh, const int *ids, int n, int gen, int siz
 		             sh->w[ids[k]].size, gen);
 }
 
-Test(elastic, loss_rejoin_update_removal, .timeout = 120)
+/* The driver's part, over the store at store_addr (driver connected to it). */
+static void loss_rejoin_update_removal(void)
 {
 	struct shared *sh = harness_shared(sizeof(*sh));
-	store_server *srv;
 	kerr e;
 	pid_t pid[NW];
 
-	cr_assert_eq(store_server_start("127.0.0.1", 0, SECRET, JOB, &srv, &e), KHOR_SUCCESS, "%s",
-	             e.text);
-	port = store_server_port(srv);
-	cr_assert_eq(store_tcp_connect("127.0.0.1", port, SECRET, JOB, kdeadline_in_ms(5000),
-	                               &driver, &e), KHOR_SUCCESS, "%s", e.text);
 	int all[NW] = { 0, 1, 2 };
 	plan(1, all, NW, NULL);
 	for (int i = 0; i < NW; i++) {
 		pid[i] = fork();
-		if (pid[i] == 0)
+		if (pid[i] == 0) {
+			prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed assertion ends the test's process */
 			_exit(worker(i, sh));
+		}
 	}
 	await_gen(sh, all, NW, 1, NW);
 	for (int i = 0; i < NW; i++)
@@ -233,6 +275,12 @@ Test(elastic, loss_rejoin_update_removal, .timeout = 120)
 		             sh->w[i].local_rank);
 	}
 	cr_expect_eq(counter("el/want/1"), 2, "both survivors asked for a new generation");
+	int before = sh->w[1].iters;
+	old_link_refused(2);
+	double until = harness_now() + 10;
+	while (sh->w[1].iters < before + 3 && harness_now() < until)
+		harness_sleep_ms(10);
+	cr_expect_geq(sh->w[1].iters, before + 3, "generation 2 stopped after the refused link");
 
 	/* A host change: noticed by both at the same step, then worker 1 is dropped. */
 	put("el/update/2", "removed");
@@ -253,7 +301,34 @@ Test(elastic, loss_rejoin_update_removal, .timeout = 120)
 	cr_expect(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "worker 0 ended with %d: %s", ws,
 	          sh->w[0].err);
 	store_close(driver);
+}
+
+Test(elastic, loss_rejoin_update_removal, .timeout = 120)
+{
+	store_server *srv;
+	kerr e;
+
+	cr_assert_eq(store_server_start("127.0.0.1", 0, SECRET, JOB, &srv, &e), KHOR_SUCCESS, "%s",
+	             e.text);
+	snprintf(store_addr, sizeof(store_addr), "127.0.0.1:%u", store_server_port(srv));
+	cr_assert_eq(store_connect(store_addr, SECRET, JOB, kdeadline_in_ms(5000), &driver, &e),
+	             KHOR_SUCCESS, "%s", e.text);
+	loss_rejoin_update_removal();
 	store_server_stop(srv);
+}
+
+/* The same job with etcd as its store: plans, heartbeats and the abort all go through it. */
+Test(elastic, loss_rejoin_update_removal_over_etcd, .timeout = 120)
+{
+	struct etcd_proc server;
+	kerr e;
+
+	etcd_up(&server);
+	snprintf(store_addr, sizeof(store_addr), "etcd://127.0.0.1:%u", server.port);
+	cr_assert_eq(store_connect(store_addr, SECRET, JOB, kdeadline_in_ms(5000), &driver, &e),
+	             KHOR_SUCCESS, "%s", e.text);
+	loss_rejoin_update_removal();
+	etcd_down(&server);
 }
 
 Test(elastic, refused_without_a_lasting_store)

@@ -1,7 +1,7 @@
 /*
- * test_faults.c -- no silent hang: a killed rank, a rank that never starts and a rank that
- * stops participating each make every other rank fail within its deadline, with an error
- * that names the rank at fault.
+ * test_faults.c -- no silent hang: a killed rank, a rank that never starts and (with the
+ * heartbeats' judgement off) a rank that stops participating each make every other rank
+ * fail within its deadline, with an error that names the rank at fault.
  */
 #include "tests/harness.h"
 
@@ -142,6 +142,8 @@ static int body_hang(int rank, int n, khor_config *cfg, void *arg)
 	float x[1000] = { 0 };
 
 	khor_config_set(cfg, "KHOR_TIMEOUT", "2s");
+	/* Off, KHOR_TIMEOUT is a deadline again (on, a live rank is waited for: test_liveness). */
+	khor_config_set(cfg, "KHOR_HEARTBEAT_TIMEOUT", "-1");
 	if (khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS)
 		return 10;
 	if (rank == 1) {
@@ -157,7 +159,8 @@ static int body_hang(int rank, int n, khor_config *cfg, void *arg)
 	return 3;
 }
 
-Test(faults, rank_that_stops_participating_times_out_with_names, .timeout = 60)
+Test(faults, rank_that_stops_participating_times_out_with_names_without_heartbeats,
+     .timeout = 60)
 {
 	struct shared *sh = harness_shared(sizeof(*sh));
 	harness_opts o = { .n = 4, .deadline_s = 40 };

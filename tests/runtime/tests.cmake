@@ -10,3 +10,8 @@ khor_test(test_elastic runtime/test_elastic.c 180)
 add_executable(tsan_comms runtime/tsan_comms.c harness.c ${PROJECT_SOURCE_DIR}/bindings/capi.c
   ${PROJECT_SOURCE_DIR}/bindings/capi_engine.c)
 target_link_libraries(tsan_comms PRIVATE khor_engine m)
+# Liveness, not a deadline: a slow rank is waited for, a stopped one is named (and killed by
+# khorrun). Real jobs of the test binary's own ranks, KHOR_TIMEOUT 1 s.
+khor_test(test_liveness runtime/test_liveness.c 120)
+add_dependencies(test_liveness khorrun)
+set_tests_properties(test_liveness PROPERTIES ENVIRONMENT "KHORRUN=$<TARGET_FILE:khorrun>")

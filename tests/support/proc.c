@@ -172,8 +172,9 @@ void wait_for_in(struct proc *p, int k, const char *needle, size_t n, double tim
 		          n, needle, k == 0 ? "stdout" : "stderr", timeout_s,
 		          p->b[0].data ? p->b[0].data : "", p->b[1].data ? p->b[1].data : "");
 		if (!proc_pump(p, 100))
-			cr_assert_fail("khorrun exited before printing %zu x '%s':\n%s\n%s", n, needle,
-			               p->b[0].data ? p->b[0].data : "", p->b[1].data ? p->b[1].data : "");
+			cr_assert_fail("khorrun exited before printing %zu x '%s':\n%s\n%s", n,
+			               needle, p->b[0].data ? p->b[0].data : "",
+			               p->b[1].data ? p->b[1].data : "");
 	}
 }
 
@@ -204,4 +205,3 @@ void assert_all_gone(const pid_t *pids, size_t n)
 	for (size_t i = 0; i < n; i++)
 		cr_assert(pid_gone(pids[i]), "process %d outlived khorrun", (int)pids[i]);
 }
-

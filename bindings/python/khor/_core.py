@@ -594,6 +594,17 @@ def allreduce_ints(values, op, name):
     return list(arr)
 
 
+def world_allreduce_ints(values, op):
+    """The int32 allreduce of a few numbers straight on the world comm, from this thread:
+    no engine round trip (its sets run on comms of their own), so every rank must call it
+    at the same point of its program, as check_host_updates is."""
+    require_init()
+    arr = (ctypes.c_int32 * len(values))(*values)
+    check_collective(_lib.khor_allreduce(_state.comm, arr, arr, len(values), _lib.INT32,
+                                         khor_op(op)), _comm_error)
+    return list(arr)
+
+
 def broadcast_bytes(data, root_rank, name):
     """root_rank's bytes on every rank (data is ignored elsewhere), in two broadcasts: the
     length, then the bytes."""

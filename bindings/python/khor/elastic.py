@@ -33,7 +33,6 @@ from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, WorkerRemov
 HOSTS_ADDED = 1
 HOSTS_REMOVED = 2
 
-_HOSTS_NAME = "khor.elastic.hosts_updated"
 _ROOT_NAME = "khor.elastic.sync_root"
 
 # The rank whose state the next sync hands to the others (sync_root()).
@@ -128,11 +127,12 @@ class State:
 
     def check_host_updates(self):
         """Raises HostsUpdatedInterrupt on every rank at the same step when the driver has
-        added or removed hosts (one 3-int allreduce: every rank's news, taken together)."""
+        added or removed hosts (one 3-int allreduce: every rank's news, taken together,
+        straight on the world comm: every rank commits at the same step of its program)."""
         bits = self._local_update()
         mine = [1 if bits & HOSTS_ADDED else 0, 1 if bits & HOSTS_REMOVED else 0,
                 _core.generation() if bits else 0]
-        added, removed, gen = _core.allreduce_ints(mine, _core.Max, _HOSTS_NAME)
+        added, removed, gen = _core.world_allreduce_ints(mine, _core.Max)
         if added or removed:
             self._last_updated_timestamp = gen
             raise HostsUpdatedInterrupt(skip_sync=not added)

@@ -1,5 +1,5 @@
 set terminal pngcairo size 1200,480 font 'sans,10'
-set output '/work/main/docs/data/shm-8B/compare.png'
+set output 'compare.png'
 set multiplot layout 1,2 title 'busbw against size, median of 7 interleaved run(s)' font 'sans,12'
 set logscale x 2
 set logscale y 10
@@ -11,9 +11,9 @@ set key outside below font 'sans,9' maxrows 3
 set title 'allreduce, 2 ranks'
 set xtics ('8' 8) rotate by -45
 set xrange [5.333333333333333:12.0]
-plot '/work/main/docs/data/shm-8B/plot-data/allreduce-n2-khor-shm-auto.dat' using 1:2 with linespoints lw 2 pt 7 ps 0.8 dt 1 lc rgb '#1f77b4' title 'khor shm/auto', '/work/main/docs/data/shm-8B/plot-data/allreduce-n2-mpi-shm.dat' using 1:2 with linespoints lw 2 pt 5 ps 0.8 dt 2 lc rgb '#d62728' title 'OpenMPI vader'
+plot 'plot-data/allreduce-n2-khor-shm-auto.dat' using 1:2 with linespoints lw 2 pt 7 ps 0.8 dt 1 lc rgb '#1f77b4' title 'khor shm/auto', 'plot-data/allreduce-n2-mpi-shm.dat' using 1:2 with linespoints lw 2 pt 5 ps 0.8 dt 2 lc rgb '#d62728' title 'OpenMPI vader'
 set title 'allreduce, 4 ranks'
 set xtics ('8' 8) rotate by -45
 set xrange [5.333333333333333:12.0]
-plot '/work/main/docs/data/shm-8B/plot-data/allreduce-n4-khor-shm-auto.dat' using 1:2 with linespoints lw 2 pt 7 ps 0.8 dt 1 lc rgb '#1f77b4' title 'khor shm/auto', '/work/main/docs/data/shm-8B/plot-data/allreduce-n4-mpi-shm.dat' using 1:2 with linespoints lw 2 pt 5 ps 0.8 dt 2 lc rgb '#d62728' title 'OpenMPI vader'
+plot 'plot-data/allreduce-n4-khor-shm-auto.dat' using 1:2 with linespoints lw 2 pt 7 ps 0.8 dt 1 lc rgb '#1f77b4' title 'khor shm/auto', 'plot-data/allreduce-n4-mpi-shm.dat' using 1:2 with linespoints lw 2 pt 5 ps 0.8 dt 2 lc rgb '#d62728' title 'OpenMPI vader'
 unset multiplot

@@ -4,10 +4,11 @@ what the elastic API promises; rank 0 writes one JSON line per epoch (and a line
 for a broken promise, then the worker exits 1).
 
 Built before the elastic function, as Horovod's scripts do: the model, a
-DistributedOptimizer, a process set of the even ranks, an ElasticSampler over a dataset of
---samples indices. Each batch: every rank trains on its samples (the sampler's), the
-optimizer averages the gradients, the process set's allreduce must give the sum of its
-members, the samples of every rank are gathered into the state (so that at the end of an
+DistributedOptimizer, a process set of ranks 0 and 1 (a set of fixed ranks, as the job never
+has fewer than 2: every worker, new or surviving, has the same sets in the same order), an
+ElasticSampler over a dataset of --samples indices. Each batch: every rank trains on its
+samples (the sampler's), the optimizer averages the gradients, the process set's allreduce
+must give the sum of its members, the samples of every rank are gathered into the state (so that at the end of an
 epoch rank 0 can check that each sample was trained on, once, apart from the sampler's
 padding), then state.commit(). The first batch of every generation also makes each rank
 allreduce a tensor of a different shape: in an elastic job that mistake must raise the
@@ -15,8 +16,9 @@ plain KhorError, not HorovodInternalError (which would reset).
 
 --kill E,B,R: the worker whose start rank (HOROVOD_RANK when it started) is R kills itself
 with SIGKILL before batch B of epoch E (once: --marker names a file made first).
---hosts-schedule '{"E": "LINES"}': at the end of epoch E rank 0 writes LINES to --hosts-file
-(the discovery script cats it) and waits until state._host_messages says the driver noticed.
+--hosts-schedule '{"E": "LINES", "E,B": "LINES"}': at the end of epoch E, or before batch B
+of epoch E, rank 0 writes LINES to --hosts-file (the discovery script cats it) and waits
+until state._host_messages says the driver noticed; the next commit resets.
 """
 
 import argparse
@@ -40,9 +42,10 @@ ap.add_argument("--kill", default=None)
 ap.add_argument("--marker", default=None)
 ap.add_argument("--hosts-file", default=None)
 ap.add_argument("--hosts-schedule", default="{}")
-ap.add_argument("--notice-timeout", type=float, default=20.0)
+ap.add_argument("--notice-timeout", type=float, default=15.0)
 args = ap.parse_args()
-schedule = {int(k): v for k, v in json.loads(args.hosts_schedule).items()}
+schedule = {tuple(int(x) for x in k.split(",")): v
+            for k, v in json.loads(args.hosts_schedule).items()}
 start_rank = int(os.environ.get("HOROVOD_RANK", "-1"))
 
 hvd.init()
@@ -72,7 +75,7 @@ def sample(i):
 model = torch.nn.Linear(4, 1)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                named_parameters=model.named_parameters())
-evens = hvd.add_process_set(hvd.ProcessSet(list(range(0, hvd.size(), 2))))
+pair = hvd.add_process_set(hvd.ProcessSet([0, 1]))
 sampler = hvd.elastic.ElasticSampler(Data(), shuffle=True, seed=5)
 loader = torch.utils.data.DataLoader(Data(), batch_size=args.batch_size, sampler=sampler)
 
@@ -105,13 +108,12 @@ def train_batch(state, idx):
     loss = torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys))
     loss.backward()
     opt.step()
-    if evens.included():
-        got = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum, process_set=evens)
-        want = float(sum(range(0, hvd.size(), 2)))
-        if got.item() != want:
-            fail("the even ranks' allreduce gave %s, want %s" % (got.item(), want))
-    elif evens.process_set_id is None:
-        fail("the even ranks' process set is not registered in this generation")
+    if pair.process_set_id is None:
+        fail("the process set of ranks 0 and 1 is not registered in this generation")
+    if pair.included():
+        got = hvd.allreduce(torch.tensor([float(r + 1)]), op=hvd.Sum, process_set=pair)
+        if got.item() != 3.0:
+            fail("the allreduce of ranks 0 and 1 gave %s, want 3" % got.item())
     seen = hvd.allgather_object(list(idx), name="elastic_train.seen")
     state.seen = state.seen + [i for part in seen for i in part]
 
@@ -133,8 +135,13 @@ def end_epoch(state):
                             "rendezvous": state.rendezvous, "start_rank": start_rank,
                             "hostname": os.environ.get("HOROVOD_HOSTNAME"),
                             "seen": len(seen), "distinct": len(set(seen))}) + "\n")
-    hosts = schedule.get(state.epoch)
-    if hosts is not None:
+    change_hosts(state, (state.epoch,))
+
+
+def change_hosts(state, when):
+    """Rank 0: the host change scheduled for `when`, once the driver has noticed it."""
+    hosts = schedule.pop(when, None)
+    if hosts is not None and hvd.rank() == 0:
         with open(args.hosts_file + ".tmp", "w") as f:
             f.write(hosts.replace(",", "\n") + "\n")
         os.rename(args.hosts_file + ".tmp", args.hosts_file)
@@ -162,6 +169,7 @@ def train(state):
     while state.epoch < args.epochs:
         for b, idx in enumerate(loader):
             maybe_kill(state, state.batch)
+            change_hosts(state, (state.epoch, state.batch))
             train_batch(state, idx.tolist())
             sampler.record_batch(b, args.batch_size)
             state.batch += 1

@@ -11,16 +11,21 @@ wrote, and checks them:
              the driver starts a fresh worker in its slot, the survivors restore their last
              commit and rejoin, the new worker syncs; 3 ranks in every epoch, the epoch
              after the failure in the second rendezvous, every sample trained on.
-  hosts      --host-discovery-script: localhost:2, then 127.0.0.1:2 added after epoch 0,
-             then localhost removed after epoch 1 (its workers told they are out: exit
-             0); sizes 2, 4, 2, three rendezvous, rank 0 on 127.0.0.1 in the last epoch.
+  hosts      --host-discovery-script: localhost:2, then 127.0.0.1:2 added in the middle of
+             epoch 0, then localhost removed in the middle of epoch 1 (its workers told
+             they are out: exit 0); the epochs end at sizes 4, 2, 2 in rendezvous 2, 3, 3,
+             rank 0 on 127.0.0.1 in the last; the sampler resharded what was left of each
+             epoch, so every sample was trained on once.
   horovod-*  Horovod's own test/integration/data/elastic_torch_main.py, unchanged, through
              the horovod alias, in the scenarios of Horovod's test/integration/elastic_common
-             (hosts added and removed; a rank's failure by exception or kill). Needs the
+             (hosts added and removed; a rank's failure by exception or kill, with a
+             discovery script and with fixed hosts; the reset limit). Needs the
              script (--horovod-main, or KHOR_HOROVOD_SRC naming a Horovod checkout) and
              psutil; exit status 77 (skipped) without them.
 
-Exit status 0 when every check passes, 1 with the reasons, 77 when skipped.
+Exit status 0 when every check passes, 1 with the reasons, 77 when skipped. By hand, from
+the tree: KHOR_LIBRARY_PATH=build/libkhor.so tests/python/elastic/run_elastic.py
+build/khorrun /usr/bin/python3 kill
 """
 
 import json
@@ -44,6 +49,7 @@ def env_for(alias=False):
     env["PYTHONPATH"] = os.pathsep.join(py + [env["PYTHONPATH"]] if env.get("PYTHONPATH")
                                         else py)
     env.setdefault("KHOR_TIMEOUT", "20s")
+    env.setdefault("KHOR_HEARTBEAT_INTERVAL", "200ms")   # host changes noticed sooner
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
@@ -96,14 +102,16 @@ def check_train_log(c, log, sizes, rendezvous, samples):
     c.eq([x["epoch"] for x in epochs], list(range(len(sizes))), "epochs logged")
     c.eq([x["size"] for x in epochs], sizes, "sizes")
     c.eq([x["rendezvous"] for x in epochs], rendezvous, "rendezvous")
-    c.eq([x["distinct"] for x in epochs], [samples] * len(epochs), "distinct samples")
+    # Padding-free sizes: each sample trained on once per epoch, by the work committed.
+    c.eq([(x["seen"], x["distinct"]) for x in epochs], [(samples, samples)] * len(epochs),
+         "(samples trained on, distinct ones) of each epoch")
     return epochs
 
 
 def scenario_kill(khorrun, python, d):
     c = Check("kill")
     log, marker = os.path.join(d, "log"), os.path.join(d, "marker")
-    rc, out = launch(khorrun, ["-np", "3", "--min-np", "2", "--max-np", "3",
+    rc, out = launch(khorrun, ["-np", "3", "--min-np", "2", "--max-np", "3", "--reset-limit", "2",
                                "-H", "localhost:3", python, TRAIN, "--log", log,
                                "--kill", "1,2,1", "--marker", marker, "--samples", "24"],
                      env_for(), "kill")
@@ -118,14 +126,14 @@ def scenario_hosts(khorrun, python, d):
     log, hosts = os.path.join(d, "log"), os.path.join(d, "hosts")
     with open(hosts, "w") as f:
         f.write("localhost:2\n")
-    sched = {"0": "localhost:2,127.0.0.1:2", "1": "127.0.0.1:2"}
-    rc, out = launch(khorrun, ["-np", "2", "--min-np", "2", "--max-np", "4",
+    sched = {"0,3": "localhost:2,127.0.0.1:2", "1,2": "127.0.0.1:2"}
+    rc, out = launch(khorrun, ["-np", "2", "--min-np", "2", "--max-np", "4", "--reset-limit", "3",
                                "--host-discovery-script", discovery_script(d, hosts),
                                python, TRAIN, "--log", log, "--hosts-file", hosts,
-                               "--hosts-schedule", json.dumps(sched), "--samples", "24"],
+                               "--hosts-schedule", json.dumps(sched), "--samples", "48"],
                      env_for(), "hosts")
     c.eq(rc, 0, "khorrun's exit status")
-    epochs = check_train_log(c, log, [2, 4, 2], [1, 2, 3], 24)
+    epochs = check_train_log(c, log, [4, 2, 2], [2, 3, 3], 48)
     if len(epochs) == 3:
         c.eq(epochs[2]["hostname"], "127.0.0.1", "rank 0's host in the last epoch")
     return c, out
@@ -153,9 +161,11 @@ def horovod_discovery(d, logfile, schedule):
 
 
 def horovod_run(khorrun, python, main, d, tag, np_, min_np, max_np, schedule=None,
-                hosts=None, exit_schedule=None, exit_mode="exception"):
+                hosts=None, exit_schedule=None, exit_mode="exception", reset_limit=3):
     logfile = os.path.join(d, tag + ".log")
-    argv = ["-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np)]
+    argv = ["-np", str(np_), "--min-np", str(min_np), "--reset-limit", str(reset_limit)]
+    if max_np is not None:
+        argv += ["--max-np", str(max_np)]
     if hosts:
         argv += ["-H", hosts]
     else:
@@ -194,6 +204,37 @@ def scenario_horovod_failure(khorrun, python, main, d, mode):
     return c, out
 
 
+def scenario_horovod_fixed_hosts(khorrun, python, main, d, mode):
+    """Horovod's test_fault_tolerance_without_scaling: fixed hosts (-H, no script, no
+    --max-np), start rank 0 fails in epoch 1: its host is blacklisted, the other host's two
+    ranks go on."""
+    c = Check("horovod-fixed-hosts-" + mode)
+    rc, out, res = horovod_run(khorrun, python, main, d, "hvd_fixed_" + mode, 2, 2, None,
+                               hosts="localhost:2,127.0.0.1:2",
+                               exit_schedule={str((1, 0)): [0]}, exit_mode=mode)
+    c.eq(rc, 0, "khorrun's exit status")
+    c.eq([(x["start_rank"], x["size"], x["rendezvous"]) for x in res],
+         [(0, 4, 1), (2, 2, 2), (2, 2, 2)], "(start rank, size, rendezvous) of each epoch")
+    return c, out
+
+
+def scenario_horovod_reset_limit(khorrun, python, main, d):
+    """Horovod's test_reset_limit: a host added, then one removed, is two resets: the job
+    fails with Horovod's message at --reset-limit 1 and succeeds at 2."""
+    c = Check("horovod-reset-limit")
+    sched = [[0, ["localhost:2"]], [1, ["localhost:2", "127.0.0.1:2"]], [None, ["127.0.0.1:2"]]]
+    rc, out1, res = horovod_run(khorrun, python, main, d, "hvd_limit1", 2, 2, 4, schedule=sched,
+                                reset_limit=1)
+    c.true(rc not in (0, None), "khorrun succeeded at --reset-limit 1")
+    c.true("Horovod was shutdown because number of resets during elastic job exceeded limit: 1"
+           in out1, "Horovod's reset-limit message is missing")
+    rc, out2, res = horovod_run(khorrun, python, main, d, "hvd_limit2", 2, 2, 4, schedule=sched,
+                                reset_limit=2)
+    c.eq(rc, 0, "khorrun's exit status at --reset-limit 2")
+    c.eq(len(res), 3, "epochs logged at --reset-limit 2")
+    return c, out1 + out2
+
+
 def horovod_main_path(argv):
     if "--horovod-main" in argv:
         return argv[argv.index("--horovod-main") + 1]
@@ -208,6 +249,10 @@ def main(argv):
         print(__doc__)
         return 2
     khorrun, python, scenario = argv[1], argv[2], argv[3]
+    usage = subprocess.run([khorrun, "--help"], capture_output=True, text=True)
+    if "--min-np" not in usage.stdout + usage.stderr:
+        print("run_elastic: skipped: %s has no elastic driver (--min-np)" % khorrun)
+        return 77
     if subprocess.run([python, "-c", "import torch"], capture_output=True).returncode:
         print("run_elastic: skipped: %s lacks torch" % python)
         return 77
@@ -229,6 +274,11 @@ def main(argv):
                 return 77
             if scenario == "horovod-hosts":
                 c, out = scenario_horovod_hosts(khorrun, python, main_py, d)
+            elif scenario == "horovod-reset-limit":
+                c, out = scenario_horovod_reset_limit(khorrun, python, main_py, d)
+            elif scenario.startswith("horovod-fixed-hosts-"):
+                c, out = scenario_horovod_fixed_hosts(khorrun, python, main_py, d,
+                                                      scenario[len("horovod-fixed-hosts-"):])
             else:
                 c, out = scenario_horovod_failure(khorrun, python, main_py, d,
                                                   scenario[len("horovod-failure-"):])
