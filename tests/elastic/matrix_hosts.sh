@@ -23,7 +23,7 @@ skip() { echo "SKIP: $*"; exit 77; }
 command -v ssh >/dev/null && command -v ssh-keygen >/dev/null || skip "no ssh / ssh-keygen (openssh-client)"
 # Namespaces are made one test at a time on this machine (a bounded wait for the others).
 exec 9>/tmp/khor-heavy.lock
-flock -w 300 9 || skip "/tmp/khor-heavy.lock was held for 300 s by another test"
+flock -w 120 9 || skip "/tmp/khor-heavy.lock was held for 120 s by another test"
 probe="khhprobe$$"
 ip netns add "$probe" 2>/dev/null || skip "cannot make network namespaces here"
 ip netns del "$probe"
