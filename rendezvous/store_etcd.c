@@ -142,7 +142,7 @@ static khor_status etcd_store_add(store *s, const char *key, int64_t delta, int6
 
 	st = etcd_get(t->e, key, dl, &cur, NULL, err);
 	for (int tries = 1; st == KHOR_SUCCESS; tries++) {
-		int64_t old = 0, now;
+		int64_t old = 0, now = 0;
 		char text[24];
 		if (cur.found && !store_parse_int64(cur.val, cur.len, &old))
 			st = kerr_set(err, KHOR_ERR_INVALID_ARG,

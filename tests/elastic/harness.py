@@ -123,12 +123,6 @@ class Job:
         return self.rc
 
 
-def stray_local():
-    """Pids of train_matrix.py processes on this host (none may be left after a job)."""
-    p = subprocess.run(["pgrep", "-f", TRAIN], stdout=subprocess.PIPE, text=True)
-    return [int(x) for x in p.stdout.split()]
-
-
 def base_loss(khorrun, python, tmp, steps, commit):
     """The final loss of a fault-free run of `steps` steps (it does not depend on the number
     of ranks, hosts or step time), or None with the output printed."""

@@ -145,6 +145,22 @@ def check_exit(rc, want_rc, cap, out, patterns, why):
             why.append("no line matching %r" % pat)
 
 
+def strays(log):
+    """Pids of this case's training processes still running (those whose TM_LOG is its
+    log: other cases may run beside it)."""
+    p = subprocess.run(["pgrep", "-f", TRAIN], stdout=subprocess.PIPE, text=True)
+    mine = ("TM_LOG=" + log).encode()
+    out = []
+    for pid in p.stdout.split():
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if mine in f.read().split(b"\0"):
+                    out.append(int(pid))
+        except OSError:
+            pass  # gone meanwhile
+    return out
+
+
 def baseline(khorrun, python, tmp):
     """The fault-free run's final loss, run once for all the cases of one build and one
     training script (kept in the temporary directory, keyed by khorrun, libkhor and the
@@ -196,9 +212,9 @@ def main():
                 why.append("final loss %.6f, fault-free %.6f" % (loss, base_loss))
             if bound is not None:
                 check_recovery(evs, bound, why)
-        leftover = subprocess.run(["pgrep", "-f", TRAIN], stdout=subprocess.PIPE, text=True)
-        if leftover.stdout.strip():
-            why.append("processes left running: %s" % leftover.stdout.split())
+        leftover = strays(log)
+        if leftover:
+            why.append("processes left running: %s" % leftover)
     if why:
         print("matrix: %s FAILED:\n  %s" % (case, "\n  ".join(why)))
         return 1

@@ -43,29 +43,31 @@ def ns_pids(i):
     return [int(x) for x in p.stdout.split() if int(x) != SSHD[i]]
 
 
-def leftovers():
+def leftovers(log):
+    """{host: pids} of what is left of the case whose event log is log: every process in the
+    hosts' namespaces but their sshd listeners, and its training processes here."""
     out = {}
     for i in range(len(NS)):
         p = [q for q in ns_pids(i) if harness.alive(q)]
         if p:
             out[ADDR[i]] = p
-    local = [q for q in harness.stray_local() if not any(q in v for v in out.values())]
+    local = [q for q in matrix.strays(log) if not any(q in v for v in out.values())]
     if local:
         out["here"] = local
     return out
 
 
-def wait_no_leftovers(bound):
+def wait_no_leftovers(log, bound):
     end = time.time() + bound
     while True:
-        left = leftovers()
+        left = leftovers(log)
         if not left or time.time() >= end:
             return left
         time.sleep(0.1)
 
 
-def clear_leftovers():
-    for pids in leftovers().values():
+def clear_leftovers(log):
+    for pids in leftovers(log).values():
         for p in pids:
             try:
                 os.kill(p, signal.SIGKILL)
@@ -153,10 +155,10 @@ def check(c, cap, want_rc, patterns, bound, left_bound=10):
             why.append("final loss %.9f, fault-free %s" % (loss, base))
         if bound is not None:
             matrix.check_recovery(evs, bound, why)
-    left = wait_no_leftovers(left_bound)
+    left = wait_no_leftovers(c.log, left_bound)
     if left:
         why.append("left running %d s after the job: %s" % (left_bound, left))
-        clear_leftovers()
+        clear_leftovers(c.log)
     return why
 
 

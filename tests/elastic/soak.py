@@ -269,7 +269,7 @@ def report(s, a, argv, tmp, took, why):
     back = resumes(evs)
     restarts = [r for r in back if r[2] == 0]
     base = harness.base_loss(a.khorrun, a.python, tmp, steps, COMMIT) if steps else None
-    left = harness.stray_local()
+    left = matrix.strays(job.log)
     for pid in left:  # a failed soak leaves nothing behind either
         os.kill(pid, signal.SIGKILL)
     print("\nsoak: %s" % " ".join(argv))
