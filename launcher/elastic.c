@@ -1027,10 +1027,14 @@ int elastic_prepare(struct job *j, const sigset_t *child_mask, struct elastic **
 	        j->o.reset_limit);
 	if (!ec_timeouts(&e->c, &j->o, "HOROVOD_ELASTIC_TIMEOUT"))
 		return 2;
-	/* A stall is seen within an eighth of the timeout, at a store round trip per rank. */
-	e->hb_every_ms = e->c.hb_timeout_ms / 8 < POLL_MS ? POLL_MS
-	                 : e->c.hb_timeout_ms / 8 > 1000  ? 1000
-	                                                  : e->c.hb_timeout_ms / 8;
+	/*
+	 * A stall is seen within a fortieth of the timeout, at most 250 ms after it (a store
+	 * round trip per rank each time): a fenced rank's slot is given again that much sooner,
+	 * and at 10 s, 1.25 s of polling period was an eighth of a SIGSTOP's recovery.
+	 */
+	e->hb_every_ms = e->c.hb_timeout_ms / 40 < POLL_MS ? POLL_MS
+	                 : e->c.hb_timeout_ms / 40 > 250  ? 250
+	                                                  : e->c.hb_timeout_ms / 40;
 	if (j->o.discovery != NULL) {
 		e->have_script = true;
 		discover_init(&e->disc, j->o.discovery, j->o.discovery_timeout_ms);
