@@ -54,8 +54,17 @@ def _choose_root(state):
     global _sync_root
     size = _core.size()
     mine = _core.rank() if state._has_state else size
-    root, has = _core.allreduce_ints([mine, 1 if state._has_state else 0], _core.Min,
-                                     _ROOT_NAME)
+    root, has, unseen = _core.allreduce_ints(
+        [mine, 1 if state._has_state else 0, 0 if state._seen_state else 1], _core.Min,
+        _ROOT_NAME)
+    if root >= size and unseen == 0:
+        # Some rank took part in a generation that had the state, and every rank that held
+        # it is gone (the last one killed inside a newcomer's sync, say): going on would
+        # start the training over from its first step, silently.
+        raise RuntimeError("khor.elastic: no rank of generation %d holds the training state "
+                           "any more (every rank that held it was lost); the job cannot go "
+                           "on from its last commit" % _core.generation())
+    state._seen_state = state._seen_state or root < size
     _sync_root = 0 if root >= size else root
     return has == 0
 
@@ -97,8 +106,10 @@ class State:
         # of the driver's last notification); 0 raises for the current one again.
         self._last_updated_timestamp = 0
         self._reset_callbacks = []
-        # Whether this process holds the job's state: it synced or committed before.
+        # Whether this process holds the job's state: it synced or committed before; and
+        # whether it has been in a generation where some rank held it.
         self._has_state = False
+        self._seen_state = False
 
     def register_reset_callbacks(self, callbacks):
         """Functions to call after each reset, once init has joined the new generation
