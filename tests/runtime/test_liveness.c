@@ -236,8 +236,14 @@ static int run_khorrun(const char *mode, int n, struct out *o, double *kill_at,
 	snprintf(np, sizeof(np), "%d", n);
 	snprintf(modevar, sizeof(modevar), "LIVENESS_MODE=%s", mode);
 	self_path(self, sizeof(self));
+	/*
+	 * A stopped rank is khorrun's to judge here (at KHOR_HEARTBEAT_TIMEOUT); the waiting
+	 * ranks would judge it themselves at KHOR_TIMEOUT + KHOR_HEARTBEAT_TIMEOUT, which on a
+	 * loaded machine came first with KHOR_TIMEOUT at 1 s: give khorrun a clear lead.
+	 */
+	char *timeout = strcmp(mode, "stop") == 0 ? "KHOR_TIMEOUT=6s" : "KHOR_TIMEOUT=1s";
 	char *argv[] = { (char *)(kr != NULL && *kr ? kr : "./khorrun"), "-np", np, "-x", modevar,
-	                 "-x", "KHOR_TIMEOUT=1s", "-x", "KHOR_HEARTBEAT_TIMEOUT=2s", self, NULL };
+	                 "-x", timeout, "-x", "KHOR_HEARTBEAT_TIMEOUT=2s", self, NULL };
 	const char *env[] = { "KHOR_LOG=warn", NULL };
 	int fd, st;
 	pid_t pid = start(argv, env, &fd);
