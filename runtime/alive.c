@@ -73,17 +73,15 @@ static void *alive_main(void *arg)
 			int64_t slice = kdeadline_left_ms(next, ALIVE_SLICE_MS);
 			void *v;
 			size_t len;
-			if (atomic_load_explicit(&x->aborted, memory_order_relaxed)) {
-				struct timespec ts = { 0, slice * 1000000 };
-				nanosleep(&ts, NULL);
-				continue;
-			}
-			khor_status st = store_get(a->st, "abort", kdeadline_in_ms(slice), &v, &len, &e);
+			/* Once the abort is seen, or while the store is gone, only the beat goes on. */
+			khor_status st = KHOR_ERR_SYSTEM;
+			if (!atomic_load_explicit(&x->aborted, memory_order_relaxed))
+				st = store_get(a->st, "abort", kdeadline_in_ms(slice), &v, &len, &e);
 			if (st == KHOR_SUCCESS) {
 				alive_abort(x, v, len);
 				free(v);
 			} else if (st != KHOR_ERR_TIMEOUT) {
-				struct timespec ts = { 0, slice * 1000000 }; /* the store is gone: beat on */
+				struct timespec ts = { 0, slice * 1000000 };
 				nanosleep(&ts, NULL);
 			}
 		}
