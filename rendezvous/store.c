@@ -118,6 +118,13 @@ khor_status store_del(store *s, const char *key, kerr *err)
 	return st;
 }
 
+void store_interrupt(store *s)
+{
+	/* Without mu: the call to be cut short holds it. */
+	if (s != NULL && s->ops->interrupt != NULL)
+		s->ops->interrupt(s);
+}
+
 void store_close(store *s)
 {
 	if (s != NULL) {

@@ -43,6 +43,14 @@ struct store_ops {
 	khor_status (*del)(store *s, const char *key, kerr *err);
 	/* Closes the connection and frees s. */
 	void (*close)(store *s);
+	/*
+	 * Optional, and the one op that may be called while another thread is inside a call
+	 * on s: makes that call return at once with an error, and every later one fail, so
+	 * that a thread parked in a long get can be stopped without waiting out its slice.
+	 * Only close may follow. NULL where the backend cannot do it safely (its call then
+	 * ends at the slice's end).
+	 */
+	void (*interrupt)(store *s);
 };
 
 /*
@@ -76,6 +84,8 @@ khor_status store_get(store *s, const char *key, kdeadline dl, void **val_out, s
 khor_status store_add(store *s, const char *key, int64_t delta, int64_t *value_out, kerr *err);
 khor_status store_del(store *s, const char *key, kerr *err);
 void store_close(store *s);
+/* ops->interrupt where the backend has one; a no-op elsewhere. */
+void store_interrupt(store *s);
 
 /*
  * The embedded TCP store. The client connects (retrying until dl while the server starts),

@@ -192,6 +192,10 @@ static void etcd_store_close(store *s)
 	free(t);
 }
 
+/*
+ * No interrupt op: a get redials etcd inside its slices, so the connection's descriptor is
+ * not fixed and may not be shut down from another thread; a get there ends with its slice.
+ */
 static const struct store_ops store_etcd_ops = {
 	.set = etcd_store_set,
 	.get = etcd_store_get,

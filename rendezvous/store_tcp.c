@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -238,12 +239,23 @@ static void tcp_close(store *s)
 	free(t);
 }
 
+/*
+ * The socket is the store's for its whole life (a broken connection is never redialled),
+ * so shutting it down from another thread cannot touch a descriptor reused for something
+ * else; the call blocked on it reads end-of-file and fails, and so does every later one.
+ */
+static void tcp_interrupt(store *s)
+{
+	(void)shutdown(((struct store_tcp *)s)->fd, SHUT_RDWR);
+}
+
 static const struct store_ops store_tcp_ops = {
 	.set = tcp_set,
 	.get = tcp_get,
 	.add = tcp_add,
 	.del = tcp_del,
 	.close = tcp_close,
+	.interrupt = tcp_interrupt,
 };
 
 /* Checks the server's greeting, proves the secret and checks the server's proof back. */

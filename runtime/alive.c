@@ -62,7 +62,8 @@ static void *alive_main(void *arg)
 	while (!atomic_load_explicit(&a->stop, memory_order_acquire)) {
 		int64_t n;
 		kerr e;
-		if (store_add(a->st, key, 1, &n, &e) != KHOR_SUCCESS && !warned) {
+		if (store_add(a->st, key, 1, &n, &e) != KHOR_SUCCESS && !warned &&
+		    !atomic_load(&a->stop)) {
 			KLOG_WARN("heartbeat: %s (the others may take this rank for dead)", e.text);
 			warned = true;
 		}
@@ -80,7 +81,7 @@ static void *alive_main(void *arg)
 			if (st == KHOR_SUCCESS) {
 				alive_abort(x, v, len);
 				free(v);
-			} else if (st != KHOR_ERR_TIMEOUT) {
+			} else if (st != KHOR_ERR_TIMEOUT && !atomic_load(&a->stop)) {
 				struct timespec ts = { 0, slice * 1000000 };
 				nanosleep(&ts, NULL);
 			}
@@ -123,6 +124,17 @@ void alive_stop(kctx *x)
 	if (a == NULL)
 		return;
 	atomic_store_explicit(&a->stop, true, memory_order_release);
+	/*
+	 * The thread is most likely parked in its long get of the abort key: cut it short
+	 * rather than wait out the slice, which every finalize (and every elastic reset) would
+	 * pay. Its connection is then dead, so the counter below goes through the context's.
+	 */
+	store *via = a->st;
+	if (x->store != NULL) {
+		store_interrupt(a->st);
+		via = x->store;
+		store_set_prefix(via, x->cfg.job_id, x->generation);
+	}
 	pthread_join(a->thread, NULL);
 	/*
 	 * A rank that left beats no more: its counter goes with it, so that a launcher's
@@ -132,7 +144,7 @@ void alive_stop(kctx *x)
 	char key[32];
 	kerr e;
 	snprintf(key, sizeof(key), "hb/%d", x->rank);
-	(void)store_del(a->st, key, &e);
+	(void)store_del(via, key, &e);
 	store_close(a->st);
 	free(a);
 	x->alive = NULL;
