@@ -4,11 +4,16 @@ step of the next generation, for khor (khorrun's elastic mode, the `horovod` ali
 the same run, real Horovod (horovodrun with Gloo) when it is installed.
 
     bench/elastic/recovery.py [--trials 20] [--np 4] [--fault kill|stop] [--csv out.csv]
-        [--khorrun build/khorrun] [--horovodrun PATH] [--layouts one,two]
+        [--khorrun build/khorrun] [--horovodrun PATH] [--layouts one,two,hosts]
 
 Layouts: "one" = np ranks on localhost (khor starts a fresh worker in the lost slot);
 "two" = two pseudo-hosts localhost and 127.0.0.1 (Horovod's own elastic tests' layout: the
-lost worker's host is blacklisted and the job goes on at half the size, for both).
+lost worker's host is blacklisted and the job goes on at half the size, for both);
+"hosts" = one rank on each of np network-namespace hosts over ssh (bench/elastic/
+recovery_hosts.sh builds them and passes HOSTS_ADDRS, HOSTS_SSH_CONFIG and HOSTS_CIDR): the
+lost worker's host is blacklisted and the job goes on at np - 1. Namespaces share this
+machine's clock and files, so the log works as on one host. Horovod is not set up there
+(its driver service would have to be reached from inside the namespaces).
 Each trial trains bench/elastic/train.py, which kills (or stops) the worker of start rank 1
 at step 20; its rank 0 logs the wall-clock time of every completed step. Prints, per
 launcher and layout, the median and p95 over the trials, and the ratio khor / Horovod.
@@ -50,17 +55,31 @@ def recovery_time(log):
 
 
 def layout_hosts(layout, n):
+    if layout == "hosts":
+        addrs = os.environ.get("HOSTS_ADDRS", "").split()
+        if len(addrs) < n:
+            raise SystemExit("layout hosts: needs %d namespace hosts in HOSTS_ADDRS (run "
+                             "bench/elastic/recovery_hosts.sh), found %d" % (n, len(addrs)))
+        return ["%s:1" % a for a in addrs[:n]]
     if layout == "one":
         return ["localhost:%d" % n]
     return ["localhost:%d" % (n // 2), "127.0.0.1:%d" % (n - n // 2)]
 
 
-def khor_cmd(args, hosts):
-    return [args.khorrun, "-np", str(args.np), "--min-np", "1", "--max-np", str(args.np),
-            "-H", ",".join(hosts), PY, os.path.join(HERE, "train.py")]
+def khor_cmd(args, hosts, env):
+    cmd = [args.khorrun, "-np", str(args.np), "--min-np", "1", "--max-np", str(args.np),
+           "-H", ",".join(hosts)]
+    if "HOSTS_SSH_CONFIG" in os.environ and not hosts[0].startswith(("localhost", "127.")):
+        # Remote ranks get only what -x forwards: the bench's variables and the paths.
+        cmd += ["--ssh-command", "ssh -F " + os.environ["HOSTS_SSH_CONFIG"],
+                "-x", "KHOR_SOCKET_IFNAME=" + os.environ["HOSTS_CIDR"]]
+        for k in ("BENCH_LOG", "BENCH_FAULT", "PYTHONUNBUFFERED", "PYTHONPATH",
+                  "KHOR_LIBRARY_PATH"):
+            cmd += ["-x", "%s=%s" % (k, env[k])]
+    return cmd + [PY, os.path.join(HERE, "train.py")]
 
 
-def horovod_cmd(args, hosts):
+def horovod_cmd(args, hosts, env):
     return [args.horovodrun, "-np", str(args.np), "--min-np", "1", "--max-np", str(args.np),
             "-H", ",".join(hosts), args.horovod_python, os.path.join(HERE, "train.py")]
 
@@ -114,13 +133,17 @@ def main():
         hosts = layout_hosts(layout, args.np)
         for trial in range(1, args.trials + 1):
             for name, make, env in list(peers):
+                if name == "horovod" and layout == "hosts":
+                    if trial == 1:
+                        print("horovod hosts: not run (see the layouts above)")
+                    continue
                 if name == "horovod" and layout == "one":
                     if trial == 1:
                         print("horovod one: skipped: Horovod blacklists the lost worker's "
                               "host, and one host leaves it nothing to go on with")
                     continue
                 try:
-                    t = run_trial(make(args, hosts), env, log, args.cap)
+                    t = run_trial(make(args, hosts, env), env, log, args.cap)
                 except (RuntimeError, subprocess.TimeoutExpired) as e:
                     print("%s %s trial %d failed: %s" % (name, layout, trial, e))
                     if name == "horovod":
