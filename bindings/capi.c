@@ -155,6 +155,22 @@ KHOR_API int khor_is_elastic(const khor_comm *comm)
 	return comm != NULL && comm_is_elastic(comm);
 }
 
+KHOR_API khor_status khor_elastic_state(khor_comm *comm, int hold, int64_t *held_out)
+{
+	int64_t held = 0;
+	kerr e = { 0 };
+	khor_status st;
+
+	if (comm == NULL)
+		return KHOR_ERR_INVALID_ARG;
+	st = comm_elastic_state(comm, hold != 0, &held, &e);
+	if (st != KHOR_SUCCESS)
+		comm_set_last(comm, &e);
+	else if (held_out != NULL)
+		*held_out = held;
+	return st;
+}
+
 /*
  * Error texts are copied out under the comm's lock into a buffer of the calling thread,
  * since another thread may be writing them; the pointer stays valid until this thread's

@@ -149,6 +149,13 @@ KHOR_API int khor_generation(const khor_comm *comm);
 KHOR_API int khor_hosts_updated(const khor_comm *comm);
 /* 1 when the comm's job is elastic (a lost rank is a reason to reset, not to end), else 0. */
 KHOR_API int khor_is_elastic(const khor_comm *comm);
+/*
+ * The training state's record, job-wide, in an elastic job: hold = 1 says that this worker
+ * now holds the state (its first sync is done; once per process is enough), hold = 0 only
+ * asks. *held_out (may be NULL): how many times workers of the job have said so; 0 means no
+ * worker ever held the state. One store round trip; KHOR_ERR_INVALID_ARG in a fixed job.
+ */
+KHOR_API khor_status khor_elastic_state(khor_comm *comm, int hold, int64_t *held_out);
 
 /*
  * Comms that share the parent's links (no socket is opened; a few store round trips at

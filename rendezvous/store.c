@@ -16,40 +16,52 @@
  */
 #define STORE_PREFIX_INVALID "!"
 
-void store_set_prefix(store *s, const char *job_id, int generation)
+static void make_prefix(char *out, size_t len, const char *job_id, int generation)
 {
 	int n;
 
 	if (job_id == NULL || strchr(job_id, '/') != NULL) {
-		strcpy(s->prefix, STORE_PREFIX_INVALID);
+		strcpy(out, STORE_PREFIX_INVALID);
 		return;
 	}
-	n = snprintf(s->prefix, sizeof(s->prefix), "%s/%d/", job_id, generation);
-	if (n < 0 || (size_t)n >= sizeof(s->prefix))
-		strcpy(s->prefix, STORE_PREFIX_INVALID);
+	n = snprintf(out, len, "%s/%d/", job_id, generation);
+	if (n < 0 || (size_t)n >= len)
+		strcpy(out, STORE_PREFIX_INVALID);
+}
+
+void store_set_prefix(store *s, const char *job_id, int generation)
+{
+	make_prefix(s->prefix, sizeof(s->prefix), job_id, generation);
+	make_prefix(s->job_prefix, sizeof(s->job_prefix), job_id, 0);
 }
 
 /* Builds prefix + key into full (STORE_KEY_MAX + 1 bytes) or explains why it cannot. */
-static khor_status store_full_key(const store *s, const char *op, const char *key, char *full,
-                                  kerr *err)
+static khor_status full_key(const char *prefix, const char *op, const char *key, char *full,
+                            kerr *err)
 {
 	int n;
 
-	if (strcmp(s->prefix, STORE_PREFIX_INVALID) == 0)
+	if (strcmp(prefix, STORE_PREFIX_INVALID) == 0)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG,
 		                "store %s '%s': the job id given to store_set_prefix cannot make a "
 		                "key prefix: it must not contain '/', and '<job id>/<generation>/' "
 		                "must fit in %zu characters",
-		                op, key != NULL ? key : "(null)", sizeof(s->prefix) - 1);
+		                op, key != NULL ? key : "(null)", (size_t)STORE_PREFIX_MAX - 1);
 	if (key == NULL || *key == '\0')
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "store %s: empty key", op);
-	n = snprintf(full, STORE_KEY_MAX + 1, "%s%s", s->prefix, key);
+	n = snprintf(full, STORE_KEY_MAX + 1, "%s%s", prefix, key);
 	if (n < 0 || n > STORE_KEY_MAX)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG,
 		                "store %s '%s%.64s...': the key is %d bytes with its prefix, over the "
 		                "limit of %d",
-		                op, s->prefix, key, n, STORE_KEY_MAX);
+		                op, prefix, key, n, STORE_KEY_MAX);
 	return KHOR_SUCCESS;
+}
+
+static khor_status store_full_key(const store *s, const char *op, const char *key, char *full,
+                                  kerr *err)
+{
+	return full_key(s->prefix, op, key, full, err);
 }
 
 void store_base_init(store *s, const struct store_ops *ops)
@@ -92,10 +104,11 @@ khor_status store_get(store *s, const char *key, kdeadline dl, void **val_out, s
 	}
 }
 
-khor_status store_add(store *s, const char *key, int64_t delta, int64_t *value_out, kerr *err)
+static khor_status add_full(store *s, const char *prefix, const char *key, int64_t delta,
+                           int64_t *value_out, kerr *err)
 {
 	char full[STORE_KEY_MAX + 1];
-	khor_status st = store_full_key(s, "add", key, full, err);
+	khor_status st = full_key(prefix, "add", key, full, err);
 
 	if (st != KHOR_SUCCESS)
 		return st;
@@ -103,6 +116,17 @@ khor_status store_add(store *s, const char *key, int64_t delta, int64_t *value_o
 	st = s->ops->add(s, full, delta, value_out, err);
 	pthread_mutex_unlock(&s->mu);
 	return st;
+}
+
+khor_status store_add(store *s, const char *key, int64_t delta, int64_t *value_out, kerr *err)
+{
+	return add_full(s, s->prefix, key, delta, value_out, err);
+}
+
+khor_status store_add_job(store *s, const char *key, int64_t delta, int64_t *value_out,
+                          kerr *err)
+{
+	return add_full(s, s->job_prefix, key, delta, value_out, err);
 }
 
 khor_status store_del(store *s, const char *key, kerr *err)

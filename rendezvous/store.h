@@ -24,6 +24,7 @@
 /* Limits enforced by every backend and by the TCP server on the wire. */
 #define STORE_KEY_MAX 512
 #define STORE_VALUE_MAX (1u << 20)
+#define STORE_PREFIX_MAX 128
 
 typedef struct store store;
 
@@ -63,7 +64,8 @@ struct store_ops {
 
 struct store {
 	const struct store_ops *ops;
-	char prefix[128]; /* "<job>/<generation>/" */
+	char prefix[STORE_PREFIX_MAX];     /* "<job>/<generation>/" */
+	char job_prefix[STORE_PREFIX_MAX]; /* "<job>/0/": the job-wide keys, at any generation */
 	pthread_mutex_t mu;
 	/*
 	 * The deadline of the whole get in progress, of which ops->get sees one slice: a
@@ -83,6 +85,12 @@ khor_status store_get(store *s, const char *key, kdeadline dl, void **val_out, s
                       kerr *err);
 khor_status store_add(store *s, const char *key, int64_t delta, int64_t *value_out, kerr *err);
 khor_status store_del(store *s, const char *key, kerr *err);
+/*
+ * store_add on a job-wide key (generation 0's), without moving the prefix: safe while
+ * other threads use s under the generation's prefix.
+ */
+khor_status store_add_job(store *s, const char *key, int64_t delta, int64_t *value_out,
+                          kerr *err);
 void store_close(store *s);
 /* ops->interrupt where the backend has one; a no-op elsewhere. */
 void store_interrupt(store *s);

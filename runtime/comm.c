@@ -1113,6 +1113,28 @@ bool comm_is_elastic(const khor_comm *c)
 	return c->ctx->cfg.elastic;
 }
 
+/*
+ * The job-wide count of workers that came to hold the training state (docs/ELASTIC.md,
+ * el/held): a worker adds 1 once its first sync is done, and one without the state asks
+ * (delta 0) whether anyone ever had it. It outlives every worker, so a generation of only
+ * fresh workers can tell "the state never existed" (start from the first step) from "every
+ * holder was lost" (the job cannot go on), which the ranks alone cannot.
+ */
+khor_status comm_elastic_state(khor_comm *c, bool hold, int64_t *held_out, kerr *err)
+{
+	kctx *x = c->ctx;
+	khor_status st;
+
+	if (!x->cfg.elastic || x->store == NULL)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "rank %d: khor_elastic_state: not an "
+		                "elastic job (KHOR_ELASTIC=1 under an elastic driver)", c->rank);
+	st = store_add_job(x->store, "el/held", hold ? 1 : 0, held_out, err);
+	if (st != KHOR_SUCCESS)
+		kerr_prefix(err, "rank %d (worker %s): khor_elastic_state: the store at %s", c->rank,
+		            x->cfg.worker_id, x->store_addr);
+	return st;
+}
+
 /* Whether the comma list l (a "tps/<rank>" value) names transport name. */
 static bool list_has(const char *l, const char *name)
 {

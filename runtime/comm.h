@@ -163,6 +163,7 @@ khor_status comm_init(const struct khor_config *cfg, khor_comm **comm_out, kerr 
  * the job is elastic. */
 int comm_generation(const khor_comm *c);
 int comm_hosts_updated(const khor_comm *c);
+khor_status comm_elastic_state(khor_comm *c, bool hold, int64_t *held_out, kerr *err);
 bool comm_is_elastic(const khor_comm *c);
 void comm_finalize(khor_comm *c);
 

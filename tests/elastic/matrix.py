@@ -53,6 +53,13 @@ CASES = {
                          10),
     "every_host_blacklisted": (TWO, ["exit@localhost:0@10", "exit@127.0.0.1:1@10"], {}, 1,
                                [r"every host.*blacklisted"], None),
+    # The last holder of the state lost before the generation that has a fresh worker in
+    # it gets to its first collective: the next generation has only workers that never
+    # held or saw the state; the job's record (el/held) says it existed, so the job fails
+    # rather than start over from step 0.
+    "state_lost": (["-np", "2", "--min-np", "1", "--max-np", "2", "-H", "localhost:2"],
+                   ["kill@localhost:1@10", "kill_reset@localhost:0@10"], {}, 1,
+                   [r"no rank of generation \d+ holds the training state"], None),
     "min_np_never": (["-np", "4", "--min-np", "4", "--max-np", "4", "-H",
                       "localhost:2,127.0.0.1:2", "--elastic-timeout", "3"],
                      ["kill@localhost:1@10"], {}, 1, [r"min-np|--min-np|slots"], None),

@@ -28,7 +28,8 @@ set_tests_properties(test_elastic_etcd PROPERTIES ENVIRONMENT
 # Not in sanitizer builds, as tests/python's: python3 cannot load an instrumented libkhor.
 if(KHOR_PYTHON AND NOT KHOR_SANITIZE)
   foreach(c none kill_worker kill_rank0 exit_worker stop_worker kill_in_sync kill_twice
-            reset_limit all_fail host_blacklisted every_host_blacklisted min_np_never)
+            reset_limit all_fail host_blacklisted every_host_blacklisted min_np_never
+            state_lost)
     add_test(NAME elastic_matrix_${c} COMMAND ${KHOR_PYTHON}
       ${CMAKE_CURRENT_LIST_DIR}/matrix.py $<TARGET_FILE:khorrun> ${KHOR_PYTHON} ${c})
     set_tests_properties(elastic_matrix_${c} PROPERTIES TIMEOUT 240

@@ -13,6 +13,8 @@ TM_FAULT = "KIND@WORKER_ID@STEP,..." (KIND: kill, exit, stop, kill_sync; WORKER_
  kill      SIGKILL itself at that step            exit   raise (exit status 1)
  stop      SIGSTOP itself (the driver must fence it: no heartbeat)
  kill_sync SIGKILL itself inside the next state.sync() after that step
+ kill_reset SIGKILL itself in the next reset after that step, once init has joined the new
+           generation and before its first collective (a reset callback)
 From outside: SIGUSR1 makes the worker raise (exit status 1) at its next step; once the file
 TM_STOP names exists, every rank ends the run at the same step (the flag travels in the
 step's allreduce), which the final line names.
@@ -92,7 +94,7 @@ def step_fault(step):
     if EXIT_ASKED:
         raise RuntimeError("asked to exit 1 (SIGUSR1) at step %d on %s" % (step, WORKER))
     for i, kind, who, at in FAULTS:
-        if step != at or kind == "kill_sync" or (who != WORKER and who != "*"):
+        if step != at or kind in ("kill_sync", "kill_reset") or (who != WORKER and who != "*"):
             continue
         if not fire_once(i):
             continue
@@ -133,6 +135,16 @@ def train(state):
 
 khor.init()
 state = State(step=0, w=np.zeros(D), loss=0.0)
+
+
+def reset_fault():
+    for i, kind, who, at in FAULTS:
+        if kind == "kill_reset" and WORKER == who and state.step >= at and fire_once(i):
+            log("fault", kind=kind, step=state.step)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+state.register_reset_callbacks([reset_fault])
 final = train(state)
 w = state.w
 full = float(np.mean((X @ w - y) ** 2))

@@ -584,6 +584,17 @@ def hosts_updated():
     return int(_elastic_fn("khor_hosts_updated")(_state.comm))
 
 
+def elastic_state(hold):
+    """The job-wide record of the training state (khor_elastic_state): hold=True says this
+    worker now holds it; returns how many times workers said so (0: nobody ever held it)."""
+    require_init()
+    n = ctypes.c_int64(0)
+    _lib.check(_elastic_fn("khor_elastic_state")(_state.comm, 1 if hold else 0,
+                                                 ctypes.byref(n)),
+               _comm_error)
+    return n.value
+
+
 def allreduce_ints(values, op, name):
     """The int32 allreduce of a few numbers over the global set, through the engine (so it
     orders with the script's other named collectives); returns the list."""

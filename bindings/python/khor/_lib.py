@@ -184,8 +184,9 @@ def _proto_optional(name, restype, *argtypes):
 _proto_optional("khor_generation", c_int, c_void_p)
 _proto_optional("khor_hosts_updated", c_int, c_void_p)
 _proto_optional("khor_is_elastic", c_int, c_void_p)
-elastic_missing = [n for n in ("khor_generation", "khor_hosts_updated", "khor_is_elastic")
-                   if globals()[n] is None]
+_proto_optional("khor_elastic_state", c_int, c_void_p, c_int, P(c_int64))
+elastic_missing = [n for n in ("khor_generation", "khor_hosts_updated", "khor_is_elastic",
+                               "khor_elastic_state") if globals()[n] is None]
 
 NULL_ALLOC = ALLOC_FN()
 

@@ -54,9 +54,14 @@ def _choose_root(state):
     global _sync_root
     size = _core.size()
     mine = _core.rank() if state._has_state else size
+    seen = state._seen_state
+    if not seen and not state._has_state and _core.is_elastic() and _core.generation() > 1:
+        # A worker that never saw the state asks the job's record whether some worker held
+        # it: a generation of only such workers (every holder lost before the first
+        # collective of the generation that would have shown them one) must not start over.
+        seen = _core.elastic_state(False) > 0
     root, has, unseen = _core.allreduce_ints(
-        [mine, 1 if state._has_state else 0, 0 if state._seen_state else 1], _core.Min,
-        _ROOT_NAME)
+        [mine, 1 if state._has_state else 0, 0 if seen else 1], _core.Min, _ROOT_NAME)
     if root >= size and unseen == 0:
         # Some rank took part in a generation that had the state, and every rank that held
         # it is gone (the last one killed inside a newcomer's sync, say): going on would
@@ -203,6 +208,8 @@ def run_fn(func, reset):
                 # waited (below --min-np, say) brought fresh workers, which sync.
                 if _choose_root(state) or not skip_sync:
                     state.sync()
+                    if not state._has_state and _core.is_elastic():
+                        _core.elastic_state(True)  # the job's record (el/held)
                     state._has_state = True
                 return func(state, *args, **kwargs)
             except HorovodInternalError:
