@@ -24,12 +24,14 @@ check), fenced workers still alive, recoveries (fault to that next commit) media
 khorrun's exit status, and the final loss against a fault-free run of as many steps. Exit
 status 0 when all of that is as wanted.
 
-A known gap (docs/PERFORMANCE.md): the driver cannot tell a worker that holds the training
-state from a fresh one that has not finished its first sync, so a loss that leaves only
-fresh workers (the last holder killed inside a newcomer's sync; a holder's host blacklisted
-just as other hosts came back) makes the job start over from step 0. Unless --state-gap,
-the soak does not inject those: kill_sync spares the last holder, and no fault is injected
-while a host is coming back (its cooldown about to end, or its addition not yet committed).
+The state gap (docs/PERFORMANCE.md): a loss that leaves only workers without the training
+state (the last holder killed inside a newcomer's sync; a holder's host blacklisted just as
+other hosts came back) used to start the job over from step 0. The job's record of the
+state (el/held, docs/ELASTIC.md) now makes such a generation fail with the error "no rank of
+generation G holds the training state" (matrix case state_lost). Unless --state-gap, the
+soak does not inject those faults, which end its run: kill_sync spares the last holder, and
+no fault is injected while a host is coming back (its cooldown about to end, or its
+addition not yet committed).
 """
 import argparse
 import os
