@@ -1,0 +1,1 @@
+"""horovod.runner.util: see horovod.runner."""
