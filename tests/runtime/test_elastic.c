@@ -79,6 +79,13 @@ static int worker(int i, struct shared *sh)
 		me->local_rank = khor_local_rank(c);
 		me->iters = 0;
 		me->gen = khor_generation(c);
+		if (me->gen == 1) {
+			/* The job's record of the training state: as a worker's first sync adds. */
+			int64_t held = 0;
+			if (khor_elastic_state(c, 1, &held) != KHOR_SUCCESS || held < 1 || held > NW)
+				return harness_fail(me->err, TEXT, i, 14, "khor_elastic_state gave %lld: %s",
+				                    (long long)held, khor_comm_error(c));
+		}
 		khor_engine *eng;
 		if ((st = khor_engine_start(c, NULL, &eng)) != KHOR_SUCCESS)
 			return harness_fail(me->err, TEXT, i, 13, "engine: %s", khor_comm_error(c));
@@ -249,6 +256,8 @@ static void loss_rejoin_update_removal(void)
 	await_gen(sh, all, NW, 1, NW);
 	for (int i = 0; i < NW; i++)
 		cr_expect_eq(sh->w[i].rank, i, "worker %d is rank %d of generation 1", i, sh->w[i].rank);
+	cr_expect_eq(counter("el/held"), NW, "el/held is %lld after every worker said it holds "
+	             "the state", (long long)counter("el/held"));
 
 	/* The loss: what a driver does when it reaps a killed worker. */
 	kill(pid[2], SIGKILL);
@@ -346,6 +355,14 @@ Test(elastic, refused_without_a_lasting_store)
 	cr_expect_eq(khor_init(cfg, err, sizeof(err), &c), KHOR_ERR_INVALID_ARG);
 	cr_expect(strstr(err, "outlives the ranks") != NULL && strstr(err, "rank 0") != NULL,
 	          "%s", err);
+	/* And a fixed job has no record of an elastic state to keep. */
+	khor_config_set(cfg, "KHOR_ELASTIC", "0");
+	khor_config_set(cfg, "KHOR_SIZE", "1");
+	cr_assert_eq(khor_init(cfg, err, sizeof(err), &c), KHOR_SUCCESS, "%s", err);
+	cr_expect_eq(khor_elastic_state(c, 0, NULL), KHOR_ERR_INVALID_ARG);
+	cr_expect(strstr(khor_comm_error(c), "not an elastic job") != NULL, "%s",
+	          khor_comm_error(c));
+	khor_finalize(c);
 	unsetenv("MASTER_ADDR");
 	unsetenv("MASTER_PORT");
 	khor_config_destroy(cfg);
