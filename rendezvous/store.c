@@ -58,12 +58,6 @@ static khor_status full_key(const char *prefix, const char *op, const char *key,
 	return KHOR_SUCCESS;
 }
 
-static khor_status store_full_key(const store *s, const char *op, const char *key, char *full,
-                                  kerr *err)
-{
-	return full_key(s->prefix, op, key, full, err);
-}
-
 void store_base_init(store *s, const struct store_ops *ops)
 {
 	s->ops = ops;
@@ -73,7 +67,7 @@ void store_base_init(store *s, const struct store_ops *ops)
 khor_status store_set(store *s, const char *key, const void *val, size_t len, kerr *err)
 {
 	char full[STORE_KEY_MAX + 1];
-	khor_status st = store_full_key(s, "set", key, full, err);
+	khor_status st = full_key(s->prefix, "set", key, full, err);
 
 	if (st != KHOR_SUCCESS)
 		return st;
@@ -87,7 +81,7 @@ khor_status store_get(store *s, const char *key, kdeadline dl, void **val_out, s
                       kerr *err)
 {
 	char full[STORE_KEY_MAX + 1];
-	khor_status st = store_full_key(s, "get", key, full, err);
+	khor_status st = full_key(s->prefix, "get", key, full, err);
 
 	if (st != KHOR_SUCCESS)
 		return st;
@@ -132,7 +126,7 @@ khor_status store_add_job(store *s, const char *key, int64_t delta, int64_t *val
 khor_status store_del(store *s, const char *key, kerr *err)
 {
 	char full[STORE_KEY_MAX + 1];
-	khor_status st = store_full_key(s, "del", key, full, err);
+	khor_status st = full_key(s->prefix, "del", key, full, err);
 
 	if (st != KHOR_SUCCESS)
 		return st;

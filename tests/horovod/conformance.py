@@ -135,7 +135,7 @@ def run_cell(args, peer, np, mode, test_file, ids, tmp):
     if mode == "file":
         out = tempfile.mkdtemp(prefix="file-", dir=tmp)
         t0 = time.time()
-        rc, tail = run_job(launch_cmd(args, peer, np, base + [os.path.basename(test_file)] +
+        rc, _ = run_job(launch_cmd(args, peer, np, base + [os.path.basename(test_file)] +
                                       (["-k", args.k] if args.k else [])),
                            cwd, out, args.file_timeout)
         per, whys = read_ranks(out, np)
@@ -150,10 +150,11 @@ def run_cell(args, peer, np, mode, test_file, ids, tmp):
         rc, tail = run_job(launch_cmd(args, peer, np, base + [t]), cwd, out, args.timeout)
         per, why = read_ranks(out, np)
         results[t] = combine(nodeid_of(t, per), per, np)
-        if results[t] == "hung" and rc is not None and not why:
-            why = {t: "the job ended (exit %s) before every rank finished the test: %s" %
-                   (rc, tail[-1500:])}
-        whys.update({t: w for w in why.values()})
+        if why:
+            whys[t] = next(iter(why.values()))
+        elif results[t] == "hung" and rc is not None:
+            whys[t] = "the job ended (exit %s) before every rank finished the test: %s" % (
+                rc, tail[-1500:])
         print("  %s np=%d each %d/%d %s: %s" % (peer, np, i, len(ids), t.split("::")[-1],
                                                results[t]), flush=True)
     return results, whys
