@@ -5,7 +5,9 @@
 # rank fails at init within seconds, naming the launcher and what to set (before this,
 # `mpirun -np 4 prog` ran four one-rank jobs); and a Python rank under mpirun.
 #
-#   test_mpirun.sh EXAMPLE_ALLREDUCE LIBKHOR SOURCE_DIR
+#   test_mpirun.sh EXAMPLE_ALLREDUCE LIBKHOR SOURCE_DIR [PYTHON]
+#
+# PYTHON (with numpy) runs the Python case; without it that case is skipped.
 #
 # Exit 0 all passed, 1 a failure, 77 (CTest's skip) when neither launcher is installed
 # (OpenMPI comes with .ci/packages, Hydra with .ci/packages --mpi; a missing one is skipped
@@ -14,6 +16,7 @@ set -u
 example=${1:?usage: test_mpirun.sh EXAMPLE_ALLREDUCE LIBKHOR SOURCE_DIR}
 lib=${2:?usage: test_mpirun.sh EXAMPLE_ALLREDUCE LIBKHOR SOURCE_DIR}
 src=${3:?usage: test_mpirun.sh EXAMPLE_ALLREDUCE LIBKHOR SOURCE_DIR}
+python=${4:-}
 
 ompi=$(command -v mpirun.openmpi || true)
 hydra=$(command -v mpiexec.hydra || true)
@@ -128,7 +131,7 @@ t_hydra_no_store() { no_store_case hydra "a PMI launcher (MPICH's Hydra mpiexec"
 # Python under mpirun: khor.init() takes OpenMPI's ranks, the sum is over both.
 t_openmpi_python() {
 	MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) PYTHONPATH=$src/bindings/python \
-		KHOR_LIBRARY_PATH=$lib launch openmpi 2 python3 -c '
+		KHOR_LIBRARY_PATH=$lib launch openmpi 2 "$python" -c '
 import khor, numpy as np
 khor.init()
 x = khor.allreduce(np.full(4, khor.rank() + 1, np.float32), op=khor.Sum)
@@ -146,7 +149,12 @@ khor.shutdown()
 }
 
 cases=""
-[ -n "$ompi" ] && cases="$cases openmpi_np2 openmpi_np4 openmpi_no_store openmpi_python"
+[ -n "$ompi" ] && cases="$cases openmpi_np2 openmpi_np4 openmpi_no_store"
+if [ -n "$ompi" ] && [ -n "$python" ]; then
+	cases="$cases openmpi_python"
+else
+	echo "test_mpirun: no PYTHON argument (or no mpirun.openmpi): the Python case is skipped"
+fi
 [ -n "$hydra" ] && cases="$cases hydra_np2 hydra_np4 hydra_no_store"
 for c in $cases; do
 	run "$c" "t_$c"
