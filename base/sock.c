@@ -392,7 +392,10 @@ khor_status ksock_pick_address(const char *spec, const ksockaddr *hint, ksockadd
 			score = 10;
 		} else if (spec != NULL) {
 			bool hit;
-			if (spec[0] == '^')
+			/* NCCL_SOCKET_IFNAME's forms, "^=docker0" (exclude exact names) too. */
+			if (spec[0] == '^' && spec[1] == '=')
+				hit = !name_in_list(spec + 2, ifa->ifa_name, 1);
+			else if (spec[0] == '^')
 				hit = !name_in_list(spec + 1, ifa->ifa_name, 0);
 			else if (spec[0] == '=')
 				hit = name_in_list(spec + 1, ifa->ifa_name, 1);

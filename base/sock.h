@@ -51,8 +51,8 @@ khor_status ksock_read_some(int fd, void *buf, size_t cap, kdeadline dl, const c
 
 /*
  * Picks the local address to publish. spec (KHOR_SOCKET_IFNAME) may be NULL or a list like
- * "eth,ib" (name prefixes), "=eth0" (exact names), "^docker,lo" (exclude prefixes) or a CIDR
- * "198.18.0.0/15". Without spec: the interface on the same subnet as hint (the store's
+ * "eth,ib" (name prefixes), "=eth0" (exact names), "^docker,lo" (exclude prefixes), "^=lo"
+ * (exclude exact names: NCCL_SOCKET_IFNAME's four forms) or a CIDR "198.18.0.0/15". Without spec: the interface on the same subnet as hint (the store's
  * address) if any, loopback when hint is loopback, else the first non-loopback interface
  * that is up. When nothing matches, the error lists the interfaces that exist.
  */

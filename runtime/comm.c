@@ -667,6 +667,8 @@ khor_status comm_create(kctx *x, const khor_comm *parent, const int *members, in
 	kerr_clear(&c->last);
 	c->tune_algo = parent != NULL ? parent->tune_algo : s->algo;
 	c->tune_hier = parent != NULL ? parent->tune_hier : s->hier;
+	c->tune_hier_allreduce = parent != NULL ? parent->tune_hier_allreduce : s->hier_allreduce;
+	c->tune_hier_allgather = parent != NULL ? parent->tune_hier_allgather : s->hier_allgather;
 	c->run_hier = c->tune_hier;
 	if (members != NULL) {
 		c->world_ranks = malloc((size_t)n * sizeof(int));
@@ -986,6 +988,10 @@ static khor_status comm_init_once(const struct khor_config *cfg, khor_comm **com
 	x->size = s->size;
 	snprintf(x->tp_job, sizeof(x->tp_job), "%s", s->job_id);
 	klog_set_identity(x->rank, s->hostname);
+	/* Once per process: an elastic job's every new generation inits again. */
+	static atomic_flag horovod_warned = ATOMIC_FLAG_INIT;
+	if (x->rank == 0 && !atomic_flag_test_and_set(&horovod_warned))
+		config_warn_unread_horovod();
 	if (x->size == 1 && !s->elastic) {
 		x->nhosts = x->on_machine = 1;
 		if ((st = comm_create(x, NULL, NULL, 1, 0, 0, &c, err)) != KHOR_SUCCESS)

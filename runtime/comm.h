@@ -146,6 +146,9 @@ struct khor_comm {
 	/* khor_comm_set's KHOR_ALGO and KHOR_HIER, copied into each request at its call, so a
 	 * change never reaches a collective that was already queued. Under mu. */
 	int tune_algo, tune_hier;
+	/* HOROVOD_HIERARCHICAL_ALLREDUCE / _ALLGATHER (settings): -1 = tune_hier; a
+	 * khor_comm_set of KHOR_HIER clears them, as a given KHOR_HIER does at init. Under mu. */
+	int tune_hier_allreduce, tune_hier_allgather;
 
 	const char *last_sched; /* the schedule of the last allreduce ("ring"), for the timeline */
 	int refs;            /* the handle + i* requests not freed yet (under mu) */

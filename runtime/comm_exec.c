@@ -796,6 +796,16 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
+/* The node-aware mode of a call of this kind: Horovod's per-collective switch if set. */
+static int8_t hier_for_locked(const khor_comm *c, unsigned kind)
+{
+	if (kind == COLL_ALLREDUCE && c->tune_hier_allreduce >= 0)
+		return (int8_t)c->tune_hier_allreduce;
+	if (kind == COLL_ALLGATHER && c->tune_hier_allgather >= 0)
+		return (int8_t)c->tune_hier_allgather;
+	return (int8_t)c->tune_hier;
+}
+
 static void enqueue_locked(khor_comm *c, struct khor_request *r)
 {
 	r->next = NULL;
@@ -829,7 +839,7 @@ khor_status comm_submit(khor_comm *c, struct khor_request *r)
 		if (r->kind == COLL_SPLIT)
 			c->next_seq++; /* its second exchange (split.c) */
 		r->algo = (int8_t)c->tune_algo;
-		r->hier = (int8_t)c->tune_hier;
+		r->hier = hier_for_locked(c, r->kind);
 		r->done = false;
 		kerr_clear(&r->err);
 		enqueue_locked(c, r);
@@ -906,7 +916,7 @@ khor_status comm_run(khor_comm *c, struct khor_request *r)
 	if (r->kind == COLL_SPLIT)
 		c->next_seq++; /* its second exchange (split.c) */
 	r->algo = (int8_t)c->tune_algo;
-	r->hier = (int8_t)c->tune_hier;
+	r->hier = hier_for_locked(c, r->kind);
 	r->done = false;
 	kerr_clear(&r->err);
 	inline_run = c->q_head == NULL && !c->busy;
@@ -950,10 +960,12 @@ khor_status comm_set(khor_comm *c, const char *key, const char *value, kerr *err
 		return st;
 	}
 	pthread_mutex_lock(&c->mu);
-	if (algo)
+	if (algo) {
 		c->tune_algo = v;
-	else
+	} else {
 		c->tune_hier = v;
+		c->tune_hier_allreduce = c->tune_hier_allgather = -1;
+	}
 	pthread_mutex_unlock(&c->mu);
 	return KHOR_SUCCESS;
 }

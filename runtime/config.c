@@ -1,6 +1,7 @@
 /* config.c -- the table of KHOR_* variables and their parsing (see config.h). */
 #include "config.h"
 
+#include "base/log.h"
 #include "base/parse.h"
 #include "collectives/select.h"
 #include "base/sock.h"
@@ -14,14 +15,14 @@
 #include <unistd.h>
 
 const struct config_var config_vars[] = {
-	{ "KHOR_RANK", NULL, "This process's rank (set by khorrun; else RANK, SLURM_PROCID in an srun step, or JOB_COMPLETION_INDEX)", NULL, NULL },
-	{ "KHOR_SIZE", NULL, "Number of ranks (set by khorrun; else WORLD_SIZE, SLURM_NTASKS in an srun step, or KHOR_K8S_SIZE)", NULL, NULL },
-	{ "KHOR_LOCAL_RANK", NULL, "Rank among the ranks on this host (else computed from host names)", NULL, NULL },
-	{ "KHOR_LOCAL_SIZE", NULL, "Ranks on this host (else computed)", NULL, NULL },
+	{ "KHOR_RANK", NULL, "This process's rank (set by khorrun; else, first found: torchrun's RANK, an MPI launcher's (OMPI_COMM_WORLD_RANK, MV2_COMM_WORLD_RANK, PMI_RANK of Hydra or PMI-1/2, PMIX_RANK), SLURM_PROCID in an srun step, JOB_COMPLETION_INDEX)", NULL, NULL },
+	{ "KHOR_SIZE", NULL, "Number of ranks (set by khorrun; else from the same source as the rank: WORLD_SIZE, OMPI_COMM_WORLD_SIZE, MV2_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS, KHOR_K8S_SIZE)", NULL, NULL },
+	{ "KHOR_LOCAL_RANK", NULL, "Rank among the ranks on this host (else the launcher's: LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MV2_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID; else computed from host names)", NULL, NULL },
+	{ "KHOR_LOCAL_SIZE", NULL, "Ranks on this host (else the launcher's: LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, MV2_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS; else computed)", NULL, NULL },
 	{ "KHOR_CROSS_RANK", NULL, "Rank among ranks with the same local rank (else computed)", NULL, NULL },
 	{ "KHOR_CROSS_SIZE", NULL, "Number of ranks with this local rank (else computed)", NULL, NULL },
 	{ "KHOR_LOCAL_CPUS", NULL, "CPUs this host's ranks share (set by khorrun; else this process's CPU set, or all online CPUs when it is one CPU)", NULL, NULL },
-	{ "KHOR_STORE_ADDR", NULL, "host:port of the rendezvous store, or etcd://host:port for an etcd server (set by khorrun; else MASTER_ADDR:MASTER_PORT, or the srun step's first node, or Kubernetes index 0, where rank 0 starts it)", NULL, NULL },
+	{ "KHOR_STORE_ADDR", NULL, "host:port of the rendezvous store, or etcd://host:port for an etcd server (set by khorrun; else MASTER_ADDR:MASTER_PORT, or the srun step's first node, or Kubernetes index 0, where rank 0 starts it; under mpirun/mpiexec MASTER_ADDR and MASTER_PORT or this must be set, else every rank fails at init saying so)", NULL, NULL },
 	{ "KHOR_K8S_SIZE", NULL, "Kubernetes indexed Job: number of ranks (the Job's completions); the rank is JOB_COMPLETION_INDEX, one per pod", NULL, NULL },
 	{ "KHOR_K8S_SERVICE", NULL, "Kubernetes: the headless Service named as the pods' subdomain; the store is then on JOB-0.SERVICE, JOB being this pod's host name less its -INDEX", NULL, NULL },
 	{ "KHOR_K8S_STORE_HOST", NULL, "Kubernetes: host of the store, served by index 0, instead of JOB-0.KHOR_K8S_SERVICE", NULL, NULL },
@@ -29,14 +30,14 @@ const struct config_var config_vars[] = {
 	{ "KHOR_SECRET", NULL, "Job secret proven by every store and link handshake (khorrun makes one); unset = unauthenticated", NULL, NULL },
 	{ "KHOR_JOB_ID", "default", "Job id; keys and links of other jobs are refused", NULL, NULL },
 	{ "KHOR_TIMEOUT", "300s", "After this long a collective or wait warns and asks whether the ranks it waits for are alive (KHOR_HEARTBEAT_TIMEOUT): it waits on while they are and fails naming one that is not; without heartbeats to judge by (one rank, KHOR_HEARTBEAT_TIMEOUT=-1) it fails (e.g. 30s, 500ms, 5m; -1 = never)", NULL, NULL },
-	{ "KHOR_INIT_TIMEOUT", NULL, "Deadline for all ranks to join at init (default: KHOR_TIMEOUT)", NULL, NULL },
+	{ "KHOR_INIT_TIMEOUT", NULL, "Deadline for all ranks to join at init (default: KHOR_TIMEOUT; alias HOROVOD_GLOO_TIMEOUT_SECONDS, seconds, which bounds only the rendezvous here)", "HOROVOD_GLOO_TIMEOUT_SECONDS", NULL },
 	{ "KHOR_ELASTIC", "0", "1 = an elastic job: ranks rejoin a new generation after a loss or a host change instead of ending (needs khorrun's or etcd's store; alias HOROVOD_ELASTIC)", "HOROVOD_ELASTIC", NULL },
 	{ "KHOR_WORKER_ID", NULL, "Elastic: this worker's id, HOST:SLOT (set by khorrun's elastic driver)", NULL, NULL },
 	{ "KHOR_ELASTIC_TIMEOUT", "600s", "Elastic: how long khor_init waits for a generation that includes this worker", NULL, NULL },
 	{ "KHOR_HEARTBEAT_TIMEOUT", "10s", "A rank whose heartbeat (through the store) has not moved for this long is not alive: khorrun kills it and the waits on it fail (-1 = off: nobody is judged, and KHOR_TIMEOUT is a deadline again)", NULL, NULL },
 	{ "KHOR_HEARTBEAT_INTERVAL", "1s", "How often each rank beats its heartbeat (at most a fifth of KHOR_HEARTBEAT_TIMEOUT is used)", NULL, NULL },
 	{ "KHOR_HOSTNAME", NULL, "Host identity used to group ranks per node (default: gethostname)", NULL, NULL },
-	{ "KHOR_SOCKET_IFNAME", NULL, "Interface for links: prefixes (eth,ib), =exact, ^excluded, or a CIDR (198.18.0.0/15); unset = tcp publishes every usable address, the store's subnet first, and each peer dials one it can reach", NULL, NULL },
+	{ "KHOR_SOCKET_IFNAME", NULL, "Interface for links: prefixes (eth,ib), =exact, ^excluded, or a CIDR (198.18.0.0/15); unset = tcp publishes every usable address, the store's subnet first, and each peer dials one it can reach; when unset, HOROVOD_GLOO_IFACE (exact names, as khorrun --network-interface) and then NCCL_SOCKET_IFNAME (same syntax as this) are read", NULL, NULL },
 	{ "KHOR_SOCKET_NSOCKS", "2", "TCP sockets per link; large messages are striped over them (1-16)", NULL, NULL },
 	{ "KHOR_SOCKET_BUFSIZE", "0", "SO_SNDBUF/SO_RCVBUF of link sockets (0 = kernel autotuning, usually fastest)", NULL, NULL },
 	{ "KHOR_MIN_STRIPE", "256K", "Smallest piece a message is striped into across sockets", NULL, NULL },
@@ -44,7 +45,7 @@ const struct config_var config_vars[] = {
 	{ "KHOR_PIPELINE_DEPTH", "4", "Slices in flight per collective (1-64)", NULL, NULL },
 	{ "KHOR_ALGO", "auto", "Allreduce algorithm: ring, tree (double binary), rd (recursive doubling), hd (halving-doubling) or auto (cost model)", NULL, NULL },
 	{ "KHOR_AUTO_TRIALS", "3", "Auto: rounds of timed calls of each allreduce schedule the model predicts close, inside the first call of each power-of-two size (0 = the model alone; 0 when KHOR_COST_* are set)", NULL, NULL },
-	{ "KHOR_HIER", "auto", "Node-aware allreduce/broadcast across hosts: on, off or auto (cost model)", NULL, NULL },
+	{ "KHOR_HIER", "auto", "Node-aware allreduce/broadcast/allgather across hosts: on, off or auto (cost model); when unset, HOROVOD_HIERARCHICAL_ALLREDUCE and HOROVOD_HIERARCHICAL_ALLGATHER (1 on, 0 off) set allreduce's and allgather's alone", NULL, NULL },
 	{ "KHOR_NCCL", "auto", "Device buffers: NCCL inside each node (libnccl.so.2, loaded at run time), khor across nodes: auto (CUDA memory, a dtype NCCL has, more than one rank per node), on (also one rank per node; a call NCCL can't take fails saying why) or off", NULL, NULL },
 	{ "KHOR_RD_MAX_BYTES", NULL, "When set: broadcast uses the binomial tree, allgather Bruck and reduce-scatter recursive halving up to this size (total bytes), chain and ring above; unset = cost model", NULL, NULL },
 	{ "KHOR_COST_ALPHA_US", NULL, "Cost model: per-message time in us (with BETA and GAMMA set, init skips its measurement)", NULL, NULL },
@@ -309,6 +310,121 @@ khor_status config_parse_nccl(const char *p, int *nccl, kerr *err)
 	return parse_tristate("KHOR_NCCL", "auto, on or off", p, nccl, err);
 }
 
+/*
+ * MPI launchers. khor links no MPI; it reads the rank and size they export, so that
+ * `mpirun -np 4 prog` is one 4-rank job and not, as it was, four one-rank jobs. Tried in
+ * this order: OpenMPI also sets PMIX_RANK, and MVAPICH2 may set PMI_RANK, so their own names
+ * come first for their local ranks to be read. PMI-1/2 is MPICH's Hydra (mpiexec.hydra),
+ * Intel MPI and srun --mpi=pmi2; PMIx exports no size, so PMIX_RANK alone is refused.
+ */
+struct mpi_launcher {
+	const char *what;   /* for messages */
+	const char *source; /* settings.source */
+	const char *rank, *size, *local_rank, *local_size;
+};
+
+static const struct mpi_launcher mpi_launchers[] = {
+	{ "OpenMPI's mpirun", "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+	  "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE" },
+	{ "MVAPICH2's launcher", "mvapich2", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
+	  "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE" },
+	{ "a PMI launcher (MPICH's Hydra mpiexec, Intel MPI, srun --mpi=pmi2)", "pmi", "PMI_RANK",
+	  "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS" },
+	{ "a PMIx launcher (prterun, srun --mpi=pmix)", "pmix", "PMIX_RANK", NULL, NULL, NULL },
+};
+
+static const struct mpi_launcher *mpi_detect(void)
+{
+	for (size_t i = 0; i < sizeof(mpi_launchers) / sizeof(mpi_launchers[0]); i++)
+		if (env(mpi_launchers[i].rank) != NULL)
+			return &mpi_launchers[i];
+	return NULL;
+}
+
+/*
+ * srun --mpi=pmi2/pmix sets both Slurm's and PMI's variables, with the same values: that is
+ * an srun step (whose store Slurm's variables give). mpirun inside an allocation starts its
+ * daemons with srun, and its ranks inherit the daemon's SLURM_PROCID and SLURM_NTASKS (a
+ * node's index and the node count): there the MPI launcher's numbers are the ranks'.
+ */
+static bool mpi_is_the_srun_step(const struct mpi_launcher *m)
+{
+	if (strcmp(env(m->rank), env("SLURM_PROCID")) != 0)
+		return false;
+	return m->size == NULL || env(m->size) == NULL ||
+	       strcmp(env(m->size), env("SLURM_NTASKS")) == 0;
+}
+
+/* HOROVOD_* names khor reads besides the table's aliases (or khorrun exports for scripts). */
+static const char *const horovod_read[] = {
+	"HOROVOD_LOG_LEVEL", /* base/log.c */
+	"HOROVOD_GLOO_IFACE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLGATHER",
+	/* khorrun's, for scripts written for horovodrun (launcher/env.h), and its own. */
+	"HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+	"HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME", "HOROVOD_ELASTIC_TIMEOUT",
+};
+
+bool config_horovod_read(const char *name)
+{
+	for (size_t i = 0; i < sizeof(horovod_read) / sizeof(horovod_read[0]); i++)
+		if (strcmp(horovod_read[i], name) == 0)
+			return true;
+	for (int i = 0; i < config_nvars; i++)
+		if ((config_vars[i].alias != NULL && strcmp(config_vars[i].alias, name) == 0) ||
+		    (config_vars[i].alias_off != NULL && strcmp(config_vars[i].alias_off, name) == 0))
+			return true;
+	return false;
+}
+
+extern char **environ;
+
+int config_warn_unread_horovod(void)
+{
+	int n = 0;
+
+	for (char **e = environ; *e != NULL; e++) {
+		const char *eq = strchr(*e, '=');
+		char name[128];
+		if (strncmp(*e, "HOROVOD_", 8) != 0 || eq == NULL ||
+		    (size_t)(eq - *e) >= sizeof(name))
+			continue;
+		memcpy(name, *e, (size_t)(eq - *e));
+		name[eq - *e] = '\0';
+		if (config_horovod_read(name))
+			continue;
+		KLOG_WARN("%s is set but khor does not read it, so it has no effect: khor's "
+		          "settings and the Horovod names it reads are listed by khorrun --help-env "
+		          "and the README's Configuration table", name);
+		n++;
+	}
+	return n;
+}
+
+/*
+ * Horovod's per-collective switches, read only when KHOR_HIER is not given (which, being
+ * khor's own, wins as every KHOR_* name wins over its alias). Each sets its collective
+ * alone: Horovod's default for the other is flat, khor's stays KHOR_HIER's auto.
+ */
+static khor_status parse_hier_aliases(const struct khor_config *cfg, settings *s, kerr *err)
+{
+	static const char *const names[2] = { "HOROVOD_HIERARCHICAL_ALLREDUCE",
+		                               "HOROVOD_HIERARCHICAL_ALLGATHER" };
+	int *out[2] = { &s->hier_allreduce, &s->hier_allgather };
+
+	for (int i = 0; i < 2; i++) {
+		const char *p = config_lookup(cfg, "KHOR_HIER") == NULL ? env(names[i]) : NULL;
+		bool on;
+		*out[i] = -1;
+		if (p == NULL)
+			continue;
+		if (!kparse_bool(p, &on))
+			return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%.32s': expected 1 or 0",
+			                names[i], p);
+		*out[i] = on ? 1 : 0;
+	}
+	return KHOR_SUCCESS;
+}
+
 /* KHOR_ELASTIC and the heartbeat: parsed after the store, which elastic mode needs. */
 static khor_status parse_elastic(const struct khor_config *cfg, settings *s, kerr *err)
 {
@@ -371,8 +487,9 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 		kstrlcpy(s->hostname, "localhost", sizeof(s->hostname));
 
 	/*
-	 * Rank and size: khorrun / caller, then torchrun, then an srun step, then a Kubernetes
-	 * indexed Job, else a one-rank job. Slurm counts only inside a step: the batch script
+	 * Rank and size: khorrun / caller, then torchrun, then an MPI launcher (unless it is
+	 * the srun step's own PMI), then an srun step, then a Kubernetes indexed Job, else a
+	 * one-rank job. Slurm counts only inside a step: the batch script
 	 * itself also has SLURM_PROCID=0 and the allocation's SLURM_NTASKS, but no step id,
 	 * and a program it runs directly would otherwise wait out its timeout for ranks that
 	 * srun never starts. JOB_COMPLETION_INDEX alone is an indexed Job of independent
@@ -385,14 +502,31 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	if (have_rank != have_size)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_RANK and KHOR_SIZE must be set "
 		                "together (got only %s)", have_rank ? "KHOR_RANK" : "KHOR_SIZE");
+	const struct mpi_launcher *mpi = have_rank ? NULL : mpi_detect();
+	bool srun_step = env("SLURM_PROCID") && env("SLURM_NTASKS") &&
+	                 (env("SLURM_STEP_ID") || env("SLURM_STEPID"));
+	if (mpi != NULL && srun_step && mpi_is_the_srun_step(mpi))
+		mpi = NULL;
 	if (!have_rank && env("RANK") && env("WORLD_SIZE")) {
+		mpi = NULL;
 		kstrlcpy(s->source, "torchrun", sizeof(s->source));
 		if ((st = get_int(NULL, "", "RANK", 0, 1 << 24, &rank, &found, err)) ||
 		    (st = get_int(NULL, "", "WORLD_SIZE", 1, 1 << 24, &size, &found, err)))
 			return st;
 		have_rank = true;
-	} else if (!have_rank && env("SLURM_PROCID") && env("SLURM_NTASKS") &&
-	           (env("SLURM_STEP_ID") || env("SLURM_STEPID"))) {
+	} else if (!have_rank && mpi != NULL) {
+		if (mpi->size == NULL || env(mpi->size) == NULL)
+			return kerr_set(err, KHOR_ERR_INVALID_ARG, "started by %s (%s=%s), which does "
+			                "not export the number of ranks: set KHOR_RANK and KHOR_SIZE "
+			                "(and MASTER_ADDR and MASTER_PORT), or start the job with "
+			                "khorrun, OpenMPI's mpirun or MPICH's mpiexec", mpi->what,
+			                mpi->rank, env(mpi->rank));
+		kstrlcpy(s->source, mpi->source, sizeof(s->source));
+		if ((st = get_int(NULL, "", mpi->rank, 0, 1 << 24, &rank, &found, err)) ||
+		    (st = get_int(NULL, "", mpi->size, 1, 1 << 24, &size, &found, err)))
+			return st;
+		have_rank = true;
+	} else if (!have_rank && srun_step) {
 		kstrlcpy(s->source, "slurm", sizeof(s->source));
 		if ((st = get_int(NULL, "", "SLURM_PROCID", 0, 1 << 24, &rank, &found, err)) ||
 		    (st = get_int(NULL, "", "SLURM_NTASKS", 1, 1 << 24, &size, &found, err)))
@@ -424,7 +558,11 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	};
 	for (size_t i = 0; i < sizeof(topo) / sizeof(topo[0]); i++) {
 		const char *alt = strcmp(s->source, "torchrun") == 0 ? topo[i].torch
-		                  : strcmp(s->source, "slurm") == 0 ? topo[i].slurm : NULL;
+		                  : strcmp(s->source, "slurm") == 0 ? topo[i].slurm
+		                  : mpi == NULL                     ? NULL
+		                  : i == 0                          ? mpi->local_rank
+		                  : i == 1                          ? mpi->local_size
+		                                                    : NULL;
 		st = get_int(cfg, topo[i].name, alt, 0, 1 << 24, &v, &found, err);
 		if (st != KHOR_SUCCESS)
 			return st;
@@ -484,6 +622,18 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 			                            : "; this pod's host name does not end in -<index>");
 		}
 		s->serve_store = true;
+	} else if (s->size > 1 && mpi != NULL) {
+		/* Every rank fails here at once, before any network: no rank waits for a store. */
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "rank %d of %d: started by %s (%s=%s, "
+		                "%s=%s) with no rendezvous address: set MASTER_ADDR and MASTER_PORT "
+		                "for every rank (rank 0 serves the store there, e.g. mpirun -x "
+		                "MASTER_ADDR=<rank 0's host> -x MASTER_PORT=29500 ...), or "
+		                "KHOR_STORE_ADDR to a running store, or start the job with khorrun%s",
+		                s->rank, s->size, mpi->what, mpi->rank, env(mpi->rank), mpi->size,
+		                env(mpi->size),
+		                env("MASTER_ADDR") ? " (MASTER_ADDR is set, MASTER_PORT is not)"
+		                : env("MASTER_PORT") ? " (MASTER_PORT is set, MASTER_ADDR is not)"
+		                                     : "");
 	} else if (s->size > 1) {
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "a %d-rank job needs a rendezvous store: "
 		                "start it with khorrun, or set KHOR_STORE_ADDR (or MASTER_ADDR and "
@@ -518,8 +668,23 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 		                "and no '/'", p, sizeof(s->job_id) - 1);
 	kstrlcpy(s->job_id, p, sizeof(s->job_id));
 
-	p = config_lookup(cfg, "KHOR_SOCKET_IFNAME");
-	kstrlcpy(s->ifname, p ? p : "", sizeof(s->ifname));
+	/*
+	 * KHOR_SOCKET_IFNAME, else Horovod's (gloo takes exact names, as khorrun's
+	 * --network-interface), else NCCL's, whose syntax is this one's.
+	 */
+	const char *ifvar = "KHOR_SOCKET_IFNAME";
+	p = config_lookup(cfg, ifvar);
+	bool exact = false;
+	if (p == NULL && (p = env("HOROVOD_GLOO_IFACE")) != NULL) {
+		ifvar = "HOROVOD_GLOO_IFACE";
+		exact = p[0] != '=' && p[0] != '^' && strchr(p, '/') == NULL;
+	} else if (p == NULL && (p = env("NCCL_SOCKET_IFNAME")) != NULL) {
+		ifvar = "NCCL_SOCKET_IFNAME";
+	}
+	if (p != NULL && strlen(p) + (exact ? 1 : 0) >= sizeof(s->ifname))
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s is longer than %zu characters", ifvar,
+		                sizeof(s->ifname) - 2);
+	snprintf(s->ifname, sizeof(s->ifname), "%s%s", exact ? "=" : "", p ? p : "");
 	p = config_lookup(cfg, "KHOR_TRANSPORT");
 	kstrlcpy(s->transport, p ? p : "auto", sizeof(s->transport));
 	if (strcmp(s->transport, "ib") != 0 && strcmp(s->transport, "tcp") != 0 &&
@@ -578,8 +743,14 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 		snprintf(def, sizeof(def), "%lldms", (long long)s->timeout_ms);
 		if (s->timeout_ms < 0)
 			kstrlcpy(def, "-1", sizeof(def));
-		if ((st = get_duration(cfg, "KHOR_INIT_TIMEOUT", def, &s->init_timeout_ms, err)))
-			return st;
+		const char *from;
+		p = config_lookup_alias(cfg, "KHOR_INIT_TIMEOUT", &from);
+		if (p == NULL)
+			p = def;
+		if (!kparse_duration_ms(p, &s->init_timeout_ms))
+			return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s='%s': expected a duration such "
+			                "as 30s, 500ms or 5m (-1 for none; a plain number is seconds)",
+			                from, p);
 	}
 	if ((st = parse_elastic(cfg, s, err)))
 		return st;
@@ -626,7 +797,8 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	s->auto_trials = given      ? (int)rounds
 	                 : ncost != 0 ? 0
 	                              : atoi(config_default("KHOR_AUTO_TRIALS"));
-	if ((st = config_parse_hier(config_lookup(cfg, "KHOR_HIER"), &s->hier, err)) ||
+	if ((st = parse_hier_aliases(cfg, s, err)) ||
+	    (st = config_parse_hier(config_lookup(cfg, "KHOR_HIER"), &s->hier, err)) ||
 	    (st = config_parse_nccl(config_lookup(cfg, "KHOR_NCCL"), &s->nccl, err)) ||
 	    (st = config_parse_algo(config_lookup(cfg, "KHOR_ALGO"), &s->algo, err)))
 		return st;

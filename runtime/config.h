@@ -4,7 +4,8 @@
  * config_vars[] is the single table of variables (name, default, meaning); the README table
  * and `khorrun --help-env` show it (test_config checks the README row for row). A value
  * comes from the caller's khor_config first, then the environment, then the other
- * launchers' variables (torchrun, an srun step, a Kubernetes indexed Job), then the default.
+ * launchers' variables (torchrun, an MPI launcher, an srun step, a Kubernetes indexed Job),
+ * then the default.
  */
 #ifndef KHOR_RUNTIME_CONFIG_H
 #define KHOR_RUNTIME_CONFIG_H
@@ -63,6 +64,9 @@ typedef struct settings {
 	uint64_t spin_us;
 	int auto_trials;        /* KHOR_AUTO_TRIALS: timed calls per close schedule and size */
 	int hier;               /* 0 off, 1 on, 2 auto */
+	/* HOROVOD_HIERARCHICAL_ALLREDUCE / _ALLGATHER: 0 off, 1 on for that collective alone;
+	 * -1: as hier (always -1 when KHOR_HIER is given) */
+	int hier_allreduce, hier_allgather;
 	int nccl;               /* KHOR_NCCL: 0 off, 1 on, 2 auto (runtime/nccl.c) */
 	double cost[3];         /* alpha s, beta s/B, gamma s/B from config; 0 = measure */
 	int reg_entries;        /* KHOR_REG_CACHE_ENTRIES */
@@ -96,6 +100,10 @@ const char *config_lookup_alias(const struct khor_config *cfg, const char *name,
 /* True when name's Horovod off switch is set to 1, true, yes or on and name is not given. */
 bool config_alias_off(const struct khor_config *cfg, const char *name);
 khor_status config_parse(const struct khor_config *cfg, settings *out, kerr *err);
+/* True for a HOROVOD_* name khor reads (an alias in the table, or one of a short list). */
+bool config_horovod_read(const char *name);
+/* Warns once per HOROVOD_* variable in the environment khor does not read; their count. */
+int config_warn_unread_horovod(void);
 /* KHOR_ALGO (NULL = auto) as enum allreduce_algo; KHOR_HIER (NULL = auto) as 0/1/2. */
 khor_status config_parse_algo(const char *value, int *algo, kerr *err);
 khor_status config_parse_hier(const char *value, int *hier, kerr *err);

@@ -174,6 +174,27 @@ Test(sock, pick_address_by_prefix_exclusion_and_cidr)
 	cr_assert(ksock_addr_is_loopback(&a));
 }
 
+/* NCCL_SOCKET_IFNAME's "^=name": exact names excluded, where "^" alone excludes prefixes. */
+Test(sock, pick_address_excludes_exact_names)
+{
+	ksockaddr a;
+	char first[64], ifn[64], spec[80];
+	kerr e;
+	if (ksock_pick_address("^lo", NULL, &a, first, sizeof(first), &e) != KHOR_SUCCESS)
+		cr_skip_test("no interface but lo is up: %s", e.text);
+	snprintf(spec, sizeof(spec), "^=%s", first);
+	khor_status st = ksock_pick_address(spec, NULL, &a, ifn, sizeof(ifn), &e);
+	cr_assert(st != KHOR_SUCCESS || strcmp(ifn, first) != 0, "%s picked %s", spec, ifn);
+	/* Exact: a name of which first is a longer form excludes nothing here. */
+	snprintf(spec, sizeof(spec), "^=%.*s", (int)strlen(first) - 1, first);
+	cr_assert_eq(ksock_pick_address(spec, NULL, &a, ifn, sizeof(ifn), &e), KHOR_SUCCESS, "%s",
+	             e.text);
+	snprintf(spec, sizeof(spec), "^=lo,%s", first);
+	st = ksock_pick_address(spec, NULL, &a, ifn, sizeof(ifn), &e);
+	cr_assert(st != KHOR_SUCCESS || (strcmp(ifn, first) != 0 && strcmp(ifn, "lo") != 0),
+	          "%s picked %s", spec, ifn);
+}
+
 /* An interface table as ksock_list_ifaces would give it. */
 static ksock_iface iface(const char *name, const char *ip, int prefix)
 {

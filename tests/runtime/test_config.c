@@ -1,9 +1,11 @@
 /* test_config.c -- KHOR_* parsing: sources in order, strict values, clear refusals. */
 #include "runtime/config.h"
 #include "khor.h"
+#include "tests/harness.h"
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -13,6 +15,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+extern char **environ;
 
 static void clean_env(void)
 {
@@ -25,7 +29,13 @@ static void clean_env(void)
 	                       "JOB_COMPLETION_INDEX", "KHOR_K8S_SIZE", "KHOR_K8S_SERVICE",
 	                       "KHOR_K8S_STORE_HOST", "KHOR_K8S_STORE_PORT", "KHOR_HOSTNAME",
 	                       "KHOR_JOB_ID", "KHOR_LOG", "KHOR_SECRET", "LOCAL_WORLD_SIZE",
-	                       "GROUP_RANK" };
+	                       "GROUP_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+	                       "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+	                       "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
+	                       "PMIX_RANK", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+	                       "KHOR_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE", "NCCL_SOCKET_IFNAME",
+	                       "KHOR_INIT_TIMEOUT", "HOROVOD_GLOO_TIMEOUT_SECONDS", "KHOR_HIER",
+	                       "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLGATHER" };
 	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
 		unsetenv(vars[i]);
 }
@@ -74,6 +84,300 @@ Test(config, khor_vars_then_torchrun_then_slurm)
 	cr_assert_eq(s.size, 3);
 	cr_assert_eq(s.store_port, 4000);
 	cr_assert(!s.serve_store);
+}
+
+/* OpenMPI's mpirun and MPICH's Hydra: one job of their ranks, with MASTER_ADDR's store. */
+Test(config, mpi_launchers_give_rank_size_and_local_rank)
+{
+	settings s;
+	kerr e;
+	/* OpenMPI 4 also sets PMIX_RANK; its own names come first (they carry the local rank). */
+	setenv("OMPI_COMM_WORLD_RANK", "3", 1);
+	setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+	setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+	setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+	setenv("PMIX_RANK", "3", 1);
+	setenv("MASTER_ADDR", "10.1.2.3", 1);
+	setenv("MASTER_PORT", "29500", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.source, "openmpi");
+	cr_assert_eq(s.rank, 3);
+	cr_assert_eq(s.size, 4);
+	cr_assert_eq(s.local_rank, 1);
+	cr_assert_eq(s.local_size, 2);
+	cr_assert_str_eq(s.store_host, "10.1.2.3");
+	cr_assert_eq(s.store_port, 29500, "no torchrun store on MASTER_PORT here");
+	cr_assert(!s.serve_store, "rank 3 does not serve");
+	setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert(s.serve_store, "rank 0 serves the store at MASTER_ADDR:MASTER_PORT");
+	/* khorrun's (and torchrun's) variables keep priority over the MPI launcher's. */
+	setenv("RANK", "1", 1);
+	setenv("WORLD_SIZE", "2", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.source, "torchrun");
+	cr_assert_eq(s.size, 2);
+	cr_assert_eq(s.local_rank, -1, "OpenMPI's local rank is not torchrun's");
+	setenv("KHOR_RANK", "2", 1);
+	setenv("KHOR_SIZE", "5", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.source, "khor");
+	cr_assert_eq(s.rank, 2);
+	cr_assert_eq(s.size, 5);
+	clean_env();
+	/* Hydra (MPICH's mpiexec) as it sets them: PMI-1 and its local numbers. */
+	setenv("PMI_RANK", "1", 1);
+	setenv("PMI_SIZE", "2", 1);
+	setenv("MPI_LOCALRANKID", "1", 1);
+	setenv("MPI_LOCALNRANKS", "2", 1);
+	setenv("KHOR_STORE_ADDR", "127.0.0.1:4000", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.source, "pmi");
+	cr_assert_eq(s.rank, 1);
+	cr_assert_eq(s.size, 2);
+	cr_assert_eq(s.local_rank, 1);
+	cr_assert_eq(s.local_size, 2);
+	cr_assert_eq(s.store_port, 4000);
+	/* mpirun -np 1 needs no store. */
+	clean_env();
+	setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+	setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_eq(s.size, 1);
+}
+
+/* Under an MPI launcher with no rendezvous address: a refusal naming it and what to set. */
+Test(config, mpi_launcher_without_a_store_is_refused_saying_what_to_set)
+{
+	settings s;
+	kerr e;
+	setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+	setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_ERR_INVALID_ARG);
+	cr_assert(strstr(e.text, "rank 1 of 4: started by OpenMPI's mpirun "
+	                         "(OMPI_COMM_WORLD_RANK=1, OMPI_COMM_WORLD_SIZE=4)"), "%s", e.text);
+	cr_assert(strstr(e.text, "set MASTER_ADDR and MASTER_PORT"), "%s", e.text);
+	cr_assert(strstr(e.text, "KHOR_STORE_ADDR"), "%s", e.text);
+	setenv("MASTER_ADDR", "10.1.2.3", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_ERR_INVALID_ARG);
+	cr_assert(strstr(e.text, "(MASTER_ADDR is set, MASTER_PORT is not)"), "%s", e.text);
+	clean_env();
+	setenv("PMI_RANK", "0", 1);
+	setenv("PMI_SIZE", "2", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_ERR_INVALID_ARG);
+	cr_assert(strstr(e.text, "MPICH's Hydra mpiexec"), "%s", e.text);
+	cr_assert(strstr(e.text, "PMI_RANK=0, PMI_SIZE=2"), "%s", e.text);
+	/* PMIx alone exports no size: refused, not a one-rank job. */
+	clean_env();
+	setenv("PMIX_RANK", "2", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_ERR_INVALID_ARG);
+	cr_assert(strstr(e.text, "PMIx launcher (prterun, srun --mpi=pmix) (PMIX_RANK=2), which "
+	                         "does not export the number of ranks"), "%s", e.text);
+}
+
+/*
+ * srun --mpi=pmi2 sets PMI's numbers equal to Slurm's: the srun step (its store from the
+ * step's nodes). mpirun in an allocation runs its daemons with srun, and its ranks inherit a
+ * daemon's SLURM_PROCID and SLURM_NTASKS: there the MPI launcher's numbers count.
+ */
+Test(config, srun_mpi_is_the_step_and_mpirun_in_an_allocation_is_mpi)
+{
+	settings s;
+	kerr e;
+	setenv("SLURM_PROCID", "1", 1);
+	setenv("SLURM_NTASKS", "2", 1);
+	setenv("SLURM_STEP_ID", "0", 1);
+	setenv("SLURM_JOB_ID", "77", 1);
+	setenv("SLURM_STEP_NODELIST", "n[1-2]", 1);
+	setenv("PMI_RANK", "1", 1);
+	setenv("PMI_SIZE", "2", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.source, "slurm");
+	cr_assert_str_eq(s.store_host, "n1");
+	unsetenv("PMI_RANK");
+	unsetenv("PMI_SIZE");
+	setenv("OMPI_COMM_WORLD_RANK", "5", 1);
+	setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+	setenv("MASTER_ADDR", "n1", 1);
+	setenv("MASTER_PORT", "29400", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.source, "openmpi");
+	cr_assert_eq(s.rank, 5);
+	cr_assert_eq(s.size, 8);
+	cr_assert_eq(s.local_rank, -1, "SLURM_LOCALID is the daemon's, not the rank's");
+}
+
+/* The interface: KHOR_SOCKET_IFNAME, then HOROVOD_GLOO_IFACE (exact), then NCCL's. */
+Test(config, interface_aliases_in_order)
+{
+	settings s;
+	kerr e;
+	setenv("NCCL_SOCKET_IFNAME", "^docker,lo", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.ifname, "^docker,lo");
+	setenv("HOROVOD_GLOO_IFACE", "eth0", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.ifname, "=eth0", "gloo's names are exact: not eth01");
+	setenv("HOROVOD_GLOO_IFACE", "=eth1,eth2", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.ifname, "=eth1,eth2");
+	setenv("KHOR_SOCKET_IFNAME", "ib", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.ifname, "ib");
+}
+
+/* HOROVOD_GLOO_TIMEOUT_SECONDS bounds the rendezvous (init) only; KHOR_INIT_TIMEOUT wins. */
+Test(config, gloo_timeout_is_the_init_timeout)
+{
+	settings s;
+	kerr e;
+	setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "7", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_eq(s.init_timeout_ms, 7000);
+	cr_assert_eq(s.timeout_ms, 300000, "collectives keep KHOR_TIMEOUT");
+	setenv("KHOR_INIT_TIMEOUT", "2s", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_eq(s.init_timeout_ms, 2000);
+	unsetenv("KHOR_INIT_TIMEOUT");
+	setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "soon", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_ERR_INVALID_ARG);
+	cr_assert(strstr(e.text, "HOROVOD_GLOO_TIMEOUT_SECONDS='soon'"), "%s", e.text);
+}
+
+/* Horovod's hierarchical switches set their own collective; a given KHOR_HIER wins. */
+Test(config, hierarchical_aliases_per_collective)
+{
+	settings s;
+	kerr e;
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_eq(s.hier_allreduce, -1);
+	cr_assert_eq(s.hier_allgather, -1);
+	setenv("HOROVOD_HIERARCHICAL_ALLREDUCE", "1", 1);
+	setenv("HOROVOD_HIERARCHICAL_ALLGATHER", "0", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_eq(s.hier, 2, "KHOR_HIER's auto for the others");
+	cr_assert_eq(s.hier_allreduce, 1);
+	cr_assert_eq(s.hier_allgather, 0);
+	setenv("KHOR_HIER", "off", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_eq(s.hier, 0);
+	cr_assert_eq(s.hier_allreduce, -1);
+	cr_assert_eq(s.hier_allgather, -1);
+	unsetenv("KHOR_HIER");
+	setenv("HOROVOD_HIERARCHICAL_ALLGATHER", "sometimes", 1);
+	cr_assert_eq(config_parse(NULL, &s, &e), KHOR_ERR_INVALID_ARG);
+	cr_assert(strstr(e.text, "HOROVOD_HIERARCHICAL_ALLGATHER='sometimes'"), "%s", e.text);
+}
+
+/* What a rank writes on fd 2 during f(), read back from a temp file. */
+static void capture_stderr(void (*f)(void *), void *arg, char *out, size_t len)
+{
+	char path[] = "/tmp/khor-test-stderr-XXXXXX";
+	int fd = mkstemp(path), saved = dup(2);
+	cr_assert(fd >= 0 && saved >= 0);
+	unlink(path);
+	dup2(fd, 2);
+	f(arg);
+	dup2(saved, 2);
+	close(saved);
+	ssize_t n = pread(fd, out, len - 1, 0);
+	close(fd);
+	out[n > 0 ? n : 0] = '\0';
+}
+
+static void init_twice(void *arg)
+{
+	khor_comm *comm;
+	char err[512];
+	(void)arg;
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(khor_init(NULL, err, sizeof(err), &comm), KHOR_SUCCESS, "%s", err);
+		khor_finalize(comm);
+	}
+}
+
+static int count_of(const char *text, const char *what)
+{
+	int n = 0;
+	for (const char *p = strstr(text, what); p != NULL; p = strstr(p + 1, what))
+		n++;
+	return n;
+}
+
+/* A HOROVOD_* variable khor does not read is named once at init; the ones it reads are not. */
+Test(config, unread_horovod_variables_are_named_once)
+{
+	char out[8192];
+	/* Only this test's: none the environment that runs the tests carries. */
+	for (char **e = environ; *e != NULL;) {
+		char name[128];
+		const char *eq = strchr(*e, '=');
+		if (strncmp(*e, "HOROVOD_", 8) != 0 || eq == NULL || eq - *e >= (long)sizeof(name)) {
+			e++;
+			continue;
+		}
+		snprintf(name, sizeof(name), "%.*s", (int)(eq - *e), *e);
+		unsetenv(name); /* environ shifts down: look at *e again */
+	}
+	setenv("HOROVOD_GLOO_RENDEZVOUS_ADDR", "10.0.0.1", 1);
+	setenv("HOROVOD_NO_SUCH_SETTING", "1", 1);
+	setenv("HOROVOD_FUSION_THRESHOLD", "1048576", 1);
+	setenv("HOROVOD_STALL_CHECK_DISABLE", "1", 1);
+	setenv("HOROVOD_RANK", "0", 1);
+	setenv("HOROVOD_HIERARCHICAL_ALLREDUCE", "1", 1);
+	setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "30", 1);
+	capture_stderr(init_twice, NULL, out, sizeof(out));
+	cr_assert_eq(count_of(out, "HOROVOD_NO_SUCH_SETTING is set but khor does not read it"), 1,
+	             "%s", out);
+	cr_assert_eq(count_of(out, "HOROVOD_GLOO_RENDEZVOUS_ADDR is set but khor does not read "
+	                           "it"), 1, "%s", out);
+	cr_assert_eq(count_of(out, " is set but khor does not read it"), 2, "%s", out);
+	cr_assert(config_horovod_read("HOROVOD_CACHE_CAPACITY"));
+	cr_assert(config_horovod_read("HOROVOD_LOCAL_SIZE"));
+	cr_assert(!config_horovod_read("HOROVOD_GPU_OPERATIONS"));
+}
+
+/* Rank 0 warns, the others do not: one line per job, not one per rank. */
+static int warn_body(int rank, int n, khor_config *cfg, void *arg)
+{
+	char path[64], err[512];
+	khor_comm *comm;
+	(void)n;
+	snprintf(path, sizeof(path), "%s.%d", (const char *)arg, rank);
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	if (fd < 0)
+		return 20;
+	dup2(fd, 2);
+	close(fd);
+	setenv("HOROVOD_NO_SUCH_SETTING", "1", 1);
+	if (khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS)
+		return 21;
+	khor_finalize(comm);
+	return 0;
+}
+
+Test(config, only_rank_0_names_unread_horovod_variables, .timeout = 60)
+{
+	char base[] = "/tmp/khor-test-warn-XXXXXX", out[8192], path[64];
+	int fd = mkstemp(base);
+	cr_assert(fd >= 0);
+	close(fd);
+	harness_opts o = { .n = 2, .timeout = "20s", .deadline_s = 40 };
+	harness_result res;
+	cr_assert(harness_run(&o, warn_body, base, &res), "ranks exited %d %d", res.status[0],
+	          res.status[1]);
+	for (int r = 0; r < 2; r++) {
+		snprintf(path, sizeof(path), "%s.%d", base, r);
+		FILE *f = fopen(path, "r");
+		cr_assert_not_null(f);
+		size_t len = fread(out, 1, sizeof(out) - 1, f);
+		out[len] = '\0';
+		fclose(f);
+		unlink(path);
+		cr_assert_eq(count_of(out, "HOROVOD_NO_SUCH_SETTING is set but khor does not read it"),
+		             r == 0 ? 1 : 0, "rank %d: %s", r, out);
+	}
+	unlink(base);
 }
 
 /* An etcd store: its address parsed, and no rank serves it, whatever else is set. */

@@ -15,3 +15,15 @@ target_link_libraries(tsan_comms PRIVATE khor_engine m)
 khor_test(test_liveness runtime/test_liveness.c 120)
 add_dependencies(test_liveness khorrun)
 set_tests_properties(test_liveness PROPERTIES ENVIRONMENT "KHORRUN=$<TARGET_FILE:khorrun>")
+# Real MPI launchers start khor jobs (khor links no MPI): OpenMPI's mpirun and MPICH's Hydra
+# (.ci/packages --mpi) at np 2 and 4, the refusal without MASTER_ADDR, and a Python rank
+# (exit 77, a skip, when neither launcher is installed). No Python case in a sanitizer
+# build, whose libkhor.so a plain python3 cannot load.
+set(khor_mpirun_python "")
+if(KHOR_PYTHON AND NOT KHOR_SANITIZE)
+  set(khor_mpirun_python ${KHOR_PYTHON})
+endif()
+add_test(NAME test_mpirun COMMAND ${PROJECT_SOURCE_DIR}/tests/mpi/test_mpirun.sh
+  $<TARGET_FILE:example-allreduce> $<TARGET_FILE:khor> ${PROJECT_SOURCE_DIR}
+  ${khor_mpirun_python})
+set_tests_properties(test_mpirun PROPERTIES TIMEOUT 240 SKIP_RETURN_CODE 77 LABELS mpi)
