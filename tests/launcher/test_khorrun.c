@@ -1312,3 +1312,80 @@ Test(khorrun, remote_helper_refuses_bad_bytes_on_stdin, .timeout = 60)
 		cr_expect_neq(WEXITSTATUS(st), 124, "input %zu: the helper hung", i);
 	}
 }
+
+/*
+ * A "host" reached by a script in place of ssh that runs the helper in a login-like
+ * environment of its own (env -i, as sshd gives a fresh login): what the ranks there see of
+ * khorrun's environment is what forwarding gave them. Returns the script's path (static).
+ */
+static const char *fake_login_ssh(void)
+{
+	static char script[] = "/tmp/khorrun-login-ssh-XXXXXX";
+
+	if (script[sizeof(script) - 2] == 'X') {
+		close(mkstemp(script));
+		write_file(script, "#!/bin/sh\n"
+		                   "shift\n"
+		                   "exec env -i PATH=/usr/bin:/bin HOME=/far HOSTNAME=farhost "
+		                   "USER=faruser PYTHONUNBUFFERED=far /bin/sh -c \"$1\"\n");
+		chmod(script, 0700);
+	}
+	return script;
+}
+
+/*
+ * Every variable of khorrun's environment reaches the ranks on another host (PATH,
+ * PYTHONPATH, anything), except the host-local ones, which keep the far login's values or
+ * stay unset; khorrun's own rank variables still win over stale ones from the shell; and
+ * PYTHONUNBUFFERED=1 unless the user set it, here and there.
+ */
+Test(khorrun, environment_is_forwarded_to_other_hosts, .timeout = 60)
+{
+	const char *args[] = {
+		"--ssh-command", fake_login_ssh(), "-H", "far.invalid:2", "/bin/sh", "-c",
+		"echo \"foo=$FOO pp=$PYTHONPATH path=$PATH host=$HOSTNAME home=$HOME "
+		"user=$USER ssh=${SSH_CLIENT-unset} xdg=${XDG_RUNTIME_DIR-unset} "
+		"term=${TERM-unset} shlvl=${SHLVL-unset} cvd=${CUDA_VISIBLE_DEVICES-unset} "
+		"rank=$KHOR_RANK unbuf=$PYTHONUNBUFFERED end\"",
+		NULL
+	};
+	const char *env[] = { "FOO=bar baz 'q' \"d\" $x", "PYTHONPATH=/opt/pp",
+		              "PATH=/opt/venv/bin:/usr/bin:/bin", "HOSTNAME=nearhost", "HOME=/near",
+		              "USER=nearuser", "SSH_CLIENT=10.0.0.1 22 22", "XDG_RUNTIME_DIR=/run/1",
+		              "TERM=xterm", "SHLVL=3", "CUDA_VISIBLE_DEVICES=1", "KHOR_RANK=99",
+		              NULL };
+	const char *set[] = { "PYTHONUNBUFFERED=0", NULL };
+	const char *local[] = { "-np", "2", "/bin/sh", "-c", "echo unbuf=$PYTHONUNBUFFERED", NULL };
+	struct proc p;
+
+	unsetenv("PYTHONUNBUFFERED");
+	proc_start(&p, args, env);
+	proc_finish(&p, 30);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	for (int r = 0; r < 2; r++) {
+		char want[512];
+
+		snprintf(want, sizeof(want),
+		         "[%d] foo=bar baz 'q' \"d\" $x pp=/opt/pp path=/opt/venv/bin:/usr/bin:/bin "
+		         "host=farhost home=/far user=faruser ssh=unset xdg=unset term=unset "
+		         "shlvl=unset cvd=unset rank=%d unbuf=1 end\n", r, r);
+		cr_assert_not_null(strstr(p.b[0].data, want), "no line '%s' in:\n%s", want,
+		                   p.b[0].data);
+	}
+	proc_free(&p);
+	/* The user's own value wins, on the other host and on this one. */
+	args[6] = "echo unbuf=$PYTHONUNBUFFERED";
+	proc_start(&p, args, set);
+	proc_finish(&p, 30);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	cr_assert_eq(count_str(p.b[0].data, "unbuf=0\n"), 2, "%s", p.b[0].data);
+	proc_free(&p);
+	proc_start(&p, local, NULL);
+	proc_finish(&p, 30);
+	cr_assert_eq(count_str(p.b[0].data, "unbuf=1\n"), 2, "%s", p.b[0].data);
+	proc_free(&p);
+	proc_start(&p, local, set);
+	proc_finish(&p, 30);
+	cr_assert_eq(count_str(p.b[0].data, "unbuf=0\n"), 2, "%s", p.b[0].data);
+	proc_free(&p);
+}
