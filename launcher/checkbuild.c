@@ -1,12 +1,13 @@
 /*
  * checkbuild.c -- `khorrun --check-build`, horovodrun's report of what was built in, from
- * khor_build_info() (runtime/build_info.c), so that it says what libkhor says. khor's
+ * build_info_string() (runtime/build_info.c, the string of khor_build_info()), so that it says what libkhor says. khor's
  * frameworks are pure Python over libkhor (khor.torch), so "PyTorch" means whether the
  * python3 on PATH can import torch; that is asked, under a deadline, not assumed.
  */
 #include "checkbuild.h"
 
 #include "khor.h"
+#include "runtime/build_info.h"
 
 #include <signal.h>
 #include <spawn.h>
@@ -78,7 +79,7 @@ static const char *mark(bool on)
 
 int checkbuild_print(bool verbose)
 {
-	const char *info = khor_build_info();
+	const char *info = build_info_string();
 	int torch = python_imports_torch();
 
 	printf("%skhor v%d.%d.%d:\n"

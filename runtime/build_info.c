@@ -1,8 +1,9 @@
 /*
- * build_info.c -- khor_build_info(): what this khor was built with, as one line of
- * key=value words, for `khorrun --check-build` and the Python package's
- * cuda_built()/nccl_built(). It lives here, in khor_runtime, because khorrun links the
- * layers statically rather than libkhor, and both must tell the same story.
+ * build_info.c -- what this khor was built with, as one line of key=value words: the
+ * string of khor_build_info() (bindings/capi.c), `khorrun --check-build` and the Python
+ * package's cuda_built()/nccl_built(). It lives here, in khor_runtime, because khorrun
+ * links the layers statically rather than libkhor, and both must tell the same story
+ * (libkhor exports only what bindings/ defines: --exclude-libs hides the archives').
  *
  *   tcp, shm  always built
  *   ib        the verbs transport (built when infiniband/verbs.h was there: KHOR_HAVE_IB;
@@ -13,6 +14,8 @@
  *             same __has_include test nccl.c makes, with the same include path)
  *   gdr       GPUDirect RDMA: ib registers device memory, which needs both ib and cuda
  */
+#include "build_info.h"
+
 #include "khor.h"
 
 #define BI_STR2(x) #x
@@ -39,8 +42,9 @@
 #define BI_GDR 0
 #endif
 
-KHOR_API const char *khor_build_info(void)
+const char *build_info_string(void)
 {
 	return "version=" BI_STR(KHOR_VERSION_MAJOR) "." BI_STR(KHOR_VERSION_MINOR) "." BI_STR(
-		KHOR_VERSION_PATCH) " tcp=1 shm=1 ib=" BI_STR(BI_IB) " cuda=" BI_STR(BI_CUDA) " nccl=" BI_STR(BI_NCCL) " gdr=" BI_STR(BI_GDR);
+		KHOR_VERSION_PATCH) " tcp=1 shm=1 ib=" BI_STR(BI_IB) " cuda=" BI_STR(BI_CUDA)
+		" nccl=" BI_STR(BI_NCCL) " gdr=" BI_STR(BI_GDR);
 }
