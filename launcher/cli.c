@@ -459,8 +459,10 @@ int cli_parse(int argc, char **argv, struct opts *o)
 						return cli_bad_usage("option '%s' needs a value", name);
 					val = argv[++i];
 				}
-				if (!tuning_set_flag(o, name, val))
-					return 2;
+				char why[700];
+
+				if (!tuning_set_flag(o, name, val, why, sizeof(why)))
+					return cli_bad_usage("%s", why);
 				continue;
 			}
 		}

@@ -10,7 +10,6 @@
 
 #include "base/err.h"
 #include "base/parse.h"
-#include "cli.h"
 #include "job.h"
 #include "say.h"
 #include "yaml.h"
@@ -229,36 +228,39 @@ static bool knob_value(const struct knob *k, const char *raw, char *out, size_t 
 	return false;
 }
 
-bool tuning_set_flag(struct opts *o, const char *name, const char *val)
+bool tuning_set_flag(struct opts *o, const char *name, const char *val, char *why,
+                     size_t whylen)
 {
 	struct tuning *t = tuning_of(o);
 	bool neg = false;
 	const struct knob *k = knob_of_flag(name, &neg);
-	char out[512], why[600];
+	char out[512], w[600];
 	size_t i;
 
 	if (t == NULL) {
-		say("out of memory");
+		snprintf(why, whylen, "out of memory");
 		return false;
 	}
 	if (strcmp(name, "--config-file") == 0) {
 		t->config_file = val;
 		return true;
 	}
-	if (k == NULL)
+	if (k == NULL) {
+		snprintf(why, whylen, "unknown option '%s'", name);
 		return false;
+	}
 	i = (size_t)(k - knobs);
 	if (k->kind == K_BOOL)
 		val = neg ? "false" : "true";
-	if (!knob_value(k, val, out, sizeof(out), why, sizeof(why))) {
-		cli_bad_usage("%s %s", name, why);
+	if (!knob_value(k, val, out, sizeof(out), w, sizeof(w))) {
+		snprintf(why, whylen, "%s %s", name, w);
 		return false;
 	}
 	free(t->raw[i]);
 	t->raw[i] = strdup(val);
 	t->cli[i] = true;
 	if (t->raw[i] == NULL) {
-		say("out of memory");
+		snprintf(why, whylen, "out of memory");
 		return false;
 	}
 	return true;
