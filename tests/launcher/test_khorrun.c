@@ -1553,8 +1553,8 @@ Test(khorrun, config_file_settings_and_errors, .timeout = 60)
 		{ "controller: mpi\n", ":1: controller: mpi: khor has no such controller" },
 		{ "parms:\n  cycle_time_ms: 1\n", ":1: unknown key 'parms'" },
 		{ "timeline:\n  filename: 'a.json\n", ":2: unterminated ' quote" },
-		{ "params:\n  cache_capacity: 1\n cycle_time_ms: 2\n", ":3: 'cycle_time_ms' is "
-		  "indented unlike" },
+		{ "params:\n  cache_capacity: 1\n cycle_time_ms: 2\n",
+		  ":3: 'cycle_time_ms' is indented unlike" },
 	};
 	const char *bad_args[] = { "-np", "1", "--config-file", file, "true", NULL };
 	struct proc p;
