@@ -1388,6 +1388,7 @@ Test(khorrun, environment_is_forwarded_to_other_hosts, .timeout = 60)
 	proc_finish(&p, 30);
 	cr_assert_eq(count_str(p.b[0].data, "unbuf=0\n"), 2, "%s", p.b[0].data);
 	proc_free(&p);
+	unlink(fake_login_ssh());
 }
 
 /*
@@ -1476,6 +1477,7 @@ Test(khorrun, horovodrun_tuning_flags_reach_every_rank, .timeout = 60)
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
 		expect_in_ranks(&p, 2, want[i]);
 	proc_free(&p);
+	unlink(fake_login_ssh());
 
 	/* --no-stall-check turns the check off even with a warning time given. */
 	p = run_show(nostall, "KHOR_STALL_CHECK_TIME HOROVOD_STALL_CHECK_DISABLE KHOR_AUTOTUNE", NULL);
