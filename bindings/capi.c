@@ -12,6 +12,7 @@
 #include "collectives/algos.h"
 #include "collectives/coll.h"
 #include "collectives/reduce.h"
+#include "runtime/build_info.h"
 #include "runtime/comm.h"
 #include "runtime/config.h"
 
@@ -23,6 +24,11 @@
 KHOR_API const char *khor_version(void)
 {
 	return "0.1.0";
+}
+
+KHOR_API const char *khor_build_info(void)
+{
+	return build_info_string();
 }
 
 KHOR_API const char *khor_strerror(khor_status status)

@@ -5,11 +5,14 @@
 #include "cli.h"
 
 #include "base/err.h"
+#include "base/log.h"
 #include "base/parse.h"
 #include "khor.h"
 #include "runtime/config.h"
+#include "checkbuild.h"
 #include "elastic_plan.h"
 #include "say.h"
+#include "tuning.h"
 
 #include <ctype.h>
 #include <stdarg.h>
@@ -42,7 +45,8 @@ static void usage(FILE *f)
 	        "  --job-id ID          job id (default khor-<8 random hex digits>)\n"
 	        "  --no-prefix          do not prefix output lines with \"[rank] \"\n"
 	        "  --output-filename DIR  also write each rank's output, unprefixed, to\n"
-	        "                       DIR/rank.N/stdout and DIR/rank.N/stderr (on this host)\n"
+	        "                       DIR/rank.N/stdout and DIR/rank.N/stderr (on this host),\n"
+	        "                       N zero-padded to the digits of the last rank (rank.07)\n"
 	        "  --bind MODE          cores: pin each rank to its own equal block of khorrun's\n"
 	        "                       CPUs (hardware threads of a core together), or to CPU\n"
 	        "                       r mod CPUs when ranks outnumber them; none (default)\n"
@@ -56,8 +60,8 @@ static void usage(FILE *f)
 	        "  --ssh-command CMD    how to reach a host (default \"ssh\"); khorrun appends\n"
 	        "                       HOST and its command, and for ssh itself -T and\n"
 	        "                       -o BatchMode=yes -o ConnectTimeout=<start timeout>\n"
-	        "  --ssh-port PORT      ssh -p PORT\n"
-	        "  --ssh-identity FILE  ssh -i FILE\n"
+	        "  -p, --ssh-port PORT  ssh -p PORT\n"
+	        "  -i, --ssh-identity-file FILE  ssh -i FILE (also --ssh-identity)\n"
 	        "  --start-timeout DURATION  time for every host to start its ranks (default 30s)\n"
 	        "  --remote-khorrun PATH  khorrun on the other hosts (default: this one's path)\n"
 	        "  --dry-run            print where each rank would run and exit\n"
@@ -105,9 +109,25 @@ static void usage(FILE *f)
 	        "  the generations by the rules above; when it dies another takes over. -np,\n"
 	        "  --min-np and --max-np count ranks of the whole job.\n"
 	        "\n"
+	        "horovodrun's tuning flags (each sets a variable in every rank; the names\n"
+	        "without --no- form set 1, their --no- forms 0; a flag wins over the file):\n");
+	tuning_usage(f);
+	fprintf(f,
+	        "  --config-file FILE   horovodrun's YAML: controller, and the sections params,\n"
+	        "                       autotune, timeline, stall_check, library_options and\n"
+	        "                       logging with the keys of the flags above (fusion_threshold_mb,\n"
+	        "                       enabled, log_file, filename, mark_cycles, ...); a key it\n"
+	        "                       does not know is an error naming its line\n"
+	        "  --verbose            khorrun says more (its own log at info)\n"
+	        "  -cb, --check-build   print what this khor was built with and exit\n"
+	        "  --gloo, --disable-cache  taken and ignored (khorrun is always \"gloo\", and has\n"
+	        "                       no checks to cache); --mpi, --jsrun, --mpi-args and\n"
+	        "                       --binding-args are refused: khor has no MPI\n"
+	        "  -np, --num-proc, -H, --hosts, -hostfile, -v (--version): horovodrun's names\n"
+	        "\n"
 	        "  -h, --help           show this help\n"
 	        "  --help-env           list the KHOR_* variables the ranks read\n"
-	        "  --version            print the version\n"
+	        "  --version, -v        print the version\n"
 	        "\n"
 	        "Each rank gets KHOR_RANK, KHOR_SIZE, KHOR_LOCAL_RANK, KHOR_LOCAL_SIZE,\n"
 	        "KHOR_CROSS_RANK, KHOR_CROSS_SIZE, KHOR_LOCAL_CPUS, KHOR_STORE_ADDR, KHOR_SECRET,\n"
@@ -117,9 +137,14 @@ static void usage(FILE *f)
 	        "for Horovod scripts HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK,\n"
 	        "HOROVOD_LOCAL_SIZE, HOROVOD_CROSS_RANK, HOROVOD_CROSS_SIZE (the same values)\n"
 	        "and HOROVOD_HOSTNAME (KHOR_HOSTNAME as the ranks see it, else this host's name).\n"
-	        "On other hosts the ranks get, on top of their login environment, khorrun's\n"
-	        "KHOR_* and HOROVOD_* variables, the -x ones, and KHOR_HOSTNAME = the host's name\n"
-	        "as given; they run in khorrun's working directory.\n"
+	        "Every rank gets khorrun's whole environment under those and the -x ones, and\n"
+	        "PYTHONUNBUFFERED=1 unless it is set. On other hosts the ranks get it on top of\n"
+	        "their login environment, less what stays on its own host: HOSTNAME, HOME, USER,\n"
+	        "LOGNAME, SHELL, MAIL, SSH_*, DISPLAY, XAUTHORITY, WAYLAND_DISPLAY, TERM,\n"
+	        "TERMCAP, COLORTERM, TMUX, TMUX_PANE, STY, WINDOWID, OLDPWD, SHLVL, _, XDG_*,\n"
+	        "DBUS_SESSION_BUS_ADDRESS, KRB5CCNAME, BASH_FUNC_*, *CUDA_VISIBLE_DEVICES (-x\n"
+	        "VAR sends one of those anyway); with KHOR_HOSTNAME = the host's name as given;\n"
+	        "they run in khorrun's working directory.\n"
 	        "Ranks read stdin from /dev/null. Exit status: the first failed rank's\n"
 	        "(128+signal if killed), 130/143 when interrupted by SIGINT/SIGTERM, 2 for a bad\n"
 	        "command line, 127 when the program is not found, 126 when it cannot be run,\n"
@@ -348,6 +373,7 @@ static int check_elastic(struct opts *o)
 int cli_parse(int argc, char **argv, struct opts *o)
 {
 	int i;
+	bool check_build = false;
 
 	memset(o, 0, sizeof(*o));
 	o->bind_host = "127.0.0.1";
@@ -391,6 +417,55 @@ int cli_parse(int argc, char **argv, struct opts *o)
 			kstrlcpy(name, a, sizeof(name));
 		}
 
+		/* horovodrun's names for khorrun's options. */
+		{
+			static const char *const alias[][2] = {
+				{ "-p", "--ssh-port" },        { "-i", "--ssh-identity" },
+				{ "--ssh-identity-file", "--ssh-identity" },
+				{ "--num-proc", "-np" },       { "--hosts", "-H" },
+				{ "-hostfile", "--hostfile" }, { "-v", "--version" },
+				{ "-cb", "--check-build" },
+			};
+
+			for (size_t k = 0; k < sizeof(alias) / sizeof(alias[0]); k++) {
+				if (strcmp(name, alias[k][0]) == 0) {
+					kstrlcpy(name, alias[k][1], sizeof(name));
+					break;
+				}
+			}
+		}
+		if (strcmp(name, "--check-build") == 0 || strcmp(name, "--verbose") == 0 ||
+		    strcmp(name, "--gloo") == 0 || strcmp(name, "--disable-cache") == 0) {
+			if (val != NULL)
+				return cli_bad_usage("%s takes no value", name);
+			if (name[2] == 'c')
+				check_build = true;
+			else if (name[2] == 'v')
+				o->verbose = true;
+			continue;
+		}
+		if (strcmp(name, "--mpi") == 0 || strcmp(name, "--jsrun") == 0 ||
+		    strcmp(name, "--mpi-args") == 0 || strcmp(name, "--binding-args") == 0)
+			return cli_bad_usage("%s: khor has no MPI; khorrun starts the ranks itself "
+			                     "(horovodrun's --gloo way)", name);
+		{
+			bool tv;
+
+			if (tuning_knows(name, &tv)) {
+				if (!tv && val != NULL)
+					return cli_bad_usage("%s takes no value", name);
+				if (tv && val == NULL) {
+					if (i + 1 >= argc)
+						return cli_bad_usage("option '%s' needs a value", name);
+					val = argv[++i];
+				}
+				char why[700];
+
+				if (!tuning_set_flag(o, name, val, why, sizeof(why)))
+					return cli_bad_usage("%s", why);
+				continue;
+			}
+		}
 		if (strcmp(name, "-h") == 0 || strcmp(name, "--help") == 0) {
 			usage(stdout);
 			return 0;
@@ -566,6 +641,12 @@ int cli_parse(int argc, char **argv, struct opts *o)
 		}
 	}
 
+	if (!tuning_finish(o))
+		return 2;
+	if (o->verbose && klog_threshold < KLOG_INFO)
+		klog_threshold = KLOG_INFO;
+	if (check_build)
+		return checkbuild_print(o->verbose);
 	if (i >= argc)
 		return cli_bad_usage("no program given");
 	if (o->nhost_args > 0 && o->hostfile != NULL)

@@ -37,6 +37,51 @@ static bool env_has(char **env, size_t n, const char *def)
 
 const char *const env_id_prefixes[NPREFIXES] = { "KHOR_", "HOROVOD_" };
 
+/*
+ * The variables that stay on their own host: a rank on another host keeps what its login
+ * there set, and gets every other variable of khorrun's environment (as horovodrun's ranks
+ * get its whole environment, less env.py's IGNORE_REGEXES). Each names this host, this
+ * login session or this terminal, and would be wrong, or harmful, elsewhere:
+ *   HOSTNAME                the other host has its own name
+ *   HOME USER LOGNAME SHELL MAIL  the login there (ssh may log in as another user, whose
+ *                           home and shell differ)
+ *   SSH_*                   this session's ssh (SSH_CLIENT, SSH_CONNECTION, SSH_TTY,
+ *                           SSH_AUTH_SOCK: a socket path on this host)
+ *   DISPLAY XAUTHORITY WAYLAND_DISPLAY  this host's display
+ *   TERM TERMCAP COLORTERM TMUX TMUX_PANE STY WINDOWID  this terminal: the ranks there
+ *                           have none (ssh -T)
+ *   OLDPWD SHLVL _          the launching shell's own bookkeeping
+ *   XDG_*                   this login's session (XDG_RUNTIME_DIR=/run/user/UID exists
+ *                           only while the session does, XDG_SESSION_ID, ...)
+ *   DBUS_SESSION_BUS_ADDRESS  a socket of this session
+ *   KRB5CCNAME              a credential cache file on this host
+ *   BASH_FUNC_*             exported shell functions (Horovod drops them too)
+ *   *CUDA_VISIBLE_DEVICES   this host's GPUs (Horovod drops it too)
+ * PWD is forwarded: the ranks run in khorrun's working directory.
+ */
+static const char *const host_local_names[] = {
+	"HOSTNAME", "HOME", "USER", "LOGNAME", "SHELL", "MAIL", "DISPLAY", "XAUTHORITY",
+	"WAYLAND_DISPLAY", "TERM", "TERMCAP", "COLORTERM", "TMUX", "TMUX_PANE", "STY",
+	"WINDOWID", "OLDPWD", "SHLVL", "_", "DBUS_SESSION_BUS_ADDRESS", "KRB5CCNAME",
+};
+static const char *const host_local_prefixes[] = { "SSH_", "XDG_", "BASH_FUNC_" };
+
+bool env_host_local(const char *entry)
+{
+	size_t n = strcspn(entry, "=");
+	static const char cvd[] = "CUDA_VISIBLE_DEVICES";
+
+	for (size_t i = 0; i < sizeof(host_local_names) / sizeof(host_local_names[0]); i++) {
+		if (strlen(host_local_names[i]) == n && strncmp(entry, host_local_names[i], n) == 0)
+			return true;
+	}
+	for (size_t i = 0; i < sizeof(host_local_prefixes) / sizeof(host_local_prefixes[0]); i++) {
+		if (strncmp(entry, host_local_prefixes[i], strlen(host_local_prefixes[i])) == 0)
+			return true;
+	}
+	return n >= sizeof(cvd) - 1 && strncmp(entry + n - (sizeof(cvd) - 1), cvd, sizeof(cvd) - 1) == 0;
+}
+
 void env_fill_slots(char (*slots)[SLOT_LEN], const struct rank *rk)
 {
 	for (size_t p = 0; p < NPREFIXES; p++) {
@@ -139,7 +184,7 @@ char **env_build(const struct opts *o, char **fixed, size_t nfixed,
 
 	while (environ != NULL && environ[nenv] != NULL)
 		nenv++;
-	env = calloc(nfixed + NSLOTS + (size_t)o->nxvars + nenv + 1, sizeof(*env));
+	env = calloc(nfixed + NSLOTS + (size_t)o->nxvars + nenv + 2, sizeof(*env));
 	if (env == NULL)
 		return NULL;
 	for (size_t i = 0; i < NSLOTS; i++) {
@@ -156,6 +201,13 @@ char **env_build(const struct opts *o, char **fixed, size_t nfixed,
 		if (strchr(environ[i], '=') != NULL && !env_has(env, n, environ[i]))
 			env[n++] = environ[i];
 	}
+	/*
+	 * Python block-buffers a pipe, so a rank's prints would reach khorrun late and out of
+	 * step with the other ranks' (horovodrun sets it for the same reason); the user's own
+	 * value wins.
+	 */
+	if (!env_has(env, n, "PYTHONUNBUFFERED="))
+		env[n++] = (char *)"PYTHONUNBUFFERED=1";
 	env[n] = NULL;
 	return env;
 }

@@ -24,6 +24,11 @@ extern const char *const env_id_prefixes[NPREFIXES];
 /* The entries that are the same in every rank of a host: see main. */
 #define MAX_FIXED 24
 
+/*
+ * Is the "NAME=value" entry one that stays on its own host (HOSTNAME, HOME, SSH_*, ...: the
+ * list and the reasons are in env.c)? Every other variable goes to the ranks on other hosts.
+ */
+bool env_host_local(const char *entry);
 /* Rank rk's identity, as placed by place_ranks or the elastic driver. */
 void env_fill_slots(char (*slots)[SLOT_LEN], const struct rank *rk);
 /* Appends one printf-made "NAME=value" to fixed; false when out of memory or room. */

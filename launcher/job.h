@@ -55,6 +55,8 @@ struct opts {
 	const char *remote_khorrun; /* NULL: this khorrun's own path */
 	const char *output_dir;
 	bool dry_run;
+	bool verbose;            /* --verbose: khorrun says more (its log at info) */
+	struct tuning *tune;     /* horovodrun's tuning flags and --config-file (tuning.h) */
 	/* Elastic (any of --min-np, --max-np, --host-discovery-script given). */
 	bool elastic;
 	int min_np, max_np; /* 0: not given */

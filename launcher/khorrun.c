@@ -95,6 +95,7 @@
 #include "cli.h"
 #include "elastic.h"
 #include "env.h"
+#include "tuning.h"
 #include "helper.h"
 #include "hosts.h"
 #include "job.h"
@@ -575,6 +576,7 @@ out_free_hosts:
 	free(j->hosts);
 	free(j->ranks);
 out_free_opts:
+	tuning_free(&j->o);
 	free(j->o.xvars);
 	free(j->o.xnames);
 	free(j->o.host_args);

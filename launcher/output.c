@@ -177,7 +177,21 @@ void output_free_ranks(struct job *j)
 }
 
 /*
- * Rank rk's line buffers, prefix and --output-filename files: DIR/rank.N/, or in an elastic
+ * The digits of the highest rank, as horovodrun pads its rank.N directories (gloo_run's
+ * _pad_rank: rank.0-rank.9 for 10 ranks, rank.00-rank.10 for 11), so that they sort.
+ */
+static int rank_width(int np)
+{
+	int w = 1;
+
+	for (int top = np - 1; top >= 10; top /= 10)
+		w++;
+	return w;
+}
+
+/*
+ * Rank rk's line buffers, prefix and --output-filename files: DIR/rank.N/ (N zero-padded to
+ * the width of the highest rank), or in an elastic
  * job DIR/HOST:SLOT/, appended to, since a worker started again in its slot keeps its name.
  */
 bool output_init_rank(struct job *j, struct rank *rk)
@@ -214,7 +228,8 @@ bool output_init_rank(struct job *j, struct rank *rk)
 		if (rk->worker != NULL)
 			snprintf(dir, sizeof(dir), "%s/%s", j->o.output_dir, rk->worker);
 		else
-			snprintf(dir, sizeof(dir), "%s/rank.%d", j->o.output_dir, rk->id);
+			snprintf(dir, sizeof(dir), "%s/rank.%0*d", j->o.output_dir, rank_width(j->o.np),
+			         rk->id);
 		if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
 			say("--output-filename: cannot make %s: %s", dir,
 			    kerr_errno_str(errno, ebuf, sizeof(ebuf)));

@@ -472,7 +472,8 @@ char **ssh_argv(const struct job *j, const struct host *h, const char *remote_cm
 
 /*
  * The setup frames for h's helper: protocol, working directory, program, the
- * environment (forwarded variables, then khorrun's, which win), each rank's identity,
+ * environment (khorrun's own, the -x ones, then the launcher's, each later one winning in
+ * the helper's putenv), each rank's identity,
  * and "go". The secret travels here, on ssh's stdin, and nowhere else.
  */
 static bool host_setup_frames(struct job *j, struct host *h, const char *cwd,
@@ -487,11 +488,32 @@ static bool host_setup_frames(struct job *j, struct host *h, const char *cwd,
 	ok = frame_puts(b, 'H', buf) && frame_puts(b, 'C', cwd);
 	for (char **a = j->o.prog_argv; ok && *a != NULL; a++)
 		ok = frame_puts(b, 'A', *a);
+	/*
+	 * khorrun's whole environment (PATH, PYTHONPATH, LD_LIBRARY_PATH, a virtualenv's
+	 * VIRTUAL_ENV, ...) less what stays on its own host (env_host_local): the helper
+	 * puts each on top of its login environment, so the ranks there run as those here do.
+	 * As frames, not on ssh's command line: no length limit of a command line, no quoting.
+	 */
 	for (size_t i = 0; ok && environ != NULL && environ[i] != NULL; i++) {
-		if ((strncmp(environ[i], "KHOR_", 5) == 0 || strncmp(environ[i], "HOROVOD_", 8) == 0) &&
-		    strchr(environ[i], '=') != NULL)
-			ok = frame_puts(b, 'V', environ[i]);
+		size_t len = strlen(environ[i]);
+
+		if (strchr(environ[i], '=') == NULL || env_host_local(environ[i]))
+			continue;
+		if (len > FRAME_MAX) {
+			static bool said; /* once a job, not once a host */
+
+			if (!said)
+				say("%.*s is %zu bytes, more than a frame to another host holds (%d): "
+				    "not forwarded to other hosts; set it there, or pass it in a file",
+				    (int)strcspn(environ[i], "="), environ[i], len, (int)FRAME_MAX);
+			said = true;
+			continue;
+		}
+		ok = frame_puts(b, 'V', environ[i]);
 	}
+	/* As env_build does here, and over whatever the login there set: see its comment. */
+	if (ok && env_rank_value(&j->o, "PYTHONUNBUFFERED") == NULL)
+		ok = frame_puts(b, 'V', "PYTHONUNBUFFERED=1");
 	for (int i = 0; ok && i < j->o.nxnames; i++) {
 		const char *v = getenv(j->o.xnames[i]);
 		char *e;

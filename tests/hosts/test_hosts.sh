@@ -2,7 +2,8 @@
 # test_hosts.sh -- khorrun across hosts over real ssh: 4 network-namespace hosts, each with
 # its own sshd and a differently named interface (netns_hosts.sh). Checks what a user of
 # `khorrun -H` sees: collectives right across hosts, each rank's identity and working
-# directory, -x forwarding, both hostfile forms, the first failure named with its host,
+# directory, -x forwarding, the launching shell's environment (PATH, PYTHONPATH, less
+# SSH_*), both hostfile forms, the first failure named with its host,
 # nothing left on any host after a kill -9, a Ctrl-C, a SIGSTOP (khorrun kills the stopped
 # rank through its host's helper) or a failed start, start-up errors
 # (unreachable host, refused key) within --start-timeout naming the host and ssh's error,
@@ -155,6 +156,28 @@ if "${KR[@]}" --hostfile "$WORK/hostfile" -x FWD_ME -x SET_ME=set-value \
 	fi
 else
 	fail "hostfile forms (khorrun failed)"
+fi
+
+# ---- 2b. the launching shell's environment reaches remote ranks, host-local variables not --
+# A "virtualenv": a program found only on the forwarded PATH, a module only on PYTHONPATH.
+mkdir -p "$WORK/venv/bin" "$WORK/pp"
+printf '#!/bin/sh\necho "tool path=${PATH%%%%:*} foo=$FOO ssh=${SSH_CONNECTION%%%% *} unbuf=$PYTHONUNBUFFERED"\n' >"$WORK/venv/bin/khorfwd-tool"
+chmod +x "$WORK/venv/bin/khorfwd-tool"
+printf 'import os\nprint("py", os.environ["KHOR_RANK"], os.environ["FOO"])\n' >"$WORK/pp/khorfwd.py"
+if PATH="$WORK/venv/bin:$PATH" PYTHONPATH="$WORK/pp" FOO=bar SSH_CONNECTION="198.51.100.9 1 2 3" \
+	"${KR[@]}" -H "$H1:1,$H2:1" khorfwd-tool >"$OUT" 2>"$ERR" &&
+	PATH="$WORK/venv/bin:$PATH" PYTHONPATH="$WORK/pp" FOO=bar \
+	"${KR[@]}" -H "$H1:1,$H2:1" python3 -c 'import khorfwd' >>"$OUT" 2>>"$ERR"; then
+	# SSH_CONNECTION there is the remote sshd's (the client's address on the hosts' net).
+	n_tool=$(grep -c "^\[[01]\] tool path=$WORK/venv/bin foo=bar ssh=198\.19\.[0-9.]* unbuf=1\$" "$OUT")
+	n_py=$(grep -cx "\[[01]\] py [01] bar" "$OUT")
+	if [ "$n_tool" = 2 ] && [ "$n_py" = 2 ] && ! grep -q "198.51.100.9" "$OUT"; then
+		pass "remote ranks get PATH, PYTHONPATH, FOO=bar from the launching shell, not its SSH_*"
+	else
+		fail "environment forwarding (tool lines $n_tool, python lines $n_py)"
+	fi
+else
+	fail "environment forwarding (khorrun failed)"
 fi
 
 # ---- 3. the secret is on no command line; Ctrl-C leaves nothing anywhere ------------------

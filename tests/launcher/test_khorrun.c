@@ -1312,3 +1312,383 @@ Test(khorrun, remote_helper_refuses_bad_bytes_on_stdin, .timeout = 60)
 		cr_expect_neq(WEXITSTATUS(st), 124, "input %zu: the helper hung", i);
 	}
 }
+
+/*
+ * A "host" reached by a script in place of ssh that runs the helper in a login-like
+ * environment of its own (env -i, as sshd gives a fresh login): what the ranks there see of
+ * khorrun's environment is what forwarding gave them. Returns the script's path (static).
+ */
+static const char *fake_login_ssh(void)
+{
+	static char script[] = "/tmp/khorrun-login-ssh-XXXXXX";
+
+	if (script[sizeof(script) - 2] == 'X') {
+		close(mkstemp(script));
+		write_file(script, "#!/bin/sh\n"
+		                   "shift\n"
+		                   "exec env -i PATH=/usr/bin:/bin HOME=/far HOSTNAME=farhost "
+		                   "USER=faruser PYTHONUNBUFFERED=far /bin/sh -c \"$1\"\n");
+		chmod(script, 0700);
+	}
+	return script;
+}
+
+/*
+ * Every variable of khorrun's environment reaches the ranks on another host (PATH,
+ * PYTHONPATH, anything), except the host-local ones, which keep the far login's values or
+ * stay unset; khorrun's own rank variables still win over stale ones from the shell; and
+ * PYTHONUNBUFFERED=1 unless the user set it, here and there.
+ */
+Test(khorrun, environment_is_forwarded_to_other_hosts, .timeout = 60)
+{
+	const char *args[] = {
+		"--ssh-command", fake_login_ssh(), "-H", "far.invalid:2", "/bin/sh", "-c",
+		"echo \"foo=$FOO pp=$PYTHONPATH path=$PATH host=$HOSTNAME home=$HOME "
+		"user=$USER ssh=${SSH_CLIENT-unset} xdg=${XDG_RUNTIME_DIR-unset} "
+		"term=${TERM-unset} shlvl=${SHLVL-unset} cvd=${CUDA_VISIBLE_DEVICES-unset} "
+		"rank=$KHOR_RANK unbuf=$PYTHONUNBUFFERED end\"",
+		NULL
+	};
+	const char *env[] = { "FOO=bar baz 'q' \"d\" $x", "PYTHONPATH=/opt/pp",
+		              "PATH=/opt/venv/bin:/usr/bin:/bin", "HOSTNAME=nearhost", "HOME=/near",
+		              "USER=nearuser", "SSH_CLIENT=10.0.0.1 22 22", "XDG_RUNTIME_DIR=/run/1",
+		              "TERM=xterm", "SHLVL=3", "CUDA_VISIBLE_DEVICES=1", "KHOR_RANK=99",
+		              NULL };
+	const char *set[] = { "PYTHONUNBUFFERED=0", NULL };
+	const char *local[] = { "-np", "2", "/bin/sh", "-c", "echo unbuf=$PYTHONUNBUFFERED", NULL };
+	struct proc p;
+
+	unsetenv("PYTHONUNBUFFERED");
+	proc_start(&p, args, env);
+	proc_finish(&p, 30);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	for (int r = 0; r < 2; r++) {
+		char want[512];
+
+		snprintf(want, sizeof(want),
+		         "[%d] foo=bar baz 'q' \"d\" $x pp=/opt/pp path=/opt/venv/bin:/usr/bin:/bin "
+		         "host=farhost home=/far user=faruser ssh=unset xdg=unset term=unset "
+		         "shlvl=unset cvd=unset rank=%d unbuf=1 end\n", r, r);
+		cr_assert_not_null(strstr(p.b[0].data, want), "no line '%s' in:\n%s", want,
+		                   p.b[0].data);
+	}
+	proc_free(&p);
+	/* The user's own value wins, on the other host and on this one. */
+	args[6] = "echo unbuf=$PYTHONUNBUFFERED";
+	proc_start(&p, args, set);
+	proc_finish(&p, 30);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	cr_assert_eq(count_str(p.b[0].data, "unbuf=0\n"), 2, "%s", p.b[0].data);
+	proc_free(&p);
+	proc_start(&p, local, NULL);
+	proc_finish(&p, 30);
+	cr_assert_eq(count_str(p.b[0].data, "unbuf=1\n"), 2, "%s", p.b[0].data);
+	proc_free(&p);
+	proc_start(&p, local, set);
+	proc_finish(&p, 30);
+	cr_assert_eq(count_str(p.b[0].data, "unbuf=0\n"), 2, "%s", p.b[0].data);
+	proc_free(&p);
+	unlink(fake_login_ssh());
+}
+
+/*
+ * The variables a job's ranks see, one "[r] NAME=value" line each for the names listed
+ * (a shell loop over them in every rank; unset ones print "NAME=-").
+ */
+static struct proc run_show(const char *const *flags, const char *names, const char *const *env)
+{
+	char script[1024];
+	const char *args[64];
+	size_t n = 0;
+	struct proc p;
+
+	snprintf(script, sizeof(script),
+	         "for v in %s; do eval \"echo $v=\\${$v--}\"; done", names);
+	for (; flags[n] != NULL; n++)
+		args[n] = flags[n];
+	args[n++] = "/bin/sh";
+	args[n++] = "-c";
+	args[n++] = script;
+	args[n] = NULL;
+	proc_start(&p, args, env);
+	proc_finish(&p, 30);
+	return p;
+}
+
+static void expect_in_ranks(const struct proc *p, int np, const char *var_value)
+{
+	for (int r = 0; r < np; r++) {
+		char want[512];
+
+		snprintf(want, sizeof(want), "[%d] %s\n", r, var_value);
+		cr_expect_not_null(strstr(p->b[0].data, want), "no '%s' in:\n%s\nstderr:\n%s", want,
+		                   p->b[0].data, p->b[1].data);
+	}
+}
+
+/*
+ * horovodrun's tuning flags each set their variable, in the ranks here and on another host
+ * (the fake login "ssh"), overriding the shell's; the --no- forms set 0.
+ */
+Test(khorrun, horovodrun_tuning_flags_reach_every_rank, .timeout = 60)
+{
+	const char *flags[] = {
+		"--ssh-command", fake_login_ssh(), "-H", "localhost:1,far.invalid:1",
+		"--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5", "--cache-capacity", "0",
+		"--hierarchical-allreduce", "--no-hierarchical-allgather", "--autotune",
+		"--autotune-log-file", "/tmp/at.csv", "--autotune-warmup-samples", "4",
+		"--autotune-steps-per-sample", "12", "--timeline-filename", "/tmp/tl.json",
+		"--timeline-mark-cycles", "--stall-check-warning-time-seconds", "30",
+		"--stall-check-shutdown-time-seconds", "90", "--log-level", "WARNING",
+		"--network-interface", "eth0,ib0", "--num-nccl-streams", "2", "--tcp",
+		"--log-hide-timestamp", NULL
+	};
+	const char *names = "KHOR_FUSION_THRESHOLD KHOR_CYCLE_TIME KHOR_CACHE_CAPACITY "
+	                    "HOROVOD_HIERARCHICAL_ALLREDUCE HOROVOD_HIERARCHICAL_ALLGATHER "
+	                    "KHOR_AUTOTUNE KHOR_AUTOTUNE_LOG KHOR_AUTOTUNE_WARMUP_SAMPLES "
+	                    "KHOR_AUTOTUNE_STEPS_PER_SAMPLE KHOR_TIMELINE KHOR_TIMELINE_MARK_CYCLES "
+	                    "KHOR_STALL_CHECK_TIME KHOR_STALL_SHUTDOWN_TIME KHOR_LOG "
+	                    "KHOR_SOCKET_IFNAME NCCL_SOCKET_IFNAME HOROVOD_GLOO_IFACE "
+	                    "HOROVOD_NUM_NCCL_STREAMS NCCL_IB_DISABLE HOROVOD_LOG_HIDE_TIME "
+	                    "HOROVOD_STALL_CHECK_DISABLE";
+	const char *env[] = { "KHOR_FUSION_THRESHOLD=1", "KHOR_LOG=trace", NULL };
+	static const char *const want[] = {
+		"KHOR_FUSION_THRESHOLD=33554432", "KHOR_CYCLE_TIME=2.5", "KHOR_CACHE_CAPACITY=0",
+		"HOROVOD_HIERARCHICAL_ALLREDUCE=1", "HOROVOD_HIERARCHICAL_ALLGATHER=0",
+		"KHOR_AUTOTUNE=1", "KHOR_AUTOTUNE_LOG=/tmp/at.csv", "KHOR_AUTOTUNE_WARMUP_SAMPLES=4",
+		"KHOR_AUTOTUNE_STEPS_PER_SAMPLE=12", "KHOR_TIMELINE=/tmp/tl.json",
+		"KHOR_TIMELINE_MARK_CYCLES=1", "KHOR_STALL_CHECK_TIME=30",
+		"KHOR_STALL_SHUTDOWN_TIME=90", "KHOR_LOG=warn", "KHOR_SOCKET_IFNAME==eth0,ib0",
+		"NCCL_SOCKET_IFNAME=eth0,ib0", "HOROVOD_GLOO_IFACE=eth0",
+		"HOROVOD_NUM_NCCL_STREAMS=2", "NCCL_IB_DISABLE=1", "HOROVOD_LOG_HIDE_TIME=1",
+		"HOROVOD_STALL_CHECK_DISABLE=-",
+	};
+	const char *nostall[] = { "-np", "2", "--stall-check-warning-time-seconds", "30",
+		                  "--no-stall-check", "--no-autotune", NULL };
+	const char *bad[][3] = {
+		{ "--fusion-threshold-mb", "-1", "--fusion-threshold-mb wants a whole number of MB" },
+		{ "--cycle-time-ms", "fast", "--cycle-time-ms wants a number >= 0, not 'fast'" },
+		{ "--log-level", "LOUD", "--log-level wants TRACE, DEBUG, INFO, WARNING, ERROR or" },
+		{ "--autotune-gaussian-process-noise", "2", "wants a number from 0 to 1" },
+	};
+	struct proc p = run_show(flags, names, env);
+
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+		expect_in_ranks(&p, 2, want[i]);
+	proc_free(&p);
+	unlink(fake_login_ssh());
+
+	/* --no-stall-check turns the check off even with a warning time given. */
+	p = run_show(nostall, "KHOR_STALL_CHECK_TIME HOROVOD_STALL_CHECK_DISABLE KHOR_AUTOTUNE", NULL);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	expect_in_ranks(&p, 2, "KHOR_STALL_CHECK_TIME=0");
+	expect_in_ranks(&p, 2, "HOROVOD_STALL_CHECK_DISABLE=1");
+	expect_in_ranks(&p, 2, "KHOR_AUTOTUNE=0");
+	proc_free(&p);
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		const char *args[] = { "-np", "1", bad[i][0], bad[i][1], "true", NULL };
+
+		p = run(args, 10);
+		cr_expect_eq(exit_code(&p), 2, "%s %s: stderr:\n%s", bad[i][0], bad[i][1], p.b[1].data);
+		cr_expect_not_null(strstr(p.b[1].data, bad[i][2]), "%s", p.b[1].data);
+		proc_free(&p);
+	}
+}
+
+/* horovodrun's other names: -p, -i, --ssh-identity-file, --num-proc, --hosts, -hostfile. */
+Test(khorrun, horovodrun_option_names, .timeout = 30)
+{
+	char file[] = "/tmp/khorrun-hostfile-XXXXXX";
+	const char *ssh[] = { "--num-proc", "2", "--hosts", "a.invalid:2", "-p", "2222",
+		              "--ssh-identity-file", "/k/id", "true", NULL };
+	const char *ssh_i[] = { "-i", "/k/id2", "-hostfile", file, "true", NULL };
+	const char *mpi[] = { "--mpi", "-np", "1", "true", NULL };
+	const char *gloo[] = { "--gloo", "--disable-cache", "--verbose", "-np", "1", "true", NULL };
+	struct proc p = dry_run(ssh, NULL);
+
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	expect_line(&p, "host a.invalid: ranks 0-1 (2 of 2 slots), over ssh");
+	cr_assert_not_null(strstr(p.b[0].data, " -p 2222 -i /k/id a.invalid exec "), "%s",
+	                   p.b[0].data);
+	proc_free(&p);
+	close(mkstemp(file));
+	write_file(file, "b.invalid slots=3\n");
+	p = dry_run(ssh_i, NULL);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	expect_line(&p, "host b.invalid: ranks 0-2 (3 of 3 slots), over ssh");
+	cr_assert_not_null(strstr(p.b[0].data, " -i /k/id2 b.invalid exec "), "%s", p.b[0].data);
+	proc_free(&p);
+	unlink(file);
+	p = run(mpi, 10);
+	cr_assert_eq(exit_code(&p), 2, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "--mpi: khor has no MPI"), "%s", p.b[1].data);
+	proc_free(&p);
+	p = run(gloo, 10);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	proc_free(&p);
+}
+
+/*
+ * --config-file: horovodrun's YAML sets what the command line does not (the command line
+ * wins, value by value), and a file that is not that shape fails naming its line.
+ */
+Test(khorrun, config_file_settings_and_errors, .timeout = 60)
+{
+	char file[] = "/tmp/khorrun-config-XXXXXX";
+	const char *flags[] = { "-np", "2", "--config-file", file, "--cycle-time-ms", "7",
+		                "--no-timeline-mark-cycles", NULL };
+	const char *names = "KHOR_FUSION_THRESHOLD KHOR_CYCLE_TIME HOROVOD_HIERARCHICAL_ALLREDUCE "
+	                    "KHOR_AUTOTUNE KHOR_AUTOTUNE_LOG KHOR_TIMELINE KHOR_TIMELINE_MARK_CYCLES "
+	                    "KHOR_STALL_CHECK_TIME HOROVOD_STALL_CHECK_DISABLE KHOR_LOG "
+	                    "HOROVOD_THREAD_AFFINITY";
+	static const char *const bad[][2] = {
+		{ "params:\n  fusion_threshold_mb: 32\n    deeper: 1\n",
+		  ":3: 'deeper' is nested deeper than one level" },
+		{ "# ok\nparams:\n\tcycle_time_ms: 1\n", ":3: a tab in the indentation" },
+		{ "params:\n  - 1\n", ":2: a list item" },
+		{ "params: {cycle_time_ms: 1}\n", ":1: flow style" },
+		{ "params:\n  cycle_time_ms 1\n", ":2: expected 'key: value'" },
+		{ "\n\nparams:\n  cycle_time_ms: slow\n", ":4: params.cycle_time_ms wants a number" },
+		{ "params:\n  cycle_time: 1\n", ":2: unknown key 'cycle_time' in section 'params'" },
+		{ "controller: mpi\n", ":1: controller: mpi: khor has no such controller" },
+		{ "parms:\n  cycle_time_ms: 1\n", ":1: unknown key 'parms'" },
+		{ "timeline:\n  filename: 'a.json\n", ":2: unterminated ' quote" },
+		{ "params:\n  cache_capacity: 1\n cycle_time_ms: 2\n",
+		  ":3: 'cycle_time_ms' is indented unlike" },
+	};
+	const char *bad_args[] = { "-np", "1", "--config-file", file, "true", NULL };
+	struct proc p;
+
+	close(mkstemp(file));
+	write_file(file, "# horovodrun --config-file\n"
+	                 "---\n"
+	                 "controller: gloo\n"
+	                 "params:\n"
+	                 "  fusion_threshold_mb: 16   # MB\n"
+	                 "  cycle_time_ms: 3.5\n"
+	                 "  hierarchical_allreduce: true\n"
+	                 "\n"
+	                 "autotune:\n"
+	                 "  enabled: True\n"
+	                 "  log_file: \"/tmp/a # b.csv\"\n"
+	                 "timeline:\n"
+	                 "  filename: 'it''s.json'\n"
+	                 "  mark_cycles: yes\n"
+	                 "stall_check:\n"
+	                 "  enabled: false\n"
+	                 "  warning_time_seconds: 5\n"
+	                 "library_options:\n"
+	                 "  thread_affinity: 3\n"
+	                 "logging:\n"
+	                 "  level: debug\n");
+	p = run_show(flags, names, NULL);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	expect_in_ranks(&p, 2, "KHOR_FUSION_THRESHOLD=16777216");
+	expect_in_ranks(&p, 2, "KHOR_CYCLE_TIME=7"); /* the flag, not the file's 3.5 */
+	expect_in_ranks(&p, 2, "HOROVOD_HIERARCHICAL_ALLREDUCE=1");
+	expect_in_ranks(&p, 2, "KHOR_AUTOTUNE=1");
+	expect_in_ranks(&p, 2, "KHOR_AUTOTUNE_LOG=/tmp/a # b.csv");
+	expect_in_ranks(&p, 2, "KHOR_TIMELINE=it's.json");
+	expect_in_ranks(&p, 2, "KHOR_TIMELINE_MARK_CYCLES=0"); /* the flag again */
+	expect_in_ranks(&p, 2, "KHOR_STALL_CHECK_TIME=0");
+	expect_in_ranks(&p, 2, "HOROVOD_STALL_CHECK_DISABLE=1");
+	expect_in_ranks(&p, 2, "HOROVOD_THREAD_AFFINITY=3");
+	expect_in_ranks(&p, 2, "KHOR_LOG=debug");
+	proc_free(&p);
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char want[300];
+
+		write_file(file, bad[i][0]);
+		p = run(bad_args, 10);
+		snprintf(want, sizeof(want), "khorrun: --config-file %s%s", file, bad[i][1]);
+		cr_expect_eq(exit_code(&p), 2, "case %zu: stderr:\n%s", i, p.b[1].data);
+		cr_expect_not_null(strstr(p.b[1].data, want), "case %zu: no '%s' in:\n%s", i, want,
+		                   p.b[1].data);
+		proc_free(&p);
+	}
+	unlink(file);
+	bad_args[3] = "/nonexistent/khorrun.yaml";
+	p = run(bad_args, 10);
+	cr_assert_eq(exit_code(&p), 2, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "/nonexistent/khorrun.yaml: No such file"), "%s",
+	                   p.b[1].data);
+	proc_free(&p);
+}
+
+/*
+ * --check-build (and -cb) needs no program and no -np, and reports what the build has: its
+ * last line is khor_build_info()'s exact words, checked against this build's own
+ * definitions (KHOR_HAVE_IB comes from the transport layer this test links).
+ */
+Test(khorrun, check_build_reports_the_build, .timeout = 60)
+{
+	const char *args[] = { "--check-build", NULL };
+	const char *cb[] = { "-cb", NULL };
+	char want[160];
+	struct proc p = run(args, 50);
+
+	snprintf(want, sizeof(want), "version=%d.%d.%d tcp=1 shm=1 ib=%d ", KHOR_VERSION_MAJOR,
+	         KHOR_VERSION_MINOR, KHOR_VERSION_PATCH,
+#ifdef KHOR_HAVE_IB
+	         1
+#else
+	         0
+#endif
+	);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	char last[200];
+
+	snprintf(last, sizeof(last), "\n%s\n", khor_build_info());
+	cr_assert_not_null(strstr(p.b[0].data, "\nversion="), "%s", p.b[0].data);
+	cr_assert_str_eq(strstr(p.b[0].data, "\nversion="), last, "%s", p.b[0].data);
+	cr_assert_not_null(strstr(khor_build_info(), want), "%s", khor_build_info());
+	cr_assert_not_null(strstr(p.b[0].data, "    [X] tcp\n    [X] shm\n"), "%s", p.b[0].data);
+	cr_assert_not_null(strstr(p.b[0].data, strstr(khor_build_info(), "ib=1") != NULL
+	                                               ? "    [X] ib (verbs"
+	                                               : "    [ ] ib (verbs"),
+	                   "%s", p.b[0].data);
+	/* PyTorch is marked exactly when this machine's python3 imports torch. */
+	int torch = system("python3 -c 'import torch' >/dev/null 2>&1");
+	cr_assert_not_null(strstr(p.b[0].data, torch == 0 ? "[X] PyTorch" : "[ ] PyTorch"), "%s",
+	                   p.b[0].data);
+	proc_free(&p);
+	p = run(cb, 50);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[0].data, "Available Transports:"), "%s", p.b[0].data);
+	proc_free(&p);
+}
+
+/* --output-filename pads rank.N as horovodrun does: to the digits of the last rank. */
+Test(khorrun, output_filename_pads_rank_directories, .timeout = 60)
+{
+	char dir[] = "/tmp/khorrun-out-XXXXXX";
+	const char *args[] = { "--output-filename", dir, "-np", "11", "/bin/sh", "-c",
+		               "echo \"out $KHOR_RANK\"", NULL };
+	struct proc p;
+
+	cr_assert_not_null(mkdtemp(dir));
+	p = run(args, 40);
+	cr_assert_eq(exit_code(&p), 0, "stderr:\n%s", p.b[1].data);
+	for (int r = 0; r < 11; r++) {
+		char path[300], buf[64] = "", want[32];
+		FILE *f;
+
+		snprintf(path, sizeof(path), "%s/rank.%02d/stdout", dir, r);
+		f = fopen(path, "r");
+		cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+		buf[fread(buf, 1, sizeof(buf) - 1, f)] = '\0';
+		fclose(f);
+		snprintf(want, sizeof(want), "out %d\n", r);
+		cr_assert_str_eq(buf, want, "%s", path);
+		unlink(path);
+		snprintf(path, sizeof(path), "%s/rank.%02d/stderr", dir, r);
+		unlink(path);
+		snprintf(path, sizeof(path), "%s/rank.%02d", dir, r);
+		cr_assert_eq(rmdir(path), 0, "%s: %s", path, strerror(errno));
+	}
+	cr_assert_eq(rmdir(dir), 0, "%s left over: %s", dir, strerror(errno));
+	proc_free(&p);
+}
