@@ -106,8 +106,8 @@ int checkbuild_print(bool verbose)
 	       "%s\n",
 	       verbose ? "\n" : "", KHOR_VERSION_MAJOR, KHOR_VERSION_MINOR, KHOR_VERSION_PATCH,
 	       mark(torch == 1),
-	       torch == 1   ? "python3 imports torch"
-	       : torch == 0 ? "python3 cannot import torch"
+	       torch == 1   ? "the python3 on PATH imports torch"
+	       : torch == 0 ? "the python3 on PATH cannot import torch"
 	                    : "no python3 on PATH",
 	       mark(built(info, "tcp")), mark(built(info, "shm")), mark(built(info, "ib")),
 	       mark(built(info, "cuda")), mark(built(info, "nccl")), mark(built(info, "gdr")), info);
