@@ -71,3 +71,8 @@ def pytest_sessionfinish(session, exitstatus):
     waiting out KHOR_TIMEOUT for a shutdown or a collective it will never join."""
     if khor.is_initialized() and exitstatus == 0:
         khor.shutdown()
+    elif khor.is_initialized():
+        # nor at exit (khor registers shutdown with atexit, as Horovod does)
+        import atexit
+        from khor import _core
+        atexit.unregister(_core._atexit_shutdown)

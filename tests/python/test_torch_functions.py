@@ -42,9 +42,13 @@ def test_broadcast_parameters_each_root(what):
             assert_tensor(t, expect, "root %d %s %s" % (root, what, name))
 
 
-def test_broadcast_parameters_rejects_plain_tensors():
+def test_broadcast_parameters_rejects_what_is_no_tensor():
+    """Plain tensors are taken, as Horovod's (test_torch_horovod_semantics); a list entry
+    that is no tensor, or one tensor alone, is refused before anything is enqueued."""
     with pytest.raises(ValueError):
-        hvd.broadcast_parameters([torch.ones(2)], root_rank=0)
+        hvd.broadcast_parameters([("w", [1.0, 2.0])], root_rank=0)
+    with pytest.raises(ValueError):
+        hvd.broadcast_parameters(torch.ones(2), root_rank=0)
 
 
 def make_optimizer(k, kind):

@@ -5,6 +5,7 @@ tensors as ``Buf`` (address, dtype code, shape, a reference that keeps the memor
 and call the functions here; nothing here knows numpy or torch.
 """
 
+import atexit
 import ctypes
 import sys
 import threading
@@ -67,6 +68,10 @@ class _State:
         self.last_sets = []     # those of the job shutdown() left (an elastic reset's)
         self.elastic = False    # the job joined is an elastic one
         self.on_shutdown = []   # weak references to callables run by shutdown()
+        self.context = None     # the comm khor_init gave (finalized at shutdown): the world,
+                                # or its parent when init(comm=[ranks]) ran on a group
+        self.homogeneous = None  # is_homogeneous(), learnt at init
+        self.set_ops = 0        # add/remove_process_set calls (names of their collectives)
 
 
 _state = _State()
@@ -134,12 +139,35 @@ class ProcessSet:
 global_process_set = ProcessSet(None)
 
 
+def _comm_ranks(comm):
+    """init's comm: None, or a list of world ranks (Horovod's first form); khor has no MPI
+    communicators (the second)."""
+    if comm is None:
+        return None
+    if isinstance(comm, (str, bytes)) or not hasattr(comm, "__iter__"):
+        raise ValueError("init(comm=%r): khor runs without MPI and takes no communicator; "
+                         "comm may be a list of ranks (the job is then those ranks)" % (comm,))
+    ranks = [int(r) for r in comm]
+    return ranks or None
+
+
+def _atexit_shutdown():
+    """Horovod registers shutdown with atexit: a script that ends without hvd.shutdown()
+    still leaves the job in step with the others (no "peer died" on them) and closes its
+    timeline."""
+    try:
+        shutdown()
+    except Exception as e:  # exiting anyway; say why the goodbye failed
+        sys.stderr.write("khor: shutdown at exit failed: %s\n" % e)
+
+
 def init(comm=None, process_sets=None, config=None):
     """Joins the job (khor_init: khorrun's, torchrun's or Slurm's variables) and starts the
-    engine. ``comm`` is accepted for Horovod's signature; khor needs no MPI communicator and
-    refuses one. ``config``: extra KHOR_* settings as a dict."""
-    if comm is not None:
-        raise ValueError("khor runs without MPI: init() takes no communicator")
+    engine. ``comm``: None (every rank launched), or a list of ranks, as Horovod's: the job
+    is then those ranks, renumbered 0.. in list order; a launched rank outside the list
+    gets ValueError (it has no job to be in). khor has no MPI communicators to take.
+    ``config``: extra KHOR_* settings as a dict."""
+    ranks = _comm_ranks(comm)
     if isinstance(process_sets, str):
         if process_sets != "dynamic":
             raise ValueError("process_sets: a list of ProcessSet or \"dynamic\", not %r"
@@ -164,19 +192,36 @@ def init(comm=None, process_sets=None, config=None):
             sys.stderr.write("khor: %s; exiting with status 0\n" % why)
             raise WorkerRemoved(why)
         _lib.check(st, lambda: _lib.text(err.value))
+        context = world
+        if ranks is not None:
+            world = _group_of(context, ranks)
+        try:
+            # Every host the same number of ranks? Learnt now, on this thread, before the
+            # engine owns the comm: is_homogeneous() then is a local read.
+            ls = (ctypes.c_int64 * 2)(_lib.khor_local_size(world), -_lib.khor_local_size(world))
+            check_collective(_lib.khor_allreduce(world, ls, ls, 2, _lib.INT64, _lib.MAX),
+                             lambda: _comm_error(world))
+        except Exception:
+            _lib.khor_finalize(context)
+            raise
         eng = ctypes.c_void_p()
         st = _lib.khor_engine_start(world, None, ctypes.byref(eng))
         if st != _lib.SUCCESS:
             msg = _comm_error(world)
-            _lib.khor_finalize(world)
+            _lib.khor_finalize(context)
             raise KhorError(msg, st)
-        _state.comm, _state.engine = world, eng
+        _state.comm, _state.engine, _state.context = world, eng, context
+        _state.homogeneous = ls[0] == -ls[1]
+        _state.set_ops = 0
         _state.elastic = _lib.khor_is_elastic is not None and _lib.khor_is_elastic(world) == 1
         _state.sets = {0: global_process_set}
         _state.order = []
         global_process_set.process_set_id = 0
         global_process_set._comm = world
         _state.counters = {}
+        if not getattr(_state, "atexit", False):
+            atexit.register(_atexit_shutdown)
+            _state.atexit = True
     if process_sets:
         for ps in process_sets:
             add_process_set(ps)
@@ -202,8 +247,8 @@ def shutdown():
                 _lib.khor_comm_free(ps._comm)
             ps._comm = None
             ps.process_set_id = None
-        _lib.khor_finalize(_state.comm)
-        _state.comm = _state.engine = None
+        _lib.khor_finalize(_state.context)
+        _state.comm = _state.engine = _state.context = None
         _state.sets = {}
         _state.order = []
         _state.pending.clear()
@@ -273,16 +318,34 @@ def cross_size():
 
 
 def is_homogeneous():
-    """True when every host runs the same number of ranks."""
+    """True when every host runs the same number of ranks (learnt at init: no collective
+    here, so one rank may ask alone)."""
     require_init()
-    n = ctypes.c_int64(local_size())
-    mx = ctypes.c_int64(n.value)
-    check_collective(_lib.khor_allreduce(_state.comm, ctypes.byref(n), ctypes.byref(mx), 1,
-                                         _lib.INT64, _lib.MAX), _comm_error)
-    mn = ctypes.c_int64(n.value)
-    check_collective(_lib.khor_allreduce(_state.comm, ctypes.byref(n), ctypes.byref(mn), 1,
-                                         _lib.INT64, _lib.MIN), _comm_error)
-    return mx.value == mn.value
+    return bool(_state.homogeneous)
+
+
+def _group_of(context, ranks):
+    """init(comm=ranks): the comm of those world ranks (khor_comm_create_group: only they
+    meet, through the store). A rank outside the list leaves the job with ValueError."""
+    n = _lib.khor_size(context)
+    me = _lib.khor_rank(context)
+    if any(r < 0 or r >= n for r in ranks) or len(set(ranks)) != len(ranks):
+        _lib.khor_finalize(context)
+        raise ValueError("init(comm=%r): expected distinct ranks of 0..%d (the job khorrun "
+                         "launched has %d)" % (ranks, n - 1, n))
+    if me not in ranks:
+        _lib.khor_finalize(context)
+        raise ValueError("init(comm=%r): rank %d of the %d launched is not in the list, so it "
+                         "is in no job; only the ranks listed may call init with it"
+                         % (ranks, me, n))
+    arr = (ctypes.c_int * len(ranks))(*ranks)
+    sub = ctypes.c_void_p()
+    st = _lib.khor_comm_create_group(context, arr, len(ranks), ctypes.byref(sub))
+    if st != _lib.SUCCESS:
+        msg = _comm_error(context)
+        _lib.khor_finalize(context)
+        raise KhorError("init(comm=%r): %s" % (ranks, msg), st)
+    return sub
 
 
 def add_process_set(process_set):
@@ -302,21 +365,39 @@ def add_process_set(process_set):
             if other.ranks == ps.ranks:
                 raise ValueError("a process set with ranks %r exists already (id %d)"
                                  % (ps.ranks, other.process_set_id))
+        # Nothing here runs on the world comm from this thread: the engine's thread drives
+        # that one (set 0), and a call of ours there would race its negotiation. The members
+        # meet through the store (create_group); the id and the final barrier go through
+        # the engine, ordered with everything else on set 0.
+        _state.set_ops += 1
+        tag = "khor.process_set.%d" % _state.set_ops
         me = rank()
         member = me in ps.ranks
         sub = ctypes.c_void_p()
-        check_collective(_lib.khor_comm_split(_state.comm, 1 if member else -1, me,
-                                              ctypes.byref(sub)), _comm_error)
         sid = ctypes.c_int(-1)
+        failure = None
         if member:
-            check_collective(_lib.khor_engine_add_process_set(_state.engine, sub,
-                                                              ctypes.byref(sid)), _engine_error)
-        # Every rank learns the id (members have it; the others take the max).
-        v = ctypes.c_int64(sid.value)
-        check_collective(_lib.khor_allreduce(_state.comm, ctypes.byref(v), ctypes.byref(v), 1,
-                                             _lib.INT64, _lib.MAX), _comm_error)
-        ps.process_set_id = int(v.value)
-        ps._comm = sub.value and sub or None
+            arr = (ctypes.c_int * len(ps.ranks))(*ps.ranks)
+            st = _lib.khor_comm_create_group(_state.comm, arr, len(ps.ranks),
+                                             ctypes.byref(sub))
+            if st != _lib.SUCCESS:
+                failure = collective_error(_comm_error(), st)
+            else:
+                st = _lib.khor_engine_add_process_set(_state.engine, sub, ctypes.byref(sid))
+                if st != _lib.SUCCESS:
+                    failure = collective_error(_engine_error(), st)
+                    _lib.khor_comm_free(sub)
+                    sub = ctypes.c_void_p()
+        # Every rank learns the id (members have it; the others take the max) and whether
+        # every member succeeded (the second word: 1 from a member that failed).
+        got = allreduce_ints([sid.value, 1 if failure is not None else 0], Max, tag)
+        if failure is not None:
+            raise failure
+        if got[1] > 0:
+            raise KhorError("add_process_set(%r): a member rank failed to register it"
+                            % (ps.ranks,), _lib.ERR_REMOTE)
+        ps.process_set_id = int(got[0])
+        ps._comm = sub if sub.value else None
         _state.sets[ps.process_set_id] = ps
         _state.order.append(ps)
     return ps
@@ -334,7 +415,9 @@ def remove_process_set(process_set):
                                                                  ps.process_set_id),
                              _engine_error)
             _lib.khor_comm_free(ps._comm)
-        check_collective(_lib.khor_barrier(_state.comm), _comm_error)
+        # through the engine, not on the world comm from this thread (see add_process_set)
+        _state.set_ops += 1
+        synchronize(enqueue_barrier(global_process_set))
         del _state.sets[ps.process_set_id]
         _state.order.remove(ps)
         ps.process_set_id = None

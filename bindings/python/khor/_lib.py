@@ -188,6 +188,27 @@ _proto_optional("khor_elastic_state", c_int, c_void_p, c_int, P(c_int64))
 elastic_missing = [n for n in ("khor_generation", "khor_hosts_updated", "khor_is_elastic",
                                "khor_elastic_state") if globals()[n] is None]
 
+# What the library was built with ("version=X tcp=1 shm=1 ib=0 cuda=0 nccl=0 gdr=0"); a
+# libkhor older than khor_build_info says nothing, and build_info() is then {}.
+_proto_optional("khor_build_info", c_char_p)
+
+
+def build_info():
+    """khor_build_info's words as a dict of str -> str ({} when the library lacks it)."""
+    if khor_build_info is None:
+        return {}
+    out = {}
+    for word in text(khor_build_info()).split():
+        k, _, v = word.partition("=")
+        out[k] = v
+    return out
+
+
+def built_with(feature):
+    """True when khor_build_info says feature=1 (False when it is 0 or not said)."""
+    return build_info().get(feature, "0") == "1"
+
+
 NULL_ALLOC = ALLOC_FN()
 
 

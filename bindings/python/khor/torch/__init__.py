@@ -25,7 +25,7 @@ from .mpi_ops import (allgather, allgather_async, allreduce, allreduce_, allredu
                       grouped_allgather_async, grouped_allreduce, grouped_allreduce_,
                       grouped_allreduce_async, grouped_allreduce_async_,
                       grouped_reducescatter, grouped_reducescatter_async, join, reducescatter,
-                      reducescatter_async, synchronize)
+                      reducescatter_async, sparse_allreduce_async, synchronize)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
 
@@ -33,8 +33,10 @@ __version__ = _core._lib.text(_core._lib.khor_version())
 
 def init(comm=None, process_sets=None):
     """Joins the job and starts the engine (Horovod: hvd.init). Safe to call again after
-    shutdown(). process_sets: ProcessSets to register at once, or "dynamic" (khor's sets
-    always are)."""
+    shutdown(). comm: None, or a list of ranks (the job is those ranks, renumbered in list
+    order; a rank outside the list gets ValueError). process_sets: ProcessSets to register
+    at once, or "dynamic" (khor's sets always are). shutdown() runs at exit if the script
+    does not call it, as Horovod's."""
     _core.init(comm, process_sets)
 
 
@@ -42,7 +44,8 @@ def shutdown():
     _core.shutdown()
 
 
-# What this build has, truthfully: no MPI, no Gloo, no NCCL, no CUDA, no DDL, no oneCCL.
+# What this build has, truthfully: no MPI, no Gloo, no DDL, no oneCCL, no ROCm; NCCL and
+# CUDA as libkhor was built (khor_build_info; False from a library that cannot say).
 def mpi_built(verbose=False):
     return False
 
@@ -64,7 +67,12 @@ def gloo_enabled():
 
 
 def nccl_built(verbose=False):
-    return False
+    """Horovod's answer: 0 without NCCL, else a true int (Horovod gives NCCL_VERSION_CODE;
+    khor's the nccl_version word of khor_build_info when it has one, else 1)."""
+    if not _core._lib.built_with("nccl"):
+        return 0
+    v = _core._lib.build_info().get("nccl_version", "")
+    return int(v) if v.isdigit() else 1
 
 
 def ddl_built(verbose=False):
@@ -76,7 +84,8 @@ def ccl_built(verbose=False):
 
 
 def cuda_built(verbose=False):
-    return False
+    """True when libkhor was built with CUDA (whether or not this machine has a GPU)."""
+    return _core._lib.built_with("cuda")
 
 
 def rocm_built(verbose=False):

@@ -66,20 +66,48 @@ def _from_engine(h, i, dtype):
 
 # ---- allreduce ---------------------------------------------------------------------------
 
+def _int_scaling(tensors, op, prescale, postscale, process_set):
+    """Horovod scales integer tensors too, in float64, truncating back to the integer type
+    (Average folds 1/size into the postscale). The engine scales floating point only, so for
+    integers this does the scaling here: returns (inputs to send, op, post-step or None)."""
+    if (prescale == 1.0 and postscale == 1.0) or \
+            all(t.dtype.is_floating_point for t in tensors):
+        return tensors, op, prescale, postscale, None
+    if any(t.dtype.is_floating_point for t in tensors):
+        return tensors, op, prescale, postscale, None   # mixed: the engine says what it takes
+    if op not in (Sum, Average):
+        return tensors, op, prescale, postscale, None
+    post = float(postscale)
+    if op == Average:
+        ps = process_set if process_set is not None else global_process_set
+        post /= ps.size()
+    ins = [t if prescale == 1.0 else (t.double() * float(prescale)).to(t.dtype)
+           for t in tensors]
+
+    def after(o):
+        if post != 1.0:
+            o.copy_((o.double() * post).to(o.dtype))
+    return ins, Sum, 1.0, 1.0, after
+
+
 def _allreduce_async(tensors, outputs, name, op, prescale, postscale, process_set, kind,
                      write_back=None):
     names = name if isinstance(name, list) else [name]
+    tensors, op, prescale, postscale, after = _int_scaling(list(tensors), op, prescale,
+                                                           postscale, process_set)
     ins = [_contig(t) for t in tensors]
     outs = [o if o.is_contiguous() else torch.empty_like(o, memory_format=torch.contiguous_format)
             for o in outputs]
 
     def finish(p):
         for o, want in zip(outs, outputs):
+            if after is not None:
+                after(o)
             if o is not want:
                 want.copy_(o)
         return outputs[0] if kind == "one" else list(outputs)
     return _core.enqueue_allreduce(names, [_buf(t) for t in ins], [_buf(o) for o in outs], op,
-                                   prescale, postscale, process_set, finish, None)
+                                   prescale, postscale, process_set, finish, (tensors,))
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -195,6 +223,33 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
                                                 postscale_factor, process_set))
 
 
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """A sparse tensor's "allreduce", as Horovod's: allgathers its indices and values (the
+    duplicates sum when the result is used); returns a function that waits and gives the
+    sparse result (Average divides the values by the set's size)."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async takes a sparse torch.Tensor")
+    if op not in (Sum, Average):
+        raise ValueError("sparse_allreduce_async: op must be Sum or Average")
+    t = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    ps = process_set if process_set is not None else global_process_set
+    ih = allgather_async(t._indices().transpose(0, 1).contiguous(),
+                         name="%s.indices" % name, process_set=process_set)
+    vh = allgather_async(t._values().contiguous(), name="%s.values" % name,
+                         process_set=process_set)
+
+    def handle():
+        values = synchronize(vh)
+        indices = synchronize(ih)
+        if op == Average:
+            values = values / ps.size()
+        if indices.dim() == 0 or values.dim() == 0:
+            return t.new().resize_as_(t)
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size(),
+                                       dtype=values.dtype)
+    return handle
+
+
 # ---- allgather ------------------------------------------------------------------------------
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -242,8 +297,28 @@ def allgather(tensor, name=None, process_set=global_process_set):
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
+class HorovodGroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.ps = process_set
+        ctx.dims = [t.shape[0] if t.dim() > 0 else 1 for t in tensors]
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        # Horovod's: the average of every rank's gradient, this rank's rows of it.
+        reduced = grouped_allreduce(list(grads), average=True, process_set=ctx.ps)
+        dims = grouped_allgather([torch.tensor([d], dtype=torch.int64) for d in ctx.dims],
+                                 process_set=ctx.ps)
+        me = ctx.ps.rank() if ctx.ps is not None else rank()
+        out = [g.narrow(0, int(d[:me].sum()), n) for g, d, n in zip(reduced, dims, ctx.dims)]
+        return (None, None) + tuple(out)
+
+
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    """Every rank's tensors concatenated along dim 0, one list entry per tensor; records
+    autograd (Horovod >= 0.27)."""
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
 # ---- broadcast ------------------------------------------------------------------------------
@@ -293,15 +368,40 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 
 # ---- alltoall -------------------------------------------------------------------------------
 
+def _check_splits(tensor, splits, n):
+    """Horovod's argument errors, raised here as ValueError before anything is enqueued:
+    splits must be 32-bit integers (a list is taken as such), they may not ask for more rows
+    than dim 0 has, and without splits dim 0 must divide by the set's size."""
+    d0 = tensor.shape[0] if tensor.dim() > 0 else 1
+    if splits is None:
+        if d0 % n:
+            raise ValueError("alltoall: dim 0 (%d) of the tensor does not divide evenly by the "
+                             "%d ranks of the process set; pass splits" % (d0, n))
+        return None
+    if isinstance(splits, torch.Tensor):
+        if splits.dtype != torch.int32:
+            raise ValueError("alltoall: splits must be a tensor of 32-bit integers "
+                             "(torch.int32), got %s" % splits.dtype)
+        sp = [int(x) for x in splits.reshape(-1).tolist()]
+    else:
+        sp = [int(x) for x in splits]
+    if len(sp) != n:
+        raise ValueError("alltoall: %d splits for a process set of %d ranks" % (len(sp), n))
+    if any(x < 0 for x in sp):
+        raise ValueError("alltoall: negative split in %r" % (sp,))
+    if sum(sp) > d0:
+        raise ValueError("alltoall: the splits ask for %d rows of dim 0, which has %d"
+                         % (sum(sp), d0))
+    return sp
+
+
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall: splits[j] rows of dim 0 to rank j (even when None); synchronize
-    returns (received tensor, received splits)."""
+    returns (received tensor, received splits), as Horovod's."""
     _check_tensor(tensor, "alltoall")
     t = _contig(tensor if tensor.dim() > 0 else tensor.reshape(1))
-    sp = None
-    if splits is not None:
-        sp = [int(x) for x in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
     n = process_set.size() if process_set is not None else size()
+    sp = _check_splits(t, splits, n)
 
     def finish(p):
         return (_from_engine(p.h, 0, t.dtype),
@@ -316,21 +416,37 @@ class HorovodAlltoall(torch.autograd.Function):
         ctx.ps = process_set
         out, rsplits = synchronize(alltoall_async(tensor, splits, name, process_set))
         ctx.rsplits = rsplits
+        if splits is None:
+            return out
         ctx.mark_non_differentiable(rsplits)
         return out, rsplits
 
     @staticmethod
-    def backward(ctx, grad_output, grad_splits=None):
+    def backward(ctx, grad_output, *dead):
         grad, _ = alltoall(grad_output, splits=ctx.rsplits, process_set=ctx.ps)
         return grad, None, None, None
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    """Returns (received tensor, received splits), as Horovod >= 0.24."""
+    """Horovod 0.28's return: the received tensor alone when splits is None, (received
+    tensor, received splits) when splits is given."""
     return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
 # ---- reducescatter --------------------------------------------------------------------------
+
+def _rs_grad_scale(ctx, grad):
+    """Horovod 0.28.1's reducescatter backward scales the gradient before allgathering it:
+    by the set's size for Sum (test_horovod_reducescatter_grad expects grad == size), then by
+    the prescale and postscale factors; Average's is the allgather alone."""
+    if ctx.op == Sum:
+        grad = grad * (ctx.ps.size() if ctx.ps is not None else size())
+    if ctx.pre != 1.0:
+        grad = grad * ctx.pre
+    if ctx.post != 1.0:
+        grad = grad * ctx.post
+    return grad
+
 
 def _rs_out(t, process_set):
     ps = process_set if process_set is not None else global_process_set
@@ -344,42 +460,53 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reduce-scatter along dim 0: this rank keeps its rows of the reduction (the
     first d0 % n ranks get one more)."""
-    _check_tensor(tensor, "reducescatter")
-    if tensor.dim() == 0:
-        raise ValueError("reducescatter needs a tensor of at least one dimension")
-    t = _contig(tensor)
-    out = _rs_out(t, process_set)
-    nm = _core.auto_name("reducescatter", name, process_set)
-    return _core.enqueue_reducescatter([nm], [_buf(t)], [_buf(out)], op, prescale_factor,
-                                       postscale_factor, process_set, lambda p: out, None)
+    return _reducescatter_async([tensor], name, op, process_set, prescale_factor,
+                                postscale_factor, "one")
+
+
+def _reducescatter_async(tensors, name, op, process_set, prescale, postscale, kind):
+    ts, outs = [], []
+    for t in tensors:
+        _check_tensor(t, "reducescatter" if kind == "one" else "grouped_reducescatter")
+        if t.dim() == 0:
+            raise ValueError("reducescatter needs tensors of at least one dimension (got a "
+                             "scalar)")
+    ins, op, prescale, postscale, after = _int_scaling(list(tensors), op, prescale, postscale,
+                                                       process_set)
+    for t in ins:
+        ts.append(_contig(t))
+        outs.append(_rs_out(ts[-1], process_set))
+
+    def finish(p):
+        if after is not None:
+            for o in outs:
+                after(o)
+        return outs[0] if kind == "one" else outs
+    if kind == "one":
+        names = [_core.auto_name("reducescatter", name, process_set)]
+    else:
+        names = _group_names("reducescatter", name, len(ts), process_set)
+    return _core.enqueue_reducescatter(names, [_buf(t) for t in ts], [_buf(o) for o in outs],
+                                       op, prescale, postscale, process_set, finish, None)
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
-    ts, outs = [], []
-    for t in tensors:
-        _check_tensor(t, "grouped_reducescatter")
-        ts.append(_contig(t))
-        outs.append(_rs_out(ts[-1], process_set))
-    names = _group_names("reducescatter", name, len(ts), process_set)
-    return _core.enqueue_reducescatter(names, [_buf(t) for t in ts], [_buf(o) for o in outs],
-                                       op, prescale_factor, postscale_factor, process_set,
-                                       lambda p: outs, None)
+    return _reducescatter_async(list(tensors), name, op, process_set, prescale_factor,
+                                postscale_factor, "group")
 
 
 class HorovodReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
-        ctx.op, ctx.ps = op, process_set
+        ctx.op, ctx.ps, ctx.pre, ctx.post = op, process_set, prescale_factor, postscale_factor
         return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                                postscale_factor))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allgather(grad_output, process_set=ctx.ps)
-        if ctx.op == Average:
-            grad = grad / (ctx.ps.size() if ctx.ps is not None else size())
-        return grad, None, None, None, None, None
+        return (allgather(_rs_grad_scale(ctx, grad_output), process_set=ctx.ps),
+                None, None, None, None, None)
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
@@ -390,12 +517,25 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     return compression.decompress(out, cctx)
 
 
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.op, ctx.ps, ctx.pre, ctx.post = op, process_set, prescale_factor, postscale_factor
+        return tuple(synchronize(grouped_reducescatter_async(
+            list(tensors), name, op, process_set, prescale_factor, postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, None, None, None) + tuple(grouped_allgather(
+            [_rs_grad_scale(ctx, g) for g in grads], process_set=ctx.ps))
+
+
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
     pairs = [compression.compress(t) for t in tensors]
-    out = synchronize(grouped_reducescatter_async([c for c, _ in pairs], name, op, process_set,
-                                                  prescale_factor, postscale_factor))
+    out = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                            postscale_factor, *[c for c, _ in pairs])
     return [compression.decompress(t, c) for t, (_, c) in zip(out, pairs)]
 
 

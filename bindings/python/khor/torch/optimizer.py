@@ -16,10 +16,13 @@ import torch
 from .. import _core
 from .._core import Average, Adasum, global_process_set
 from .compression import Compression
-from .mpi_ops import allreduce_async_, grouped_allreduce_async_, synchronize
+from .mpi_ops import (allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async,
+                      synchronize)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
+    _khor_distributed = True    # broadcast_optimizer_state steps the wrapped optimizer
+
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=Average, gradient_predivide_factor=1.0, groups=None,
                  sparse_as_dense=False, process_set=global_process_set):
@@ -71,8 +74,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for gi, g in enumerate(self._groups):
                 for p in g:
                     self._p_to_group[p] = gi
-        # Hooks on every size, 1 included: one code path (a one-rank set runs at once).
-        self._register_hooks()
+        # Hooks on every size, 1 included: one code path (a one-rank set runs at once). A
+        # rank outside process_set registers none: its gradients stay its own (Horovod's).
+        if self.process_set.included():
+            self._register_hooks()
         _core.on_shutdown(self._forget_handles)
 
     def _forget_handles(self):
@@ -123,9 +128,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         tensor = p.grad
         if tensor.is_sparse:
             if not self.sparse_as_dense:
-                raise NotImplementedError("sparse gradients: pass sparse_as_dense=True")
+                # Horovod's: allgather the indices and values; synchronize() calls it.
+                return sparse_allreduce_async(tensor, name="allreduce.%s" % name, op=self.op,
+                                              process_set=self.process_set), None
+            # allreduced dense, put back into the sparse p.grad by synchronize()
             tensor = tensor.to_dense()
-            p.grad = tensor
         tensor_compressed, ctx = self._compression.compress(tensor)
         pre, post = self._scale_factors()
         handle = allreduce_async_(tensor_compressed, name="allreduce.%s" % name, op=self.op,
@@ -176,7 +183,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return hook
 
     def synchronize(self):
-        """Waits for every gradient's allreduce (enqueueing those backward did not reach)."""
+        """Waits for every gradient's allreduce (enqueueing those backward did not reach).
+        On a rank outside the optimizer's process set there are none."""
+        if not self.process_set.included():
+            self._synchronized = True
+            return
         missing = self._requires_update - set(self._handles.keys())
         for p in missing:
             if self._groups is not None and p in self._p_to_group:
@@ -197,7 +208,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         done = {}
         for p, (handle, ctx) in self._handles.items():
             if handle not in done:
-                done[handle] = synchronize(handle)
+                done[handle] = handle() if callable(handle) else synchronize(handle)
             out = done[handle]
             self._allreduce_delay[p] = self.backward_passes_per_step
             if isinstance(ctx, list):
@@ -206,9 +217,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                            if q is p)
                 t, c = ctx[idx]
                 p.grad.set_(self._compression.decompress(out[idx], c))
+            elif ctx is None:       # sparse_allreduce_async's result
+                p.grad.zero_().add_(out)
             else:
                 t, c = ctx
-                p.grad.set_(self._compression.decompress(out, c))
+                out = self._compression.decompress(out, c)
+                if p.grad.is_sparse:
+                    # sparse_as_dense: back to sparse (sparse grads do not support set_)
+                    p.grad.zero_().add_(out if out.is_sparse else out.to_sparse())
+                else:
+                    p.grad.set_(out)
         self._handles.clear()
         self._synchronized = True
 
