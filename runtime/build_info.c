@@ -12,6 +12,8 @@
  *             without it every buffer is host memory)
  *   nccl      nccl.h was there, so runtime/nccl.c can load libnccl.so.2 at run time (the
  *             same __has_include test nccl.c makes, with the same include path)
+ *   nccl_version  NCCL_VERSION_CODE of that header (2.27.3 = 22703), only with nccl=1:
+ *             Horovod's nccl_built() returns it, and its tests compare it with 2700
  *   gdr       GPUDirect RDMA: ib registers device memory, which needs both ib and cuda
  */
 #include "build_info.h"
@@ -32,9 +34,16 @@
 #define BI_CUDA 0
 #endif
 #if __has_include(<nccl.h>)
+/* nccl.h declares GroupStart() and friends without (void) (see runtime/nccl.c). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#include <nccl.h>
+#pragma GCC diagnostic pop
 #define BI_NCCL 1
+#define BI_NCCL_WORDS " nccl=1 nccl_version=" BI_STR(NCCL_VERSION_CODE)
 #else
 #define BI_NCCL 0
+#define BI_NCCL_WORDS " nccl=0"
 #endif
 #if BI_IB && BI_CUDA
 #define BI_GDR 1
@@ -46,5 +55,5 @@ const char *build_info_string(void)
 {
 	return "version=" BI_STR(KHOR_VERSION_MAJOR) "." BI_STR(KHOR_VERSION_MINOR) "." BI_STR(
 		KHOR_VERSION_PATCH) " tcp=1 shm=1 ib=" BI_STR(BI_IB) " cuda=" BI_STR(BI_CUDA)
-		" nccl=" BI_STR(BI_NCCL) " gdr=" BI_STR(BI_GDR);
+		BI_NCCL_WORDS " gdr=" BI_STR(BI_GDR);
 }
