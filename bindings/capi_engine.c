@@ -466,16 +466,9 @@ KHOR_API khor_status khor_enqueue_join(khor_engine *engine, int set, khor_handle
 
 KHOR_API khor_status khor_handle_test(khor_handle *handle)
 {
-	khor_status st;
-
 	if (handle == NULL)
 		return KHOR_ERR_INVALID_ARG;
-	if (!atomic_load_explicit(&handle->done_flag, memory_order_acquire))
-		return KHOR_IN_PROGRESS;
-	pthread_mutex_lock(&handle->eng->mu);
-	st = handle->status;
-	pthread_mutex_unlock(&handle->eng->mu);
-	return st;
+	return engine_test(handle);
 }
 
 KHOR_API khor_status khor_handle_wait(khor_handle *handle)

@@ -232,6 +232,7 @@ khor_status engine_enqueue(struct khor_engine *e, int set, int kind, int n, cons
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "enqueue: out of memory");
 	}
 	klist_init(&h->link);
+	klist_init(&h->named_link);
 	h->set = s;
 	h->eng = e;
 	h->set_rank = s->rank;
@@ -309,10 +310,15 @@ khor_status engine_enqueue(struct khor_engine *e, int set, int kind, int n, cons
 				goto fail_unlock;
 			}
 		}
-		if (emap_get(&s->names, h->t[i].name) != NULL) {
+		khor_handle *o = emap_get(&s->names, h->t[i].name);
+		if (o != NULL) {
 			st = bad(err, "%s '%s': a tensor of this name is already in flight on set %d "
-			         "(its handle has not completed); names must be unique among the "
-			         "tensors in flight", eng_kind_name(kind), h->t[i].name, s->id);
+			         "(an earlier %s, whose handle %s); a name is taken until its handle has been "
+			         "waited for (khor_handle_wait, khor_handle_test) or freed: use "
+			         "another name, or synchronize the first", eng_kind_name(kind),
+			         h->t[i].name, s->id, eng_kind_name(o->kind),
+			         o->done ? "completed but has not been waited for or freed"
+			                 : "has not completed");
 			goto fail_unlock;
 		}
 	}
@@ -460,6 +466,10 @@ static void set_free(eset *s)
 {
 	if (s == NULL)
 		return;
+	/* Handles that outlive the set must not reach for its names map. */
+	pthread_mutex_lock(&s->e->mu);
+	queue_release_all_locked(s);
+	pthread_mutex_unlock(&s->e->mu);
 	table_free(s);
 	execute_dev_release(s); /* nothing left, unless its thread never ended */
 	fusion_release(s);
@@ -488,6 +498,7 @@ khor_status engine_add_set(struct khor_engine *e, khor_comm *comm, int *id_out, 
 	s->id = e->nsets == 0 ? 0 : (int)comm->id;
 	klist_init(&s->fresh);
 	klist_init(&s->pending);
+	klist_init(&s->named);
 	klist_init(&s->arrivals);
 	pthread_cond_init(&s->cv, NULL);
 	atomic_init(&s->woken, false);
@@ -776,6 +787,21 @@ khor_status engine_wait(khor_handle *h)
 		}
 	}
 	st = h->status;
+	queue_release_locked(h);
+	pthread_mutex_unlock(&e->mu);
+	return st;
+}
+
+khor_status engine_test(khor_handle *h)
+{
+	struct khor_engine *e = h->eng;
+	khor_status st;
+
+	if (!atomic_load_explicit(&h->done_flag, memory_order_acquire))
+		return KHOR_IN_PROGRESS;
+	pthread_mutex_lock(&e->mu);
+	st = h->status;
+	queue_release_locked(h);
 	pthread_mutex_unlock(&e->mu);
 	return st;
 }
@@ -792,6 +818,7 @@ khor_status engine_set_callback(khor_handle *h, khor_done_fn fn, void *arg)
 		return KHOR_SUCCESS;
 	}
 	khor_status st = h->status;
+	queue_release_locked(h);
 	pthread_mutex_unlock(&e->mu);
 	fn(arg, h, st);
 	return KHOR_SUCCESS;
@@ -808,6 +835,7 @@ void engine_handle_free(khor_handle *h)
 		pthread_mutex_unlock(&e->mu);
 		return;
 	}
+	queue_release_locked(h);
 	queue_handle_free(h);
 	engine_unref_locked(e, &free_engine);
 	pthread_mutex_unlock(&e->mu);

@@ -91,6 +91,13 @@ struct khor_handle {
 	struct eset *set;
 	struct khor_engine *eng;
 	klist link;              /* in the set's fresh list, then its pending list (under mu) */
+	/*
+	 * Its names are in the set's names map, and it is in the set's named list (under mu),
+	 * from enqueue until its owner has seen it complete (a wait or test that returns its
+	 * status, its callback) or freed it: a name is taken that long (queue.c says why).
+	 */
+	klist named_link;
+	bool named;
 	int kind;
 	khor_op op;
 	int root;
@@ -194,7 +201,8 @@ typedef struct eset {
 	/* Under e->mu. */
 	klist fresh;                      /* enqueued, not reported yet (queue.c) */
 	klist pending;                    /* reported, waiting for a response */
-	emap names;                       /* tensor names in flight -> handle */
+	emap names;                       /* tensor names taken -> handle (queue.c) */
+	klist named;                      /* the handles holding them, for the set's end */
 	emap keys;                        /* keys in flight -> handle */
 	khor_handle *join;                /* this rank's join, while it waits */
 	bool stop;                        /* khor_engine_stop was called */

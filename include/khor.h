@@ -356,8 +356,11 @@ KHOR_API void khor_request_free(khor_request *request);
  * adds a comm made from it (khor_comm_split or khor_comm_create_group), named by the id it
  * returns (the same on every member). Each set has its own thread, coordinator and cache.
  *
- * Names: one tensor name is in flight at most once per set (a second enqueue of a name
- * whose handle has not completed fails at once). Every member must enqueue the same names
+ * Names: one tensor name is in flight at most once per set. A name is taken from its
+ * enqueue until the handle's owner has seen it complete (khor_handle_wait or
+ * khor_handle_test returning its status, or its callback) or freed it; a second enqueue of
+ * a taken name fails at once with KHOR_ERR_INVALID_ARG and khor_engine_error naming the
+ * tensor, however fast the first ran. Every member must enqueue the same names
  * with matching arguments, in any order; a mismatch fails that name on every member with
  * a message naming the tensor, the ranks and what differs.
  *

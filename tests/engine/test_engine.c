@@ -2860,6 +2860,104 @@ Test(engine, handle_test_callbacks_fd_alloc_output_and_free_pending, .timeout = 
 	harness_shared_free(sh, sizeof(*sh));
 }
 
+/* ---- 9b. a name stays taken until its handle is seen or freed ---------------------------------
+ */
+
+/*
+ * n = 2. Horovod's *_duplicate_name_error tests enqueue a name twice without synchronizing the
+ * first: the second must fail however fast the first ran. Each round both ranks enqueue held/x,
+ * wait through the engine fd until it has completed (the fd is not the handle's owner seeing
+ * it), and a second held/x (an allgather) must be refused at enqueue with a text naming it;
+ * then the first is seen by khor_handle_wait (round % 3 == 0), khor_handle_test (1) or freed
+ * (2), and held/x is enqueued again and runs. 15 rounds: the outcome may not depend on timing.
+ */
+static int body_held(int rank, int n, khor_config *cfg, void *arg)
+{
+	struct shared *sh = arg;
+	khor_comm *world;
+	khor_engine *eng;
+	int32_t x[16], y[16];
+	int64_t dims[1] = {16};
+	khor_handle *h, *h2;
+	khor_status st;
+	int rc;
+
+	(void)n;
+	if ((rc = init(sh, rank, cfg, &world)) != 0)
+		return rc;
+	if ((rc = start_engine(sh, rank, world, NULL, &eng)) != 0)
+		return rc;
+	int fd = khor_engine_fd(eng);
+	for (int round = 0; round < 15; round++) {
+		int how = round % 3;
+		for (int j = 0; j < 16; j++)
+			x[j] = y[j] = rank + j + round;
+		fd_drain(fd);
+		st = khor_enqueue_allreduce(eng, 0, "held/x", x, x, KHOR_INT32, 1, dims, KHOR_SUM,
+		                            1.0, 1.0, &h);
+		if (st != KHOR_SUCCESS)
+			return fail(sh, rank, 170, "round %d: the first held/x was refused (%d): %s",
+			            round, st, khor_engine_error(eng));
+		if (!fd_readable(fd, 15000))
+			return fail(sh, rank, 171, "round %d: held/x did not complete in 15 s", round);
+		for (int j = 0; j < 16; j++)
+			if (x[j] != 1 + 2 * (j + round))
+				return fail(sh, rank, 172, "round %d: the fd rang before held/x[%d] "
+				            "was in place (%d)", round, j, x[j]);
+		h2 = (khor_handle *)&sh;
+		st = khor_enqueue_allgather(eng, 0, "held/x", y, KHOR_INT32, 1, dims, NULL, NULL,
+		                            &h2);
+		if (st != KHOR_ERR_INVALID_ARG || h2 != (khor_handle *)&sh)
+			return fail(sh, rank, 173, "round %d: a second held/x, its first completed but "
+			            "not waited for, got status %d (want %d, refused)", round, st,
+			            KHOR_ERR_INVALID_ARG);
+		const char *why = khor_engine_error(eng);
+		if (strstr(why, "'held/x'") == NULL || strstr(why, "waited for") == NULL)
+			return fail(sh, rank, 174, "round %d: the refusal does not name held/x and "
+			            "say it waits to be waited for: '%s'", round, why);
+		if (round == 0)
+			snprintf(sh->text[rank][0], TEXT, "%s", why);
+		if (how == 0 && (st = khor_handle_wait(h)) != KHOR_SUCCESS)
+			return fail(sh, rank, 175, "round %d: wait: %d: %s", round, st,
+			            khor_handle_error(h));
+		if (how == 1 && (st = khor_handle_test(h)) != KHOR_SUCCESS)
+			return fail(sh, rank, 176, "round %d: test: %d: %s", round, st,
+			            khor_handle_error(h));
+		khor_handle_free(h);
+		st = khor_enqueue_allreduce(eng, 0, "held/x", y, y, KHOR_INT32, 1, dims, KHOR_SUM,
+		                            1.0, 1.0, &h);
+		if (st != KHOR_SUCCESS)
+			return fail(sh, rank, 177, "round %d: held/x after its first handle was %s "
+			            "was refused (%d): %s", round,
+			            how == 0 ? "waited for" : how == 1 ? "tested" : "freed", st,
+			            khor_engine_error(eng));
+		if ((st = khor_handle_wait(h)) != KHOR_SUCCESS)
+			return fail(sh, rank, 178, "round %d: the second held/x: %d: %s", round, st,
+			            khor_handle_error(h));
+		for (int j = 0; j < 16; j++)
+			if (y[j] != 1 + 2 * (j + round))
+				return fail(sh, rank, 179, "round %d: the second held/x[%d] = %d", round,
+				            j, y[j]);
+		khor_handle_free(h);
+	}
+	if (khor_engine_stop(eng) != KHOR_SUCCESS)
+		return fail(sh, rank, 180, "khor_engine_stop failed: %s", khor_comm_error(world));
+	khor_finalize(world);
+	return leak_check(sh, rank);
+}
+
+Test(engine, name_stays_taken_until_its_handle_is_waited_tested_or_freed, .timeout = 60)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	harness_opts o = {.n = 2, .timeout = "20s", .deadline_s = 50};
+	harness_result res;
+
+	harness_run(&o, body_held, sh, &res);
+	expect_all_ok(sh, &res, 2, "a name held until its handle is seen");
+	fprintf(stderr, "held/x refused: %s\n", sh->text[0][0]);
+	harness_shared_free(sh, sizeof(*sh));
+}
+
 static void *null_alloc(void *arg, int ndim, const int64_t *dims, size_t bytes)
 {
 	return NULL;
