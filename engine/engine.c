@@ -597,7 +597,11 @@ khor_status engine_start(khor_comm *comm, const khor_config *cfg, struct khor_en
 	}
 	atomic_init(&e->fusion_bytes, e->s.fusion_bytes);
 	atomic_init(&e->cycle_us, (uint64_t)(e->s.cycle_ms * 1000.0));
-	if (e->s.timeline[0] != '\0' &&
+	/*
+	 * HOROVOD_TIMELINE=DYNAMIC (Horovod's word): no file now; the script starts one later
+	 * (hvd.start_timeline, khor_engine_timeline_start). It once made a file named DYNAMIC.
+	 */
+	if (e->s.timeline[0] != '\0' && strcmp(e->s.timeline, "DYNAMIC") != 0 &&
 	    (st = engine_timeline(e, e->s.timeline, e->s.mark_cycles, err)) != KHOR_SUCCESS) {
 		engine_free(e);
 		return st;

@@ -347,7 +347,8 @@ KHOR_API void khor_request_free(khor_request *request);
  * first, then the HOROVOD_* alias): KHOR_FUSION_THRESHOLD (HOROVOD_FUSION_THRESHOLD,
  * bytes, 0 = no fusion), KHOR_CYCLE_TIME (HOROVOD_CYCLE_TIME, ms between the starts of
  * two cycles, 0 = start at once), KHOR_CACHE_CAPACITY (HOROVOD_CACHE_CAPACITY, 0 = off),
- * KHOR_TIMELINE (HOROVOD_TIMELINE), KHOR_TIMELINE_MARK_CYCLES (HOROVOD_TIMELINE_MARK_CYCLES),
+ * KHOR_TIMELINE (HOROVOD_TIMELINE; a path, "%r" in it becomes the rank; DYNAMIC = no file
+ * until khor_engine_timeline_start), KHOR_TIMELINE_MARK_CYCLES (HOROVOD_TIMELINE_MARK_CYCLES),
  * KHOR_STALL_CHECK_TIME (HOROVOD_STALL_CHECK_TIME_SECONDS; seconds, 0 = off),
  * KHOR_STALL_SHUTDOWN_TIME (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS; 0 = off), KHOR_AUTOTUNE
  * (HOROVOD_AUTOTUNE), KHOR_AUTOTUNE_LOG (HOROVOD_AUTOTUNE_LOG).
@@ -409,7 +410,12 @@ KHOR_API khor_status khor_engine_add_process_set(khor_engine *engine, khor_comm 
 KHOR_API khor_status khor_engine_remove_process_set(khor_engine *engine, int set);
 /* A file descriptor that becomes readable when a handle completes (reading it clears it). */
 KHOR_API int khor_engine_fd(const khor_engine *engine);
-/* Timeline (Chrome trace-event JSON) from now on, into path; mark_cycles adds cycle marks. */
+/*
+ * Timeline from now on, into path ("%r": the rank's own file; without it rank 0 alone
+ * writes); mark_cycles adds cycle marks. Chrome's trace-event array form, one event a line
+ * each followed by ",": it loads in chrome://tracing and Perfetto even when the process dies
+ * without stopping it, and is strict JSON once stopped (khor_engine_timeline_stop, _stop).
+ */
 KHOR_API khor_status khor_engine_timeline_start(khor_engine *engine, const char *path,
                                                 int mark_cycles);
 KHOR_API khor_status khor_engine_timeline_stop(khor_engine *engine);

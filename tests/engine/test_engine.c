@@ -24,6 +24,7 @@
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2218,13 +2219,30 @@ static const char timeline_check_py[] =
     "# hears from every rank)\n"
     "me = int(os.environ.get('KHOR_TEST_TIMELINE_RANK', '-1'))\n"
     "bad = []\n"
-    "try:\n"
-    "    doc = json.load(open(path))\n"
-    "except Exception as e:\n"
-    "    print('not valid JSON: %s' % e); sys.exit(1)\n"
-    "if not isinstance(doc, dict) or not isinstance(doc.get('traceEvents'), list):\n"
-    "    print('no traceEvents list at the top'); sys.exit(1)\n"
-    "ev = doc['traceEvents']\n"
+    "text = open(path).read()\n"
+    "# Chrome's array form, as Horovod writes it: a '[' line, then one event per line\n"
+    "if not text.startswith('[\\n'):\n"
+    "    print('does not start with a [ line: %r' % text[:40]); sys.exit(1)\n"
+    "if mode == 'killed':\n"
+    "    # no ']' (the process died): every line must still be one whole event and a ','\n"
+    "    ev, lines = [], text.split('\\n')\n"
+    "    if lines[-1] != '': print('the last line is cut: %r' % lines[-1][:80]); sys.exit(1)\n"
+    "    for i, l in enumerate(lines[1:-1]):\n"
+    "        try:\n"
+    "            assert l.endswith(','), 'no , at its end'\n"
+    "            e = json.loads(l[:-1]); assert isinstance(e, dict) and 'ph' in e, 'no ph'\n"
+    "        except Exception as x:\n"
+    "            print('line %d is not one event and a comma (%s): %r' % (i + 2, x, l[:80]))\n"
+    "            sys.exit(1)\n"
+    "        ev.append(e)\n"
+    "else:\n"
+    "    try:\n"
+    "        doc = json.loads(text)\n"
+    "    except Exception as e:\n"
+    "        print('not valid JSON after a clean stop: %s' % e); sys.exit(1)\n"
+    "    if not isinstance(doc, list):\n"
+    "        print('not a JSON array of events'); sys.exit(1)\n"
+    "    ev = doc\n"
     "lane = {}\n"
     "for e in ev:\n"
     "    if e.get('ph') == 'M' and e.get('name') == 'process_name':\n"
@@ -2286,6 +2304,10 @@ static const char timeline_check_py[] =
     "    check_op('tl/ag', 'NEGOTIATE_ALLGATHER', 'ALLGATHER', 2, False)\n"
     "    if fused < 2: bad.append('no ALLREDUCE span has args.tensors >= 2')\n"
     "    if not cycles: bad.append('no CYCLE_START marks with KHOR_TIMELINE_MARK_CYCLES=1')\n"
+    "elif mode == 'killed':\n"
+    "    pid = lane_of(sys.argv[3])\n"
+    "    if pid is not None and 'ALLREDUCE' not in [s[0] for s in spans(pid)]:\n"
+    "        bad.append('%s: no whole ALLREDUCE span before the kill' % sys.argv[3])\n"
     "else:\n"
     "    present, absent = sys.argv[3], sys.argv[4]\n"
     "    check_op(present, 'NEGOTIATE_ALLREDUCE', 'ALLREDUCE', 2, False)\n"
@@ -2526,6 +2548,145 @@ Test(engine, timeline_is_trace_event_json_with_negotiation_ops_fusion_and_cycles
 	cr_expect_eq(rc, 0, "the timeline %s fails its check:\n%s", tj.rt0_path, out);
 	if (rc == 0)
 		unlink(tj.rt0_path);
+	harness_shared_free(sh, sizeof(*sh));
+}
+
+/*
+ * n = 2, KHOR_TIMELINE with %r: three allreduces, then both ranks kill themselves (SIGKILL,
+ * no khor_engine_stop), as a script that dies does. Each rank's file must still load: a "["
+ * line, then whole events, one a line, each followed by "," (what Chrome and Perfetto read).
+ */
+static int body_tl_killed(int rank, int n, khor_config *cfg, void *arg)
+{
+	const struct tl_job *tj = arg;
+	struct shared *sh = tj->sh;
+	khor_comm *world;
+	khor_engine *eng;
+	char why[TEXT];
+	int rc;
+
+	if ((rc = init(sh, rank, cfg, &world)) != 0)
+		return rc;
+	const char *kv[] = {"KHOR_TIMELINE", tj->rt_path, NULL};
+	if ((rc = start_engine(sh, rank, world, kv, &eng)) != 0)
+		return rc;
+	static const char *const names[3] = {"tk/a", "tk/b", "tk/c"};
+	for (int t = 0; t < 3; t++)
+		if (tl_allreduce(eng, names[t], 300, rank, n, why, sizeof(why)) != 0)
+			return fail(sh, rank, 190, "%s", why);
+	/* both done before either dies, so neither dies waiting on the other */
+	atomic_set(&sh->flag[2][rank], 1);
+	if (!wait_flag(&sh->flag[2][1 - rank], 20))
+		return fail(sh, rank, 191, "rank %d never finished its allreduces", 1 - rank);
+	raise(SIGKILL);
+	return fail(sh, rank, 192, "alive after SIGKILL");
+}
+
+Test(engine, timeline_of_a_killed_process_is_a_loadable_event_array, .timeout = 60)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	struct tl_job tj = {.sh = sh};
+	harness_opts o = {.n = 2, .timeout = "20s", .deadline_s = 50};
+	harness_result res;
+	char out[8192], path[160];
+
+	snprintf(tj.rt_path, sizeof(tj.rt_path), "/tmp/khor-test-tlk-%d-%%r.json", (int)getpid());
+	harness_run(&o, body_tl_killed, &tj, &res);
+	for (int r = 0; r < 2; r++) {
+		cr_expect_eq(res.status[r], 128 + SIGKILL, "rank %d ended with %d, not by its SIGKILL: %s",
+		             r, res.status[r], sh->err[r]);
+		snprintf(path, sizeof(path), "/tmp/khor-test-tlk-%d-%d.json", (int)getpid(), r);
+		char me[16];
+		snprintf(me, sizeof(me), "%d", r);
+		setenv("KHOR_TEST_TIMELINE_RANK", me, 1);
+		int rc = timeline_check(path, "killed tk/c", out, sizeof(out));
+		unsetenv("KHOR_TEST_TIMELINE_RANK");
+		fprintf(stderr, "timeline %s (killed):\n%s", path, out);
+		cr_expect_eq(rc, 0, "the timeline %s of a killed rank fails its check:\n%s", path, out);
+		if (rc == 0)
+			unlink(path);
+	}
+	harness_shared_free(sh, sizeof(*sh));
+}
+
+/*
+ * n = 2, HOROVOD_TIMELINE=DYNAMIC (Horovod: the timeline starts later, with
+ * hvd.start_timeline), the ranks in an empty directory: khor_engine_start writes no file;
+ * dy/before runs; khor_engine_timeline_start on a %r path; dy/x runs; khor_engine_stop. The
+ * directory must then hold the two rank files alone, each strict JSON with dy/x's lane and
+ * no dy/before.
+ */
+static int body_tl_dynamic(int rank, int n, khor_config *cfg, void *arg)
+{
+	const struct tl_job *tj = arg;
+	struct shared *sh = tj->sh;
+	khor_comm *world;
+	khor_engine *eng;
+	char why[TEXT];
+	int rc;
+
+	if (chdir(tj->path) != 0)
+		return fail(sh, rank, 193, "chdir %s: %s", tj->path, strerror(errno));
+	setenv("HOROVOD_TIMELINE", "DYNAMIC", 1);
+	if ((rc = init(sh, rank, cfg, &world)) != 0)
+		return rc;
+	if ((rc = start_engine(sh, rank, world, NULL, &eng)) != 0)
+		return rc;
+	if (tl_allreduce(eng, "dy/before", 100, rank, n, why, sizeof(why)) != 0)
+		return fail(sh, rank, 194, "%s", why);
+	khor_status st = khor_engine_timeline_start(eng, tj->rt_path, 0);
+	if (st != KHOR_SUCCESS)
+		return fail(sh, rank, 195, "khor_engine_timeline_start(%s) after DYNAMIC: %d: %s",
+		            tj->rt_path, st, khor_engine_error(eng));
+	if (tl_allreduce(eng, "dy/x", 100, rank, n, why, sizeof(why)) != 0)
+		return fail(sh, rank, 196, "%s", why);
+	if (khor_engine_stop(eng) != KHOR_SUCCESS)
+		return fail(sh, rank, 197, "khor_engine_stop failed: %s", khor_comm_error(world));
+	khor_finalize(world);
+	return leak_check(sh, rank);
+}
+
+Test(engine, timeline_dynamic_opens_no_file_until_timeline_start, .timeout = 60)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	struct tl_job tj = {.sh = sh};
+	harness_opts o = {.n = 2, .timeout = "20s", .deadline_s = 50};
+	harness_result res;
+	char out[8192], path[300];
+
+	snprintf(tj.path, sizeof(tj.path), "/tmp/khor-test-tld-%d-XXXXXX", (int)getpid());
+	cr_assert_not_null(mkdtemp(tj.path), "mkdtemp: %s", strerror(errno));
+	snprintf(tj.rt_path, sizeof(tj.rt_path), "%s/dyn-%%r.json", tj.path);
+	harness_run(&o, body_tl_dynamic, &tj, &res);
+	expect_all_ok(sh, &res, 2, "HOROVOD_TIMELINE=DYNAMIC");
+	DIR *d = opendir(tj.path);
+	struct dirent *de;
+	int others = 0;
+	while (d != NULL && (de = readdir(d)) != NULL) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
+		    strcmp(de->d_name, "dyn-0.json") == 0 || strcmp(de->d_name, "dyn-1.json") == 0)
+			continue;
+		cr_expect(false, "HOROVOD_TIMELINE=DYNAMIC left a file '%s' in the ranks' directory",
+		          de->d_name);
+		snprintf(path, sizeof(path), "%s/%s", tj.path, de->d_name);
+		unlink(path);
+		others++;
+	}
+	if (d != NULL)
+		closedir(d);
+	for (int r = 0; r < 2; r++) {
+		snprintf(path, sizeof(path), "%s/dyn-%d.json", tj.path, r);
+		char me[16];
+		snprintf(me, sizeof(me), "%d", r);
+		setenv("KHOR_TEST_TIMELINE_RANK", me, 1);
+		int rc = timeline_check(path, "runtime dy/x dy/before", out, sizeof(out));
+		unsetenv("KHOR_TEST_TIMELINE_RANK");
+		fprintf(stderr, "timeline %s (DYNAMIC, then khor_engine_timeline_start):\n%s", path, out);
+		cr_expect_eq(rc, 0, "the timeline %s fails its check:\n%s", path, out);
+		unlink(path);
+	}
+	rmdir(tj.path);
+	(void)others;
 	harness_shared_free(sh, sizeof(*sh));
 }
 
