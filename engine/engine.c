@@ -293,6 +293,15 @@ khor_status engine_enqueue(struct khor_engine *e, int set, int kind, int n, cons
 		         eng_kind_name(kind), h->t[0].name, s->id, s->err.text);
 		goto fail_unlock;
 	}
+	if (s->first_stopper >= 0) {
+		st = kerr_set(err, KHOR_ERR_REMOTE, "%s '%s' not started: rank %d has stopped %s, so "
+		              "nothing more can run on set %d (Horovod: \"Horovod has been shut "
+		              "down\"); stop this rank's engine too", eng_kind_name(kind),
+		              h->t[0].name, s->first_stopper,
+		              s->id == 0 ? "its engine (khor_engine_stop, Horovod's shutdown)"
+		                         : "its engine or removed this process set", s->id);
+		goto fail_unlock;
+	}
 	if (kind == EK_JOIN && s->join != NULL) {
 		st = bad(err, "join: this rank's join on set %d is still in flight", s->id);
 		goto fail_unlock;
@@ -436,6 +445,9 @@ static void *set_main(void *arg)
 		/* Not a failure of the set: no error log, and the set stays usable for nothing. */
 		s->failed = true;
 		s->err = x;
+	} else if (s->stop_sent) {
+		/* It failed once this rank had asked to stop: khor_engine_stop's own error. */
+		s->stop_failed = true;
 	}
 	pthread_mutex_unlock(&s->e->mu);
 	queue_fail_set(s, &x);
@@ -477,6 +489,7 @@ static void set_free(eset *s)
 		comm_free(s->data);
 	if (s->ctl != NULL)
 		comm_free(s->ctl);
+	free(s->peer_stop);
 	emap_free(&s->names);
 	emap_free(&s->keys);
 	response_cache_free(&s->cache);
@@ -503,6 +516,7 @@ khor_status engine_add_set(struct khor_engine *e, khor_comm *comm, int *id_out, 
 	pthread_cond_init(&s->cv, NULL);
 	atomic_init(&s->woken, false);
 	s->cache.cap = e->s.cache_capacity;
+	s->first_stopper = -1;
 	if (e->nsets > 0 && find_set(e, s->id) != NULL) {
 		set_free(s);
 		return bad(err, "comm %s is already a process set of this engine", comm->name);
@@ -521,10 +535,15 @@ khor_status engine_add_set(struct khor_engine *e, khor_comm *comm, int *id_out, 
 			set_free(s);
 			return st;
 		}
+		if ((s->peer_stop = calloc((size_t)s->size, sizeof(bool))) == NULL) {
+			set_free(s);
+			return kerr_set(err, KHOR_ERR_NO_MEMORY, "engine: out of memory");
+		}
 		if (s->rank == 0) {
 			s->joined_r = calloc((size_t)s->size, sizeof(bool));
 			s->stop_r = calloc((size_t)s->size, sizeof(bool));
-			if (s->joined_r == NULL || s->stop_r == NULL) {
+			s->stop_told = calloc((size_t)s->size, sizeof(bool));
+			if (s->joined_r == NULL || s->stop_r == NULL || s->stop_told == NULL) {
 				set_free(s);
 				return kerr_set(err, KHOR_ERR_NO_MEMORY, "engine: out of memory");
 			}
@@ -653,8 +672,12 @@ khor_status engine_remove_set(struct khor_engine *e, int id, kerr *err)
 		e->sets[i] = e->sets[i + 1];
 	e->nsets--;
 	pthread_mutex_unlock(&e->mu);
+	khor_status st = KHOR_SUCCESS;
+	if (s->stop_failed)
+		st = kerr_set(err, s->err.status, "khor_engine_remove_process_set(%d): %s", id,
+		              s->err.text);
 	set_free(s);
-	return KHOR_SUCCESS;
+	return st;
 }
 
 khor_status engine_stop(struct khor_engine *e, kerr *err)
@@ -672,6 +695,10 @@ khor_status engine_stop(struct khor_engine *e, kerr *err)
 		if (e->sets[i]->started)
 			pthread_join(e->sets[i]->thread, NULL);
 	}
+	khor_status st = KHOR_SUCCESS;
+	for (int i = 0; i < e->nsets && st == KHOR_SUCCESS; i++)
+		if (e->sets[i]->stop_failed)
+			st = kerr_set(err, e->sets[i]->err.status, "%s", e->sets[i]->err.text);
 	pthread_mutex_lock(&e->tl_mu);
 	atomic_store(&e->tl_on, false);
 	timeline_close(e->tl);
@@ -690,7 +717,7 @@ khor_status engine_stop(struct khor_engine *e, kerr *err)
 	pthread_mutex_unlock(&e->mu);
 	if (free_it)
 		engine_free(e);
-	return KHOR_SUCCESS;
+	return st;
 }
 
 /*

@@ -195,6 +195,9 @@ void queue_fail_set(eset *s, const kerr *cause)
 		klist_del(&h->link);
 		queue_complete_locked(e, h, s->err.status, s->err.text);
 	}
+	/* A reported join waits in s->join alone, in neither list. */
+	if (s->join != NULL)
+		queue_complete_locked(e, s->join, s->err.status, s->err.text);
 	queue_signal_locked(e);
 	pthread_mutex_unlock(&e->mu);
 }

@@ -208,12 +208,23 @@ typedef struct eset {
 	bool stop;                        /* khor_engine_stop was called */
 	bool failed;
 	kerr err;                         /* the set's sticky failure */
+	/*
+	 * Peers that have stopped (khor_engine_stop, or removed the set), as the coordinator's
+	 * 'Q' records tell every rank: nothing more can run on the set, so an enqueue fails at
+	 * once and a join ends, with the first one's name (the cause). size > 1 only.
+	 */
+	bool *peer_stop;
+	int first_stopper;                /* -1: none */
+	bool stop_failed;                 /* the set failed while stopping (its err says why) */
 	/* The set thread's own. */
 	atomic_bool woken;
 	pthread_cond_t cv;                /* one-rank sets sleep here */
 	uint32_t cycle;
 	ecache cache;
 	bool stop_sent;
+	/* From when this rank asked to stop, the others have KHOR_TIMEOUT to do the same: one
+	 * deadline for the whole stop, never moved by cycles or by the peers being alive. */
+	kdeadline stop_dl;
 	uint8_t *fusion;
 	size_t fusion_len;
 	edev dev;
@@ -228,6 +239,7 @@ typedef struct eset {
 	emap table;
 	klist arrivals;                   /* its centries, in arrival order */
 	bool *joined_r, *stop_r;
+	bool *stop_told;                  /* stop_r[r] sent to every rank (a 'Q' record) */
 	int njoined, nstop, last_joiner;
 	uint64_t next_stall_check_ns;
 	/* Statistics, for khor-bench and autotune. */

@@ -396,6 +396,13 @@ KHOR_API khor_status khor_engine_start(khor_comm *comm, const khor_config *confi
  * (not the comms given to it). Handles not freed yet stay valid for the khor_handle_*
  * calls until freed. Call it before khor_finalize and before freeing a comm that is one
  * of its process sets: those free the links and comms the engine's threads use.
+ *
+ * One rank's stop is news to the others at once (as Horovod's shutdown is): what they wait
+ * for that the stopped rank never submitted (a barrier, a join, an allreduce) fails with
+ * an error naming it, and their later enqueues fail at once the same way; they should stop
+ * too. The others have KHOR_TIMEOUT from this rank's call to do so, alive or not: past it
+ * this returns KHOR_ERR_TIMEOUT (the engine is freed all the same) with khor_comm_error(comm)
+ * naming the ranks that never joined the stop, and those ranks' sets fail with that cause.
  */
 KHOR_API khor_status khor_engine_stop(khor_engine *engine);
 /* The engine's last error (a failed enqueue, the sticky failure of a set), "" if none. */

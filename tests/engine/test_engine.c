@@ -3119,6 +3119,240 @@ Test(engine, name_stays_taken_until_its_handle_is_waited_tested_or_freed, .timeo
 	harness_shared_free(sh, sizeof(*sh));
 }
 
+/* ---- 9c. one rank stops while the others wait ---------------------------------------------------
+ */
+
+struct stop_job {
+	struct shared *sh;
+	int stopper;
+	char ops[4]; /* per rank: what it waits in: 'b' barrier, 'j' join, 'a' an allreduce */
+};
+
+static const char *op_word(char op)
+{
+	return op == 'b' ? "barrier" : op == 'j' ? "join" : "allreduce";
+}
+
+/*
+ * n = 3. Rank `stopper` calls khor_engine_stop while the other two wait, each in its op of
+ * ops (Horovod's test_torch.py run as one file: a rank whose test failed sits in tearDown's
+ * barrier while another shuts down). Both must end within seconds with the stopper named as
+ * the cause, an enqueue after that must fail at once naming it, and once they stop too every
+ * khor_engine_stop returns KHOR_SUCCESS. KHOR_TIMEOUT is 20 s: nothing here ends by a
+ * deadline.
+ */
+static int body_stop_waiting(int rank, int n, khor_config *cfg, void *arg)
+{
+	const struct stop_job *sj = arg;
+	struct shared *sh = sj->sh;
+	int stopper = sj->stopper;
+	khor_comm *world;
+	khor_engine *eng;
+	khor_handle *h;
+	khor_status st;
+	int32_t w[8] = {0};
+	int rc;
+
+	if ((rc = init(sh, rank, cfg, &world)) != 0)
+		return rc;
+	if ((rc = start_engine(sh, rank, world, NULL, &eng)) != 0)
+		return rc;
+	if (rank == stopper) {
+		for (int r = 0; r < n; r++)
+			if (r != rank && !wait_flag(&sh->flag[3][r], 20))
+				return fail(sh, rank, 200, "rank %d never started waiting", r);
+		sleep_ms(300); /* what they wait in reaches the coordinator */
+		double t0 = mono();
+		sh->secs[rank][1] = t0;
+		atomic_set(&sh->flag[4][0], 1);
+		st = khor_engine_stop(eng);
+		sh->secs[rank][0] = mono() - t0;
+		if (st != KHOR_SUCCESS)
+			return fail(sh, rank, 201, "khor_engine_stop: %d: %s", st, khor_comm_error(world));
+		khor_finalize(world);
+		return leak_check(sh, rank);
+	}
+	char op = sj->ops[rank];
+	const char *what = op_word(op);
+	if (op == 'j')
+		st = khor_enqueue_join(eng, 0, &h);
+	else if (op == 'b')
+		st = khor_enqueue_barrier(eng, 0, &h);
+	else
+		st = khor_enqueue_allreduce(eng, 0, "wait/x", w, w, KHOR_INT32, 1, (int64_t[]){8},
+		                            KHOR_SUM, 1.0, 1.0, &h);
+	if (st != KHOR_SUCCESS)
+		return fail(sh, rank, 202, "%s refused: %s", what, khor_engine_error(eng));
+	atomic_set(&sh->flag[3][rank], 1);
+	st = khor_handle_wait(h);
+	double t_end = mono();
+	snprintf(sh->text[rank][0], TEXT, "%s", khor_handle_error(h));
+	if (!wait_flag(&sh->flag[4][0], 1))
+		return fail(sh, rank, 203, "the %s ended (%d: %s) before rank %d stopped", what, st,
+		            khor_handle_error(h), stopper);
+	sh->secs[rank][0] = t_end - sh->secs[stopper][1];
+	if (st == KHOR_SUCCESS)
+		return fail(sh, rank, 204, "the %s succeeded although rank %d stopped", what,
+		            stopper);
+	const char *why = khor_handle_error(h);
+	if (!names_rank(why, stopper) || find_ci(why, "stopped") == NULL ||
+	    find_ci(why, what) == NULL)
+		return fail(sh, rank, 205, "the %s's error does not name rank %d stopping and the "
+		            "%s: '%s'", what, stopper, what, why);
+	khor_handle_free(h);
+	int32_t v[4] = {1, 2, 3, 4};
+	double t1 = mono();
+	st = khor_enqueue_allreduce(eng, 0, "after/stop", v, v, KHOR_INT32, 1, (int64_t[]){4},
+	                            KHOR_SUM, 1.0, 1.0, &h);
+	if (st == KHOR_SUCCESS)
+		return fail(sh, rank, 206, "an allreduce enqueued after rank %d stopped was taken",
+		            stopper);
+	if (mono() - t1 > 0.5 || !names_rank(khor_engine_error(eng), stopper) ||
+	    find_ci(khor_engine_error(eng), "after/stop") == NULL)
+		return fail(sh, rank, 207, "the enqueue after rank %d stopped took %.2f s or does not "
+		            "name it and the tensor: '%s'", stopper, mono() - t1,
+		            khor_engine_error(eng));
+	snprintf(sh->text[rank][1], TEXT, "%s", khor_engine_error(eng));
+	if ((st = khor_engine_stop(eng)) != KHOR_SUCCESS)
+		return fail(sh, rank, 208, "khor_engine_stop after rank %d's: %d: %s", stopper, st,
+		            khor_comm_error(world));
+	khor_finalize(world);
+	return leak_check(sh, rank);
+}
+
+static void run_stop_waiting(int stopper, const char *ops)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	struct stop_job sj = {.sh = sh, .stopper = stopper};
+	harness_opts o = {.n = 3, .timeout = "20s", .deadline_s = 50};
+	harness_result res;
+
+	snprintf(sj.ops, sizeof(sj.ops), "%s", ops);
+	harness_run(&o, body_stop_waiting, &sj, &res);
+	expect_all_ok(sh, &res, 3, "a stop while the others wait");
+	for (int r = 0; r < 3; r++) {
+		if (r == stopper)
+			continue;
+		fprintf(stderr, "rank %d (%s) ended %.2f s after rank %d's stop began: %s\n", r,
+		        op_word(ops[r]), sh->secs[r][0], stopper, sh->text[r][0]);
+		cr_expect_lt(sh->secs[r][0], 5.0, "rank %d waited %.2f s after rank %d stopped", r,
+		             sh->secs[r][0], stopper);
+		fprintf(stderr, "rank %d, enqueue after the stop: %s\n", r, sh->text[r][1]);
+	}
+	fprintf(stderr, "rank %d's khor_engine_stop took %.2f s\n", stopper, sh->secs[stopper][0]);
+	cr_expect_lt(sh->secs[stopper][0], 8.0, "rank %d's khor_engine_stop took %.2f s", stopper,
+	             sh->secs[stopper][0]);
+	harness_shared_free(sh, sizeof(*sh));
+}
+
+Test(engine, coordinator_stops_while_others_wait_in_barrier_and_allreduce_n3, .timeout = 60)
+{
+	run_stop_waiting(0, "-ba");
+}
+
+Test(engine, worker_stops_while_others_wait_in_barrier_n3, .timeout = 60)
+{
+	run_stop_waiting(2, "bb-");
+}
+
+Test(engine, worker_stops_while_others_wait_in_join_n3, .timeout = 60)
+{
+	run_stop_waiting(1, "j-j");
+}
+
+/*
+ * n = 2, KHOR_TIMEOUT 3 s. Rank `stopper` calls khor_engine_stop and its peer never does
+ * (until the stop has returned). The stop must return KHOR_ERR_TIMEOUT between 2.5 and 8 s,
+ * with khor_comm_error naming the peer as the rank that never joined; a coordinator that
+ * stops this way also fails the peer's set, so the peer's enqueue then fails at once.
+ */
+static int body_stop_alone(int rank, int n, khor_config *cfg, void *arg)
+{
+	const struct stop_job *sj = arg;
+	struct shared *sh = sj->sh;
+	khor_comm *world;
+	khor_engine *eng;
+	khor_status st;
+	int rc;
+
+	(void)n;
+	if ((rc = init(sh, rank, cfg, &world)) != 0)
+		return rc;
+	if ((rc = start_engine(sh, rank, world, NULL, &eng)) != 0)
+		return rc;
+	if (tl_allreduce(eng, "alone/warm", 10, rank, 2, sh->text[rank][2], TEXT) != 0)
+		return fail(sh, rank, 210, "%s", sh->text[rank][2]);
+	if (rank == sj->stopper) {
+		double t0 = mono();
+		st = khor_engine_stop(eng);
+		sh->secs[rank][0] = mono() - t0;
+		sh->status[rank][0] = st;
+		snprintf(sh->text[rank][0], TEXT, "%s", khor_comm_error(world));
+		atomic_set(&sh->flag[5][0], 1);
+		if (st != KHOR_ERR_TIMEOUT)
+			return fail(sh, rank, 211, "khor_engine_stop with a peer that never stops "
+			            "returned %d after %.2f s (want %d): %s", st, sh->secs[rank][0],
+			            KHOR_ERR_TIMEOUT, khor_comm_error(world));
+		if (!names_rank(sh->text[rank][0], 1 - rank) ||
+		    find_ci(sh->text[rank][0], "khor_engine_stop") == NULL)
+			return fail(sh, rank, 212, "the stop's error does not name rank %d and "
+			            "khor_engine_stop: '%s'", 1 - rank, sh->text[rank][0]);
+		if (!wait_flag(&sh->flag[5][1], 20))
+			return fail(sh, rank, 213, "the peer never finished");
+		khor_finalize(world);
+		return 0;
+	}
+	if (!wait_flag(&sh->flag[5][0], 20))
+		return fail(sh, rank, 214, "rank %d's khor_engine_stop never returned", sj->stopper);
+	if (rank == 1) {
+		/* the coordinator's deadline failed this rank's set too, with its cause */
+		int32_t v[4] = {1, 2, 3, 4};
+		khor_handle *h;
+		st = khor_enqueue_allreduce(eng, 0, "alone/after", v, v, KHOR_INT32, 1,
+		                            (int64_t[]){4}, KHOR_SUM, 1.0, 1.0, &h);
+		snprintf(sh->text[rank][1], TEXT, "%s", khor_engine_error(eng));
+		if (st == KHOR_SUCCESS)
+			return fail(sh, rank, 215, "an enqueue was taken after the coordinator's "
+			            "stop failed");
+		if (find_ci(sh->text[rank][1], "khor_engine_stop") == NULL)
+			return fail(sh, rank, 216, "the enqueue's error does not give the cause: '%s'",
+			            sh->text[rank][1]);
+	}
+	atomic_set(&sh->flag[5][1], 1);
+	khor_engine_stop(eng);
+	khor_finalize(world);
+	return 0;
+}
+
+static void run_stop_alone(int stopper)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	struct stop_job sj = {.sh = sh, .stopper = stopper};
+	harness_opts o = {.n = 2, .timeout = "3s", .deadline_s = 50};
+	harness_result res;
+
+	harness_run(&o, body_stop_alone, &sj, &res);
+	expect_all_ok(sh, &res, 2, "a stop that a peer never joins");
+	fprintf(stderr, "rank %d's khor_engine_stop: %d after %.2f s: %s\n", stopper,
+	        sh->status[stopper][0], sh->secs[stopper][0], sh->text[stopper][0]);
+	if (stopper == 0)
+		fprintf(stderr, "rank 1's enqueue after it: %s\n", sh->text[1][1]);
+	cr_expect(sh->secs[stopper][0] >= 2.5 && sh->secs[stopper][0] < 8.0,
+	          "rank %d's khor_engine_stop returned after %.2f s, want about KHOR_TIMEOUT (3 s)",
+	          stopper, sh->secs[stopper][0]);
+	harness_shared_free(sh, sizeof(*sh));
+}
+
+Test(engine, stop_that_the_worker_never_joins_fails_by_the_deadline_naming_it, .timeout = 60)
+{
+	run_stop_alone(0);
+}
+
+Test(engine, stop_that_the_coordinator_never_joins_fails_by_the_deadline_naming_it, .timeout = 60)
+{
+	run_stop_alone(1);
+}
+
 static void *null_alloc(void *arg, int ndim, const int64_t *dims, size_t bytes)
 {
 	return NULL;
