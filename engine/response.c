@@ -194,7 +194,7 @@ bool response_parse(eset *s, const uint8_t *p, size_t len, eresp *out)
 			atomic_store(&e->cycle_us, cu);
 		} else if (rec == 'Q') {
 			int who = bget_i32(&r);
-			if (r.bad || who < 0 || who >= s->size) {
+			if (r.bad || who < 0 || who >= s->size || s->peer_stop == NULL) {
 				r.bad = true;
 				break;
 			}
