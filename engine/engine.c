@@ -282,6 +282,15 @@ khor_status engine_enqueue(struct khor_engine *e, int set, int kind, int n, cons
 	h->t_enqueue = kclock_ns();
 
 	pthread_mutex_lock(&e->mu);
+	if (s->first_stopper >= 0) {
+		st = kerr_set(err, KHOR_ERR_REMOTE, "%s '%s' not started: rank %d has stopped %s, so "
+		              "nothing more can run on set %d (Horovod: \"Horovod has been shut "
+		              "down\"); stop this rank's engine too", eng_kind_name(kind),
+		              h->t[0].name, s->first_stopper,
+		              s->id == 0 ? "its engine (khor_engine_stop, Horovod's shutdown)"
+		                         : "its engine or removed this process set", s->id);
+		goto fail_unlock;
+	}
 	if (e->stopped || s->stop) {
 		st = kerr_set(err, KHOR_ERR_INVALID_ARG, "%s '%s': the engine is stopping",
 		              eng_kind_name(kind), h->key);
@@ -291,15 +300,6 @@ khor_status engine_enqueue(struct khor_engine *e, int set, int kind, int n, cons
 		st = s->err.status;
 		kerr_set(err, st, "%s '%s' not started, set %d failed earlier: %s",
 		         eng_kind_name(kind), h->t[0].name, s->id, s->err.text);
-		goto fail_unlock;
-	}
-	if (s->first_stopper >= 0) {
-		st = kerr_set(err, KHOR_ERR_REMOTE, "%s '%s' not started: rank %d has stopped %s, so "
-		              "nothing more can run on set %d (Horovod: \"Horovod has been shut "
-		              "down\"); stop this rank's engine too", eng_kind_name(kind),
-		              h->t[0].name, s->first_stopper,
-		              s->id == 0 ? "its engine (khor_engine_stop, Horovod's shutdown)"
-		                         : "its engine or removed this process set", s->id);
 		goto fail_unlock;
 	}
 	if (kind == EK_JOIN && s->join != NULL) {

@@ -84,11 +84,17 @@ static khor_status stop_late(eset *s, kerr *err)
 	bbuf_printf(&m, "%s ", nl > 1 ? "ranks" : "rank");
 	bbuf_rank_list(&m, late, nl);
 	bput_u8(&m, 0);
-	kerr_set(err, KHOR_ERR_TIMEOUT, "%s never joined the stop: %s not call %s within "
-	         "KHOR_TIMEOUT (%lld ms) of this rank", m.p != NULL ? (const char *)m.p : "?",
-	         nl > 1 ? "they did" : "it did",
-	         s->id == 0 ? "khor_engine_stop" : "khor_engine_stop or remove the process set",
-	         (long long)s->ctl->cc.timeout_ms);
+	if (nl == 0)
+		kerr_set(err, KHOR_ERR_TIMEOUT, "every rank asked to stop, but the stop did not "
+		         "complete within KHOR_TIMEOUT (%lld ms) of this rank's khor_engine_stop: a "
+		         "rank's engine failed or hangs (see the others' logs)",
+		         (long long)s->ctl->cc.timeout_ms);
+	else
+		kerr_set(err, KHOR_ERR_TIMEOUT, "%s never joined the stop: %s not call %s within "
+		         "KHOR_TIMEOUT (%lld ms) of this rank",
+		         m.p != NULL ? (const char *)m.p : "?", nl > 1 ? "they did" : "it did",
+		         s->id == 0 ? "khor_engine_stop" : "khor_engine_stop or remove the process set",
+		         (long long)s->ctl->cc.timeout_ms);
 	free(m.p);
 	free(late);
 	return KHOR_ERR_TIMEOUT;
@@ -321,7 +327,19 @@ bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 	doing = "collecting reports";
 	kdeadline dl = kdeadline_in_ms(cc->timeout_ms);
 	while (ngot < nw) {
-		st = ctl_wait(s, rx, nw, false, dl, true, 0, &which, &err);
+		/* A worker that hangs (stopped, busy) while this rank stops: the stop's deadline
+		 * holds here too, alive or not. */
+		int idle = 0;
+		if (s->stop_sent) {
+			if (kdeadline_passed(s->stop_dl)) {
+				st = stop_late(s, &err);
+				goto fail;
+			}
+			idle = kdeadline_left_ms(s->stop_dl, 1000) + 1;
+		}
+		st = ctl_wait(s, rx, nw, false, dl, true, idle, &which, &err);
+		if (st == KHOR_SUCCESS && which == -2)
+			continue;
 		if (st == KHOR_ERR_TIMEOUT) {
 			int *late = malloc(sizeof(int) * (size_t)n), nl = 0;
 			bbuf m = { 0 };

@@ -9,8 +9,8 @@
  *               | 'T' u64 fusion_bytes u64 cycle_us | 'Q' i32 rank | 'X' }*
  *
  * 'Q': that rank has asked to stop (its report's 'S'); sent once per rank, in the cycle
- * the coordinator hears it. Later enqueues on the set fail at once naming it, and this
- * rank's join ends with that cause (coordinator.c).
+ * the coordinator hears it. Later enqueues on the set fail at once naming it, this rank's
+ * join ends with that cause, and this rank stops the set too (coordinator.c).
  */
 #include "response.h"
 
@@ -203,6 +203,13 @@ bool response_parse(eset *s, const uint8_t *p, size_t len, eresp *out)
 				s->peer_stop[who] = true;
 				if (s->first_stopper < 0)
 					s->first_stopper = who;
+				/*
+				 * Nothing more can run on the set: this rank stops it too (its next report
+				 * says 'S'), as Horovod's loop ends at one rank's shutdown. Its own later
+				 * khor_engine_stop then finds the thread ended; the rank that stopped
+				 * first is not kept waiting for it.
+				 */
+				s->stop = true;
 				khor_handle *j = s->join;
 				if (j != NULL) {
 					char m[256];
