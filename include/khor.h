@@ -399,8 +399,9 @@ KHOR_API khor_status khor_engine_start(khor_comm *comm, const khor_config *confi
  *
  * One rank's stop is news to the others at once (as Horovod's shutdown is): what they wait
  * for that the stopped rank never submitted (a barrier, a join, an allreduce) fails with
- * an error naming it, and their later enqueues fail at once the same way; they should stop
- * too. The others have KHOR_TIMEOUT from this rank's call to do so, alive or not: past it
+ * an error naming it, their later enqueues fail at once the same way, and their engines
+ * end the set themselves (their own khor_engine_stop then returns at once). A rank that
+ * hangs has KHOR_TIMEOUT from this rank's call to join the stop, alive or not: past it
  * this returns KHOR_ERR_TIMEOUT (the engine is freed all the same) with khor_comm_error(comm)
  * naming the ranks that never joined the stop, and those ranks' sets fail with that cause.
  */
