@@ -47,7 +47,15 @@ KHOR_API khor_status khor_engine_stop(khor_engine *engine)
 
 	if (engine == NULL)
 		return KHOR_ERR_INVALID_ARG;
-	return engine_stop(engine, &err);
+	/* The engine is gone once stopped: its error goes to its comm's khor_comm_error. */
+	khor_comm *comm = engine->comm;
+	khor_status st = engine_stop(engine, &err);
+	if (st != KHOR_SUCCESS) {
+		kerr_prefix(&err, "rank %d on %s, khor_engine_stop", comm->ctx->rank,
+		            comm->ctx->cfg.hostname);
+		comm_set_last(comm, &err);
+	}
+	return st;
 }
 
 KHOR_API const char *khor_engine_error(const khor_engine *engine)
@@ -466,16 +474,9 @@ KHOR_API khor_status khor_enqueue_join(khor_engine *engine, int set, khor_handle
 
 KHOR_API khor_status khor_handle_test(khor_handle *handle)
 {
-	khor_status st;
-
 	if (handle == NULL)
 		return KHOR_ERR_INVALID_ARG;
-	if (!atomic_load_explicit(&handle->done_flag, memory_order_acquire))
-		return KHOR_IN_PROGRESS;
-	pthread_mutex_lock(&handle->eng->mu);
-	st = handle->status;
-	pthread_mutex_unlock(&handle->eng->mu);
-	return st;
+	return engine_test(handle);
 }
 
 KHOR_API khor_status khor_handle_wait(khor_handle *handle)

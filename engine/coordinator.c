@@ -4,6 +4,13 @@
  * allreduce), in arrival order; what fails (a mismatch, a collective other than allreduce
  * during a join, a stall past its shutdown time, a stop); the join's end and the stop. The
  * answer is the response every rank then applies (response.c).
+ *
+ * The stop is negotiated (every member calls khor_engine_stop, then 'X' ends the set's
+ * thread everywhere), but one rank's stop is news at once: 'Q' tells every rank, which
+ * fails later enqueues, and what the stopped rank never submitted fails now (Horovod, where
+ * one rank's shutdown ends every rank's loop, fails those with "Horovod has been shut
+ * down"). A rank that never stops is bounded by the stopping rank's KHOR_TIMEOUT
+ * (negotiate.c), after which its stop returns the error naming it.
  */
 #include "coordinator.h"
 
@@ -20,6 +27,62 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* What a stopped rank did, for the sentences: set 0 is the engine's own comm. */
+static const char *stopped_what(const eset *s)
+{
+	return s->id == 0 ? "stopped its engine (khor_engine_stop, Horovod's shutdown)"
+	                  : "stopped its engine or removed this process set";
+}
+
+/*
+ * A rank asked to stop (its report's 'S'): every rank hears it at once ('Q'), and its joins
+ * end, because a stopped rank never joins. Then a request that a stopped rank has not
+ * submitted can never run: it fails on every rank that has it, naming the rank, instead of
+ * waiting (stall warnings, a barrier in tearDown) until the others stop too.
+ */
+static void tell_stops(eset *s, bbuf *out)
+{
+	for (int r = 0; r < s->size; r++) {
+		if (!s->stop_r[r] || s->stop_told[r])
+			continue;
+		s->stop_told[r] = true;
+		bput_u8(out, 'Q');
+		bput_i32(out, r);
+		memset(s->joined_r, 0, sizeof(bool) * (size_t)s->size);
+		s->njoined = 0;
+	}
+}
+
+/* c lacks a stopped rank: the error for every rank that has it. True when it did. */
+static bool fail_if_stopped(eset *s, centry *c, int kind, bbuf *out)
+{
+	int stopped = -1, nw = 0;
+	int *waiting = malloc(sizeof(int) * (size_t)s->size);
+	bbuf m = { 0 };
+
+	for (int r = 0; r < s->size; r++) {
+		if (c->desc[r] == NULL && s->stop_r[r] && stopped < 0)
+			stopped = r;
+		if (c->desc[r] != NULL && waiting != NULL)
+			waiting[nw++] = r;
+	}
+	if (stopped < 0) {
+		free(waiting);
+		return false;
+	}
+	bbuf_printf(&m, "rank %d %s before submitting %s '%s' on set %d, which %s ", stopped,
+	            stopped_what(s), eng_kind_name(kind), c->key, s->id,
+	            nw > 1 ? "ranks" : "rank");
+	bbuf_rank_list(&m, waiting, nw);
+	bbuf_printf(&m, " %s for: it can never run (Horovod: \"Horovod has been shut down\")",
+	            nw > 1 ? "wait" : "waits");
+	response_put_error(out, c->key, (const char *)m.p, m.len);
+	free(m.p);
+	free(waiting);
+	table_remove(s, c);
+	return true;
+}
+
 /* The cycle's responses, from the table; removes what they settle. */
 khor_status coordinator_respond(eset *s, bbuf *out, kerr *err)
 {
@@ -27,6 +90,7 @@ khor_status coordinator_respond(eset *s, bbuf *out, kerr *err)
 	uint64_t now = kclock_ns();
 	bbuf msg = { 0 };
 
+	tell_stops(s, out);
 	klist *node, *tmp;
 	KLIST_FOREACH_SAFE(node, tmp, &s->arrivals) {
 		centry *c = KLIST_ENTRY(node, centry, link);
@@ -42,6 +106,8 @@ khor_status coordinator_respond(eset *s, bbuf *out, kerr *err)
 				lacking_joined += s->joined_r[r];
 			}
 		}
+		if (lacking > 0 && s->nstop > 0 && fail_if_stopped(s, c, kind, out))
+			continue;
 		if (lacking > 0 && lacking_joined > 0 && kind != EK_ALLREDUCE) {
 			int *j = malloc(sizeof(int) * (size_t)s->size), nj = 0;
 			for (int r = 0; j != NULL && r < s->size; r++)

@@ -232,6 +232,7 @@ khor_status engine_enqueue(struct khor_engine *e, int set, int kind, int n, cons
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "enqueue: out of memory");
 	}
 	klist_init(&h->link);
+	klist_init(&h->named_link);
 	h->set = s;
 	h->eng = e;
 	h->set_rank = s->rank;
@@ -281,6 +282,15 @@ khor_status engine_enqueue(struct khor_engine *e, int set, int kind, int n, cons
 	h->t_enqueue = kclock_ns();
 
 	pthread_mutex_lock(&e->mu);
+	if (s->first_stopper >= 0) {
+		st = kerr_set(err, KHOR_ERR_REMOTE, "%s '%s' not started: rank %d has stopped %s, so "
+		              "nothing more can run on set %d (Horovod: \"Horovod has been shut "
+		              "down\"); stop this rank's engine too", eng_kind_name(kind),
+		              h->t[0].name, s->first_stopper,
+		              s->id == 0 ? "its engine (khor_engine_stop, Horovod's shutdown)"
+		                         : "its engine or removed this process set", s->id);
+		goto fail_unlock;
+	}
 	if (e->stopped || s->stop) {
 		st = kerr_set(err, KHOR_ERR_INVALID_ARG, "%s '%s': the engine is stopping",
 		              eng_kind_name(kind), h->key);
@@ -309,10 +319,15 @@ khor_status engine_enqueue(struct khor_engine *e, int set, int kind, int n, cons
 				goto fail_unlock;
 			}
 		}
-		if (emap_get(&s->names, h->t[i].name) != NULL) {
+		khor_handle *o = emap_get(&s->names, h->t[i].name);
+		if (o != NULL) {
 			st = bad(err, "%s '%s': a tensor of this name is already in flight on set %d "
-			         "(its handle has not completed); names must be unique among the "
-			         "tensors in flight", eng_kind_name(kind), h->t[i].name, s->id);
+			         "(an earlier %s, whose handle %s); a name is taken until its handle has been "
+			         "waited for (khor_handle_wait, khor_handle_test) or freed: use "
+			         "another name, or synchronize the first", eng_kind_name(kind),
+			         h->t[i].name, s->id, eng_kind_name(o->kind),
+			         o->done ? "completed but has not been waited for or freed"
+			                 : "has not completed");
 			goto fail_unlock;
 		}
 	}
@@ -430,6 +445,9 @@ static void *set_main(void *arg)
 		/* Not a failure of the set: no error log, and the set stays usable for nothing. */
 		s->failed = true;
 		s->err = x;
+	} else if (s->stop_sent) {
+		/* It failed once this rank had asked to stop: khor_engine_stop's own error. */
+		s->stop_failed = true;
 	}
 	pthread_mutex_unlock(&s->e->mu);
 	queue_fail_set(s, &x);
@@ -460,6 +478,10 @@ static void set_free(eset *s)
 {
 	if (s == NULL)
 		return;
+	/* Handles that outlive the set must not reach for its names map. */
+	pthread_mutex_lock(&s->e->mu);
+	queue_release_all_locked(s);
+	pthread_mutex_unlock(&s->e->mu);
 	table_free(s);
 	execute_dev_release(s); /* nothing left, unless its thread never ended */
 	fusion_release(s);
@@ -467,6 +489,7 @@ static void set_free(eset *s)
 		comm_free(s->data);
 	if (s->ctl != NULL)
 		comm_free(s->ctl);
+	free(s->peer_stop);
 	emap_free(&s->names);
 	emap_free(&s->keys);
 	response_cache_free(&s->cache);
@@ -488,10 +511,12 @@ khor_status engine_add_set(struct khor_engine *e, khor_comm *comm, int *id_out, 
 	s->id = e->nsets == 0 ? 0 : (int)comm->id;
 	klist_init(&s->fresh);
 	klist_init(&s->pending);
+	klist_init(&s->named);
 	klist_init(&s->arrivals);
 	pthread_cond_init(&s->cv, NULL);
 	atomic_init(&s->woken, false);
 	s->cache.cap = e->s.cache_capacity;
+	s->first_stopper = -1;
 	if (e->nsets > 0 && find_set(e, s->id) != NULL) {
 		set_free(s);
 		return bad(err, "comm %s is already a process set of this engine", comm->name);
@@ -510,10 +535,15 @@ khor_status engine_add_set(struct khor_engine *e, khor_comm *comm, int *id_out, 
 			set_free(s);
 			return st;
 		}
+		if ((s->peer_stop = calloc((size_t)s->size, sizeof(bool))) == NULL) {
+			set_free(s);
+			return kerr_set(err, KHOR_ERR_NO_MEMORY, "engine: out of memory");
+		}
 		if (s->rank == 0) {
 			s->joined_r = calloc((size_t)s->size, sizeof(bool));
 			s->stop_r = calloc((size_t)s->size, sizeof(bool));
-			if (s->joined_r == NULL || s->stop_r == NULL) {
+			s->stop_told = calloc((size_t)s->size, sizeof(bool));
+			if (s->joined_r == NULL || s->stop_r == NULL || s->stop_told == NULL) {
 				set_free(s);
 				return kerr_set(err, KHOR_ERR_NO_MEMORY, "engine: out of memory");
 			}
@@ -586,7 +616,11 @@ khor_status engine_start(khor_comm *comm, const khor_config *cfg, struct khor_en
 	}
 	atomic_init(&e->fusion_bytes, e->s.fusion_bytes);
 	atomic_init(&e->cycle_us, (uint64_t)(e->s.cycle_ms * 1000.0));
-	if (e->s.timeline[0] != '\0' &&
+	/*
+	 * HOROVOD_TIMELINE=DYNAMIC (Horovod's word): no file now; the script starts one later
+	 * (hvd.start_timeline, khor_engine_timeline_start). It once made a file named DYNAMIC.
+	 */
+	if (e->s.timeline[0] != '\0' && strcmp(e->s.timeline, "DYNAMIC") != 0 &&
 	    (st = engine_timeline(e, e->s.timeline, e->s.mark_cycles, err)) != KHOR_SUCCESS) {
 		engine_free(e);
 		return st;
@@ -638,8 +672,12 @@ khor_status engine_remove_set(struct khor_engine *e, int id, kerr *err)
 		e->sets[i] = e->sets[i + 1];
 	e->nsets--;
 	pthread_mutex_unlock(&e->mu);
+	khor_status st = KHOR_SUCCESS;
+	if (s->stop_failed)
+		st = kerr_set(err, s->err.status, "khor_engine_remove_process_set(%d): %s", id,
+		              s->err.text);
 	set_free(s);
-	return KHOR_SUCCESS;
+	return st;
 }
 
 khor_status engine_stop(struct khor_engine *e, kerr *err)
@@ -657,6 +695,10 @@ khor_status engine_stop(struct khor_engine *e, kerr *err)
 		if (e->sets[i]->started)
 			pthread_join(e->sets[i]->thread, NULL);
 	}
+	khor_status st = KHOR_SUCCESS;
+	for (int i = 0; i < e->nsets && st == KHOR_SUCCESS; i++)
+		if (e->sets[i]->stop_failed)
+			st = kerr_set(err, e->sets[i]->err.status, "%s", e->sets[i]->err.text);
 	pthread_mutex_lock(&e->tl_mu);
 	atomic_store(&e->tl_on, false);
 	timeline_close(e->tl);
@@ -675,7 +717,7 @@ khor_status engine_stop(struct khor_engine *e, kerr *err)
 	pthread_mutex_unlock(&e->mu);
 	if (free_it)
 		engine_free(e);
-	return KHOR_SUCCESS;
+	return st;
 }
 
 /*
@@ -776,6 +818,21 @@ khor_status engine_wait(khor_handle *h)
 		}
 	}
 	st = h->status;
+	queue_release_locked(h);
+	pthread_mutex_unlock(&e->mu);
+	return st;
+}
+
+khor_status engine_test(khor_handle *h)
+{
+	struct khor_engine *e = h->eng;
+	khor_status st;
+
+	if (!atomic_load_explicit(&h->done_flag, memory_order_acquire))
+		return KHOR_IN_PROGRESS;
+	pthread_mutex_lock(&e->mu);
+	st = h->status;
+	queue_release_locked(h);
 	pthread_mutex_unlock(&e->mu);
 	return st;
 }
@@ -792,6 +849,7 @@ khor_status engine_set_callback(khor_handle *h, khor_done_fn fn, void *arg)
 		return KHOR_SUCCESS;
 	}
 	khor_status st = h->status;
+	queue_release_locked(h);
 	pthread_mutex_unlock(&e->mu);
 	fn(arg, h, st);
 	return KHOR_SUCCESS;
@@ -808,6 +866,7 @@ void engine_handle_free(khor_handle *h)
 		pthread_mutex_unlock(&e->mu);
 		return;
 	}
+	queue_release_locked(h);
 	queue_handle_free(h);
 	engine_unref_locked(e, &free_engine);
 	pthread_mutex_unlock(&e->mu);

@@ -55,6 +55,8 @@ khor_status engine_add_set(struct khor_engine *e, khor_comm *comm, int *id_out, 
 khor_status engine_stop(struct khor_engine *e, kerr *err);
 khor_status engine_remove_set(struct khor_engine *e, int id, kerr *err);
 khor_status engine_wait(khor_handle *h);
+/* khor_handle_test: the status once complete (the owner has seen it: its names are free). */
+khor_status engine_test(khor_handle *h);
 /* Timeline to path from now (NULL: stop it). */
 khor_status engine_timeline(struct khor_engine *e, const char *path, bool mark, kerr *err);
 void engine_handle_free(khor_handle *h);

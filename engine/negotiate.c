@@ -67,6 +67,39 @@ static void coordinator_failed(const msg_hdr *in, kerr *err)
 	         (int)(in->len < MSG_INLINE ? in->len : MSG_INLINE), (const char *)in->data);
 }
 
+/*
+ * This rank asked to stop KHOR_TIMEOUT ago and the set's stop has not come: the error names
+ * the ranks that have not asked (the coordinator's count; a worker's from the 'Q' records).
+ */
+static khor_status stop_late(eset *s, kerr *err)
+{
+	bbuf m = { 0 };
+	int *late = malloc(sizeof(int) * (size_t)s->size), nl = 0;
+
+	pthread_mutex_lock(&s->e->mu);
+	for (int r = 0; late != NULL && r < s->size; r++)
+		if (r != s->rank && !(s->rank == 0 ? s->stop_r[r] : s->peer_stop[r]))
+			late[nl++] = r;
+	pthread_mutex_unlock(&s->e->mu);
+	bbuf_printf(&m, "%s ", nl > 1 ? "ranks" : "rank");
+	bbuf_rank_list(&m, late, nl);
+	bput_u8(&m, 0);
+	if (nl == 0)
+		kerr_set(err, KHOR_ERR_TIMEOUT, "every rank asked to stop, but the stop did not "
+		         "complete within KHOR_TIMEOUT (%lld ms) of this rank's khor_engine_stop: a "
+		         "rank's engine failed or hangs (see the others' logs)",
+		         (long long)s->ctl->cc.timeout_ms);
+	else
+		kerr_set(err, KHOR_ERR_TIMEOUT, "%s never joined the stop: %s not call %s within "
+		         "KHOR_TIMEOUT (%lld ms) of this rank",
+		         m.p != NULL ? (const char *)m.p : "?", nl > 1 ? "they did" : "it did",
+		         s->id == 0 ? "khor_engine_stop" : "khor_engine_stop or remove the process set",
+		         (long long)s->ctl->cc.timeout_ms);
+	free(m.p);
+	free(late);
+	return KHOR_ERR_TIMEOUT;
+}
+
 bool negotiate_worker_cycle(eset *s, eresp *resp_out)
 {
 	msg_hdr in, out;
@@ -79,7 +112,7 @@ bool negotiate_worker_cycle(eset *s, eresp *resp_out)
 	int which;
 	uint64_t t_neg = 0;
 	coll_comm *cc = &s->ctl->cc;
-	kdeadline never = kdeadline_in_ms(-1), stop_dl = kdeadline_in_ms(cc->timeout_ms);
+	kdeadline never = kdeadline_in_ms(-1);
 
 	kerr_clear(&err);
 	st = coll_post(cc, &rx, 0, false, &in, sizeof(in), ctl_tag(s, 0),
@@ -97,12 +130,23 @@ bool negotiate_worker_cycle(eset *s, eresp *resp_out)
 			sent = true;
 			t_neg = kclock_ns();
 		}
-		/* Once this rank has asked to stop, the others have KHOR_TIMEOUT to do the same. */
-		st = ctl_wait(s, &rx, 1, !sent, s->stop_sent ? stop_dl : never, spin, 0, &which,
-		              &err);
+		/*
+		 * Once this rank has asked to stop, the others have KHOR_TIMEOUT to do the same:
+		 * a hard deadline, checked here by the clock (idle_ms) because ctl_wait's own
+		 * waits on while the peers are alive, and they are: they just never stop.
+		 */
+		int idle = 0;
+		if (s->stop_sent) {
+			if (kdeadline_passed(s->stop_dl)) {
+				st = stop_late(s, &err);
+				goto fail;
+			}
+			idle = kdeadline_left_ms(s->stop_dl, 1000) + 1;
+		}
+		st = ctl_wait(s, &rx, 1, !sent, s->stop_sent ? s->stop_dl : never, spin, idle,
+		              &which, &err);
 		if (st == KHOR_ERR_TIMEOUT)
-			kerr_set(&err, st, "the other ranks did not call khor_engine_stop within "
-			         "KHOR_TIMEOUT (%lld ms) of this one", (long long)cc->timeout_ms);
+			st = stop_late(s, &err);
 		if (st != KHOR_SUCCESS)
 			goto fail;
 		spin = false;
@@ -183,7 +227,7 @@ bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 	kerr err;
 	int which, ngot = 0;
 	bool ok = false;
-	kdeadline never = kdeadline_in_ms(-1), stop_dl = kdeadline_in_ms(cc->timeout_ms);
+	kdeadline never = kdeadline_in_ms(-1);
 	const char *doing = "waiting for reports";
 
 	kerr_clear(&err);
@@ -208,27 +252,27 @@ bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 			int64_t left = (int64_t)(s->next_stall_check_ns - kclock_ns()) / 1000000;
 			idle = left < 1 ? 1 : left > 1000 ? 1000 : (int)left;
 		}
-		st = ctl_wait(s, rx, nw, true, s->stop_sent ? stop_dl : never, spin, idle, &which,
+		/* The stop's hard deadline, by the clock (see the worker's loop). */
+		if (s->stop_sent) {
+			if (kdeadline_passed(s->stop_dl)) {
+				st = stop_late(s, &err);
+				goto fail;
+			}
+			int left = kdeadline_left_ms(s->stop_dl, 1000) + 1;
+			if (idle == 0 || left < idle)
+				idle = left;
+		}
+		st = ctl_wait(s, rx, nw, true, s->stop_sent ? s->stop_dl : never, spin, idle, &which,
 		              &err);
 		spin = false;
-		if (st == KHOR_ERR_TIMEOUT) {
-			bbuf m = { 0 };
-			int *late = malloc(sizeof(int) * (size_t)n), nl = 0;
-			for (int r = 0; late != NULL && r < n; r++)
-				if (!s->stop_r[r])
-					late[nl++] = r;
-			bbuf_rank_list(&m, late, nl);
-			bput_u8(&m, 0);
-			kerr_set(&err, st, "rank(s) %s did not call khor_engine_stop within KHOR_TIMEOUT "
-			         "(%lld ms) of this one", m.p != NULL ? (const char *)m.p : "?",
-			         (long long)cc->timeout_ms);
-			free(m.p);
-			free(late);
-		}
+		if (st == KHOR_ERR_TIMEOUT)
+			st = stop_late(s, &err);
 		if (st != KHOR_SUCCESS) {
 			doing = "waiting for reports";
 			goto fail;
 		}
+		if (which == -2 && s->stop_sent && kdeadline_passed(s->stop_dl))
+			continue; /* the check above fails the stop */
 		if (which >= 0) {
 			got[which + 1] = true;
 			ngot++;
@@ -283,7 +327,19 @@ bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 	doing = "collecting reports";
 	kdeadline dl = kdeadline_in_ms(cc->timeout_ms);
 	while (ngot < nw) {
-		st = ctl_wait(s, rx, nw, false, dl, true, 0, &which, &err);
+		/* A worker that hangs (stopped, busy) while this rank stops: the stop's deadline
+		 * holds here too, alive or not. */
+		int idle = 0;
+		if (s->stop_sent) {
+			if (kdeadline_passed(s->stop_dl)) {
+				st = stop_late(s, &err);
+				goto fail;
+			}
+			idle = kdeadline_left_ms(s->stop_dl, 1000) + 1;
+		}
+		st = ctl_wait(s, rx, nw, false, dl, true, idle, &which, &err);
+		if (st == KHOR_SUCCESS && which == -2)
+			continue;
 		if (st == KHOR_ERR_TIMEOUT) {
 			int *late = malloc(sizeof(int) * (size_t)n), nl = 0;
 			bbuf m = { 0 };

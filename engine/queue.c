@@ -5,6 +5,13 @@
  * it, is claimed by the response that runs it, and completes here: status, error text,
  * callback, the engine's fd. A failed set fails everything still queued.
  *
+ * A name stays taken after its handle completes, until the owner has seen the completion
+ * (khor_handle_wait or khor_handle_test returning the status, or the callback) or freed the
+ * handle (queue_release_locked). Were it freed at completion, a second enqueue of the name
+ * would succeed or fail by how fast the first ran (Horovod's test_torch.py
+ * *_duplicate_name_error tests: the first completes on a fast engine before Python makes
+ * the second call). Horovod frees it once the op runs, which its slower loop makes late.
+ *
  * Everything here runs under the engine's mu (the _locked functions), except queue_fail_set,
  * which takes it.
  */
@@ -29,30 +36,54 @@ void queue_handle_free(khor_handle *h)
 	free(h);
 }
 
-/* Unlinks h from the set's maps (its names may be enqueued again). Under mu. */
-static void forget_locked(khor_handle *h)
+/* Unlinks h from what routes responses to it (its key, the set's join). Under mu. */
+static void unroute_locked(khor_handle *h)
 {
 	eset *s = h->set;
 
 	if (emap_get(&s->keys, h->key) == h)
 		emap_del(&s->keys, h->key);
-	for (int i = 0; i < h->n; i++)
-		if (h->t[i].name != NULL && emap_get(&s->names, h->t[i].name) == h)
-			emap_del(&s->names, h->t[i].name);
 	if (s->join == h)
 		s->join = NULL;
 }
 
+void queue_release_locked(khor_handle *h)
+{
+	eset *s = h->set;
+
+	if (!h->named)
+		return;
+	for (int i = 0; i < h->n; i++)
+		if (h->t[i].name != NULL && emap_get(&s->names, h->t[i].name) == h)
+			emap_del(&s->names, h->t[i].name);
+	klist_del(&h->named_link);
+	h->named = false;
+}
+
+void queue_release_all_locked(eset *s)
+{
+	klist *n;
+
+	while ((n = klist_first(&s->named)) != NULL) {
+		khor_handle *h = KLIST_ENTRY(n, khor_handle, named_link);
+		klist_del(&h->named_link);
+		h->named = false;
+	}
+}
+
 khor_status queue_push_locked(eset *s, khor_handle *h)
 {
+	klist_add_tail(&s->named, &h->named_link);
+	h->named = true;
 	for (int i = 0; i < h->n; i++) {
 		if (emap_put(&s->names, h->t[i].name, h) != KHOR_SUCCESS) {
-			forget_locked(h);
+			queue_release_locked(h);
 			return KHOR_ERR_NO_MEMORY;
 		}
 	}
 	if (emap_put(&s->keys, h->key, h) != KHOR_SUCCESS) {
-		forget_locked(h);
+		queue_release_locked(h);
+		unroute_locked(h);
 		return KHOR_ERR_NO_MEMORY;
 	}
 	if (h->kind == EK_JOIN)
@@ -90,7 +121,7 @@ void queue_complete_locked(struct khor_engine *e, khor_handle *h, khor_status st
 {
 	if (h->done)
 		return;
-	forget_locked(h);
+	unroute_locked(h);
 	h->status = st;
 	/* Every caller passes its sentence; the fallback only keeps the text from being empty
 	 * (khor_strerror lives in the bindings, above this layer). */
@@ -103,6 +134,7 @@ void queue_complete_locked(struct khor_engine *e, khor_handle *h, khor_status st
 	if (h->cb != NULL) {
 		khor_done_fn cb = h->cb;
 		h->cb = NULL;
+		queue_release_locked(h); /* the owner hears of it now */
 		/* done is published: the owner may free h while mu is let go for the callback
 		 * (found by TSan: a read of h->detached after such a free). It only detaches it
 		 * then, and the free happens below. */
@@ -113,6 +145,7 @@ void queue_complete_locked(struct khor_engine *e, khor_handle *h, khor_status st
 		h->in_cb = false;
 	}
 	if (h->detached) {
+		queue_release_locked(h);
 		/* The engine's own reference lasts until engine_stop has failed every handle, so
 		 * this one is never the last. */
 		queue_handle_free(h);
@@ -162,6 +195,9 @@ void queue_fail_set(eset *s, const kerr *cause)
 		klist_del(&h->link);
 		queue_complete_locked(e, h, s->err.status, s->err.text);
 	}
+	/* A reported join waits in s->join alone, in neither list. */
+	if (s->join != NULL)
+		queue_complete_locked(e, s->join, s->err.status, s->err.text);
 	queue_signal_locked(e);
 	pthread_mutex_unlock(&e->mu);
 }

@@ -7,6 +7,10 @@
 /* Pushes h onto s's fresh list, its names and key into s's maps (under mu); no memory: it is
  * in no list or map then. */
 khor_status queue_push_locked(eset *s, khor_handle *h);
+/* The owner has seen h complete, or freed it: its names may be enqueued again (under mu). */
+void queue_release_locked(khor_handle *h);
+/* The set ends: its handles that outlive it hold no names (under mu). */
+void queue_release_all_locked(eset *s);
 /* h is reported: from the fresh list to the pending one (under mu). */
 void queue_report_locked(eset *s, khor_handle *h);
 /* The handle of key in s that this rank reported and a response now runs: out of pending,

@@ -6,7 +6,11 @@
  *
  *   response := { 'C' u32 slot | 'R' u32 len desc u8 cache [u64 dim0[n * size]]
  *               | 'E' u16 len key u16 len msg | 'D' i32 last_joiner
- *               | 'T' u64 fusion_bytes u64 cycle_us | 'X' }*
+ *               | 'T' u64 fusion_bytes u64 cycle_us | 'Q' i32 rank | 'X' }*
+ *
+ * 'Q': that rank has asked to stop (its report's 'S'); sent once per rank, in the cycle
+ * the coordinator hears it. Later enqueues on the set fail at once naming it, this rank's
+ * join ends with that cause, and this rank stops the set too (coordinator.c).
  */
 #include "response.h"
 
@@ -15,6 +19,7 @@
 #include "queue.h"
 #include "response_cache.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -187,6 +192,37 @@ bool response_parse(eset *s, const uint8_t *p, size_t len, eresp *out)
 			uint64_t fb = bget_u64(&r), cu = bget_u64(&r);
 			atomic_store(&e->fusion_bytes, fb);
 			atomic_store(&e->cycle_us, cu);
+		} else if (rec == 'Q') {
+			int who = bget_i32(&r);
+			if (r.bad || who < 0 || who >= s->size || s->peer_stop == NULL) {
+				r.bad = true;
+				break;
+			}
+			pthread_mutex_lock(&e->mu);
+			if (!s->peer_stop[who] && who != s->rank) {
+				s->peer_stop[who] = true;
+				if (s->first_stopper < 0)
+					s->first_stopper = who;
+				/*
+				 * Nothing more can run on the set: this rank stops it too (its next report
+				 * says 'S'), as Horovod's loop ends at one rank's shutdown. Its own later
+				 * khor_engine_stop then finds the thread ended; the rank that stopped
+				 * first is not kept waiting for it.
+				 */
+				s->stop = true;
+				khor_handle *j = s->join;
+				if (j != NULL) {
+					char m[256];
+					snprintf(m, sizeof(m), "rank %d, engine set %d: rank %d stopped %s "
+					         "while this rank waits in join: the join can never complete "
+					         "(Horovod: \"Horovod has been shut down\")", s->user->ctx->rank,
+					         s->id, who, s->id == 0 ? "its engine (khor_engine_stop, "
+					         "Horovod's shutdown)" : "its engine or removed the set");
+					queue_complete_locked(e, j, KHOR_ERR_REMOTE, m);
+					queue_signal_locked(e);
+				}
+			}
+			pthread_mutex_unlock(&e->mu);
 		} else if (rec == 'X') {
 			stop = true;
 		} else {

@@ -38,7 +38,8 @@ void table_free(eset *s)
 	emap_free(&s->table);
 	free(s->joined_r);
 	free(s->stop_r);
-	s->joined_r = s->stop_r = NULL;
+	free(s->stop_told);
+	s->joined_r = s->stop_r = s->stop_told = NULL;
 }
 
 /* Records that rank r has key ready with descriptor d (copied). */

@@ -8,9 +8,14 @@
  * to start), then the op (ALLREDUCE, ...: args algorithm, transport, bytes, tensors) and
  * inside it MEMCPY_IN_FUSION_BUFFER and MEMCPY_OUT_FUSION_BUFFER when fused. Lane 0 holds
  * CYCLE_START marks when asked for. Times are microseconds since the file was opened.
- * Events are written as they happen, under one lock; the file is a valid JSON document
- * once closed ({"traceEvents": [...]}); a crashed run leaves it unterminated, which the
- * viewers accept.
+ *
+ * The file is Chrome's trace-event array form, as Horovod writes it: "[" on the first line,
+ * then one event per line, each followed by ",". Each line reaches the file whole (the
+ * stream is line-buffered and an event is one line), so a process that dies without
+ * khor_engine_stop (kill -9, a crash, a Python exception past shutdown) leaves a file that
+ * chrome://tracing and Perfetto load: the format allows the "]" and the last event's ","
+ * to be missing. The old {"traceEvents": [...]} object was invalid JSON then. Closing the
+ * timeline overwrites the last "," with the "]", which makes the file strict JSON too.
  */
 #include "timeline.h"
 
@@ -18,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 struct timeline {
 	FILE *f;
@@ -26,7 +32,6 @@ struct timeline {
 	emap lanes;       /* tensor name -> lane (pid) */
 	int next_lane;
 	uint64_t t0;
-	bool any;
 };
 
 static void put_json_str(FILE *f, const char *s)
@@ -44,10 +49,10 @@ static void put_json_str(FILE *f, const char *s)
 	fputc('"', f);
 }
 
-static void sep(struct timeline *t)
+/* Ends an event's line: the stream is line-buffered, so this writes the line out. */
+static void eol(struct timeline *t)
 {
-	fputs(t->any ? ",\n" : "\n", t->f);
-	t->any = true;
+	fputs(",\n", t->f);
 }
 
 struct timeline *timeline_open(const char *path, int rank, bool mark_cycles, kerr *err)
@@ -70,10 +75,11 @@ struct timeline *timeline_open(const char *path, int rank, bool mark_cycles, ker
 	t->mark_cycles = mark_cycles;
 	t->next_lane = 1;
 	t->t0 = kclock_ns();
-	fputs("{\"traceEvents\": [", t->f);
-	sep(t);
+	setvbuf(t->f, NULL, _IOLBF, 0);
+	fputs("[\n", t->f);
 	fprintf(t->f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{\"name\":"
 	        "\"khor engine, rank %d\"}}", rank);
+	eol(t);
 	return t;
 }
 
@@ -81,7 +87,10 @@ void timeline_close(struct timeline *t)
 {
 	if (t == NULL)
 		return;
-	fputs("\n]}\n", t->f);
+	/* The file ends "},\n" (there is always the first event): "\n]\n" over the ",\n". */
+	off_t end = ftello(t->f);
+	if (end >= 2 && fseeko(t->f, end - 2, SEEK_SET) == 0)
+		fputs("\n]\n", t->f);
 	fclose(t->f);
 	emap_free(&t->lanes);
 	free(t);
@@ -106,13 +115,13 @@ static int lane(struct timeline *t, const char *tensor)
 	int p = t->next_lane++;
 	if (emap_put(&t->lanes, tensor, (void *)(intptr_t)p) != KHOR_SUCCESS)
 		return 0;
-	sep(t);
 	fprintf(t->f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":", p);
 	put_json_str(t->f, tensor);
 	fputs("}}", t->f);
-	sep(t);
+	eol(t);
 	fprintf(t->f, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"args\":"
 	        "{\"sort_index\":%d}}", p, p);
+	eol(t);
 	return p;
 }
 
@@ -124,7 +133,6 @@ static void event(struct khor_engine *e, const char *tensor, const char *name, c
 	struct timeline *t = e->tl;
 	if (t != NULL) {
 		int p = lane(t, tensor);
-		sep(t);
 		fputc('{', t->f);
 		if (name != NULL) {
 			fputs("\"name\":", t->f);
@@ -136,6 +144,7 @@ static void event(struct khor_engine *e, const char *tensor, const char *name, c
 		if (args_json != NULL)
 			fprintf(t->f, ",\"args\":%s", args_json);
 		fputc('}', t->f);
+		eol(t);
 	}
 	pthread_mutex_unlock(&e->tl_mu);
 }
@@ -161,9 +170,9 @@ void timeline_cycle(struct khor_engine *e, int set, uint32_t cycle, uint64_t ns)
 	pthread_mutex_lock(&e->tl_mu);
 	struct timeline *t = e->tl;
 	if (t != NULL && t->mark_cycles) {
-		sep(t);
 		fprintf(t->f, "{\"name\":\"CYCLE_START\",\"ph\":\"i\",\"s\":\"g\",\"ts\":%.3f,\"pid\":0,"
 		        "\"tid\":0,\"args\":{\"set\":%d,\"cycle\":%u}}", us(t, ns), set, cycle);
+		eol(t);
 	}
 	pthread_mutex_unlock(&e->tl_mu);
 }

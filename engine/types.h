@@ -91,6 +91,13 @@ struct khor_handle {
 	struct eset *set;
 	struct khor_engine *eng;
 	klist link;              /* in the set's fresh list, then its pending list (under mu) */
+	/*
+	 * Its names are in the set's names map, and it is in the set's named list (under mu),
+	 * from enqueue until its owner has seen it complete (a wait or test that returns its
+	 * status, its callback) or freed it: a name is taken that long (queue.c says why).
+	 */
+	klist named_link;
+	bool named;
 	int kind;
 	khor_op op;
 	int root;
@@ -194,18 +201,30 @@ typedef struct eset {
 	/* Under e->mu. */
 	klist fresh;                      /* enqueued, not reported yet (queue.c) */
 	klist pending;                    /* reported, waiting for a response */
-	emap names;                       /* tensor names in flight -> handle */
+	emap names;                       /* tensor names taken -> handle (queue.c) */
+	klist named;                      /* the handles holding them, for the set's end */
 	emap keys;                        /* keys in flight -> handle */
 	khor_handle *join;                /* this rank's join, while it waits */
 	bool stop;                        /* khor_engine_stop was called */
 	bool failed;
 	kerr err;                         /* the set's sticky failure */
+	/*
+	 * Peers that have stopped (khor_engine_stop, or removed the set), as the coordinator's
+	 * 'Q' records tell every rank: nothing more can run on the set, so an enqueue fails at
+	 * once and a join ends, with the first one's name (the cause). size > 1 only.
+	 */
+	bool *peer_stop;
+	int first_stopper;                /* -1: none */
+	bool stop_failed;                 /* the set failed while stopping (its err says why) */
 	/* The set thread's own. */
 	atomic_bool woken;
 	pthread_cond_t cv;                /* one-rank sets sleep here */
 	uint32_t cycle;
 	ecache cache;
 	bool stop_sent;
+	/* From when this rank asked to stop, the others have KHOR_TIMEOUT to do the same: one
+	 * deadline for the whole stop, never moved by cycles or by the peers being alive. */
+	kdeadline stop_dl;
 	uint8_t *fusion;
 	size_t fusion_len;
 	edev dev;
@@ -220,6 +239,7 @@ typedef struct eset {
 	emap table;
 	klist arrivals;                   /* its centries, in arrival order */
 	bool *joined_r, *stop_r;
+	bool *stop_told;                  /* stop_r[r] sent to every rank (a 'Q' record) */
 	int njoined, nstop, last_joiner;
 	uint64_t next_stall_check_ns;
 	/* Statistics, for khor-bench and autotune. */

@@ -356,7 +356,8 @@ KHOR_API void khor_request_free(khor_request *request);
  * first, then the HOROVOD_* alias): KHOR_FUSION_THRESHOLD (HOROVOD_FUSION_THRESHOLD,
  * bytes, 0 = no fusion), KHOR_CYCLE_TIME (HOROVOD_CYCLE_TIME, ms between the starts of
  * two cycles, 0 = start at once), KHOR_CACHE_CAPACITY (HOROVOD_CACHE_CAPACITY, 0 = off),
- * KHOR_TIMELINE (HOROVOD_TIMELINE), KHOR_TIMELINE_MARK_CYCLES (HOROVOD_TIMELINE_MARK_CYCLES),
+ * KHOR_TIMELINE (HOROVOD_TIMELINE; a path, "%r" in it becomes the rank; DYNAMIC = no file
+ * until khor_engine_timeline_start), KHOR_TIMELINE_MARK_CYCLES (HOROVOD_TIMELINE_MARK_CYCLES),
  * KHOR_STALL_CHECK_TIME (HOROVOD_STALL_CHECK_TIME_SECONDS; seconds, 0 = off),
  * KHOR_STALL_SHUTDOWN_TIME (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS; 0 = off), KHOR_AUTOTUNE
  * (HOROVOD_AUTOTUNE), KHOR_AUTOTUNE_LOG (HOROVOD_AUTOTUNE_LOG).
@@ -365,8 +366,11 @@ KHOR_API void khor_request_free(khor_request *request);
  * adds a comm made from it (khor_comm_split or khor_comm_create_group), named by the id it
  * returns (the same on every member). Each set has its own thread, coordinator and cache.
  *
- * Names: one tensor name is in flight at most once per set (a second enqueue of a name
- * whose handle has not completed fails at once). Every member must enqueue the same names
+ * Names: one tensor name is in flight at most once per set. A name is taken from its
+ * enqueue until the handle's owner has seen it complete (khor_handle_wait or
+ * khor_handle_test returning its status, or its callback) or freed it; a second enqueue of
+ * a taken name fails at once with KHOR_ERR_INVALID_ARG and khor_engine_error naming the
+ * tensor, however fast the first ran. Every member must enqueue the same names
  * with matching arguments, in any order; a mismatch fails that name on every member with
  * a message naming the tensor, the ranks and what differs.
  *
@@ -401,6 +405,14 @@ KHOR_API khor_status khor_engine_start(khor_comm *comm, const khor_config *confi
  * (not the comms given to it). Handles not freed yet stay valid for the khor_handle_*
  * calls until freed. Call it before khor_finalize and before freeing a comm that is one
  * of its process sets: those free the links and comms the engine's threads use.
+ *
+ * One rank's stop is news to the others at once (as Horovod's shutdown is): what they wait
+ * for that the stopped rank never submitted (a barrier, a join, an allreduce) fails with
+ * an error naming it, their later enqueues fail at once the same way, and their engines
+ * end the set themselves (their own khor_engine_stop then returns at once). A rank that
+ * hangs has KHOR_TIMEOUT from this rank's call to join the stop, alive or not: past it
+ * this returns KHOR_ERR_TIMEOUT (the engine is freed all the same) with khor_comm_error(comm)
+ * naming the ranks that never joined the stop, and those ranks' sets fail with that cause.
  */
 KHOR_API khor_status khor_engine_stop(khor_engine *engine);
 /* The engine's last error (a failed enqueue, the sticky failure of a set), "" if none. */
@@ -415,7 +427,12 @@ KHOR_API khor_status khor_engine_add_process_set(khor_engine *engine, khor_comm 
 KHOR_API khor_status khor_engine_remove_process_set(khor_engine *engine, int set);
 /* A file descriptor that becomes readable when a handle completes (reading it clears it). */
 KHOR_API int khor_engine_fd(const khor_engine *engine);
-/* Timeline (Chrome trace-event JSON) from now on, into path; mark_cycles adds cycle marks. */
+/*
+ * Timeline from now on, into path ("%r": the rank's own file; without it rank 0 alone
+ * writes); mark_cycles adds cycle marks. Chrome's trace-event array form, one event a line
+ * each followed by ",": it loads in chrome://tracing and Perfetto even when the process dies
+ * without stopping it, and is strict JSON once stopped (khor_engine_timeline_stop, _stop).
+ */
 KHOR_API khor_status khor_engine_timeline_start(khor_engine *engine, const char *path,
                                                 int mark_cycles);
 KHOR_API khor_status khor_engine_timeline_stop(khor_engine *engine);

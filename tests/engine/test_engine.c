@@ -24,6 +24,7 @@
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2218,13 +2219,30 @@ static const char timeline_check_py[] =
     "# hears from every rank)\n"
     "me = int(os.environ.get('KHOR_TEST_TIMELINE_RANK', '-1'))\n"
     "bad = []\n"
-    "try:\n"
-    "    doc = json.load(open(path))\n"
-    "except Exception as e:\n"
-    "    print('not valid JSON: %s' % e); sys.exit(1)\n"
-    "if not isinstance(doc, dict) or not isinstance(doc.get('traceEvents'), list):\n"
-    "    print('no traceEvents list at the top'); sys.exit(1)\n"
-    "ev = doc['traceEvents']\n"
+    "text = open(path).read()\n"
+    "# Chrome's array form, as Horovod writes it: a '[' line, then one event per line\n"
+    "if not text.startswith('[\\n'):\n"
+    "    print('does not start with a [ line: %r' % text[:40]); sys.exit(1)\n"
+    "if mode == 'killed':\n"
+    "    # no ']' (the process died): every line must still be one whole event and a ','\n"
+    "    ev, lines = [], text.split('\\n')\n"
+    "    if lines[-1] != '': print('the last line is cut: %r' % lines[-1][:80]); sys.exit(1)\n"
+    "    for i, l in enumerate(lines[1:-1]):\n"
+    "        try:\n"
+    "            assert l.endswith(','), 'no , at its end'\n"
+    "            e = json.loads(l[:-1]); assert isinstance(e, dict) and 'ph' in e, 'no ph'\n"
+    "        except Exception as x:\n"
+    "            print('line %d is not one event and a comma (%s): %r' % (i + 2, x, l[:80]))\n"
+    "            sys.exit(1)\n"
+    "        ev.append(e)\n"
+    "else:\n"
+    "    try:\n"
+    "        doc = json.loads(text)\n"
+    "    except Exception as e:\n"
+    "        print('not valid JSON after a clean stop: %s' % e); sys.exit(1)\n"
+    "    if not isinstance(doc, list):\n"
+    "        print('not a JSON array of events'); sys.exit(1)\n"
+    "    ev = doc\n"
     "lane = {}\n"
     "for e in ev:\n"
     "    if e.get('ph') == 'M' and e.get('name') == 'process_name':\n"
@@ -2286,6 +2304,10 @@ static const char timeline_check_py[] =
     "    check_op('tl/ag', 'NEGOTIATE_ALLGATHER', 'ALLGATHER', 2, False)\n"
     "    if fused < 2: bad.append('no ALLREDUCE span has args.tensors >= 2')\n"
     "    if not cycles: bad.append('no CYCLE_START marks with KHOR_TIMELINE_MARK_CYCLES=1')\n"
+    "elif mode == 'killed':\n"
+    "    pid = lane_of(sys.argv[3])\n"
+    "    if pid is not None and 'ALLREDUCE' not in [s[0] for s in spans(pid)]:\n"
+    "        bad.append('%s: no whole ALLREDUCE span before the kill' % sys.argv[3])\n"
     "else:\n"
     "    present, absent = sys.argv[3], sys.argv[4]\n"
     "    check_op(present, 'NEGOTIATE_ALLREDUCE', 'ALLREDUCE', 2, False)\n"
@@ -2526,6 +2548,145 @@ Test(engine, timeline_is_trace_event_json_with_negotiation_ops_fusion_and_cycles
 	cr_expect_eq(rc, 0, "the timeline %s fails its check:\n%s", tj.rt0_path, out);
 	if (rc == 0)
 		unlink(tj.rt0_path);
+	harness_shared_free(sh, sizeof(*sh));
+}
+
+/*
+ * n = 2, KHOR_TIMELINE with %r: three allreduces, then both ranks kill themselves (SIGKILL,
+ * no khor_engine_stop), as a script that dies does. Each rank's file must still load: a "["
+ * line, then whole events, one a line, each followed by "," (what Chrome and Perfetto read).
+ */
+static int body_tl_killed(int rank, int n, khor_config *cfg, void *arg)
+{
+	const struct tl_job *tj = arg;
+	struct shared *sh = tj->sh;
+	khor_comm *world;
+	khor_engine *eng;
+	char why[TEXT];
+	int rc;
+
+	if ((rc = init(sh, rank, cfg, &world)) != 0)
+		return rc;
+	const char *kv[] = {"KHOR_TIMELINE", tj->rt_path, NULL};
+	if ((rc = start_engine(sh, rank, world, kv, &eng)) != 0)
+		return rc;
+	static const char *const names[3] = {"tk/a", "tk/b", "tk/c"};
+	for (int t = 0; t < 3; t++)
+		if (tl_allreduce(eng, names[t], 300, rank, n, why, sizeof(why)) != 0)
+			return fail(sh, rank, 190, "%s", why);
+	/* both done before either dies, so neither dies waiting on the other */
+	atomic_set(&sh->flag[2][rank], 1);
+	if (!wait_flag(&sh->flag[2][1 - rank], 20))
+		return fail(sh, rank, 191, "rank %d never finished its allreduces", 1 - rank);
+	raise(SIGKILL);
+	return fail(sh, rank, 192, "alive after SIGKILL");
+}
+
+Test(engine, timeline_of_a_killed_process_is_a_loadable_event_array, .timeout = 60)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	struct tl_job tj = {.sh = sh};
+	harness_opts o = {.n = 2, .timeout = "20s", .deadline_s = 50};
+	harness_result res;
+	char out[8192], path[160];
+
+	snprintf(tj.rt_path, sizeof(tj.rt_path), "/tmp/khor-test-tlk-%d-%%r.json", (int)getpid());
+	harness_run(&o, body_tl_killed, &tj, &res);
+	for (int r = 0; r < 2; r++) {
+		cr_expect_eq(res.status[r], 128 + SIGKILL, "rank %d ended with %d, not by its SIGKILL: %s",
+		             r, res.status[r], sh->err[r]);
+		snprintf(path, sizeof(path), "/tmp/khor-test-tlk-%d-%d.json", (int)getpid(), r);
+		char me[16];
+		snprintf(me, sizeof(me), "%d", r);
+		setenv("KHOR_TEST_TIMELINE_RANK", me, 1);
+		int rc = timeline_check(path, "killed tk/c", out, sizeof(out));
+		unsetenv("KHOR_TEST_TIMELINE_RANK");
+		fprintf(stderr, "timeline %s (killed):\n%s", path, out);
+		cr_expect_eq(rc, 0, "the timeline %s of a killed rank fails its check:\n%s", path, out);
+		if (rc == 0)
+			unlink(path);
+	}
+	harness_shared_free(sh, sizeof(*sh));
+}
+
+/*
+ * n = 2, HOROVOD_TIMELINE=DYNAMIC (Horovod: the timeline starts later, with
+ * hvd.start_timeline), the ranks in an empty directory: khor_engine_start writes no file;
+ * dy/before runs; khor_engine_timeline_start on a %r path; dy/x runs; khor_engine_stop. The
+ * directory must then hold the two rank files alone, each strict JSON with dy/x's lane and
+ * no dy/before.
+ */
+static int body_tl_dynamic(int rank, int n, khor_config *cfg, void *arg)
+{
+	const struct tl_job *tj = arg;
+	struct shared *sh = tj->sh;
+	khor_comm *world;
+	khor_engine *eng;
+	char why[TEXT];
+	int rc;
+
+	if (chdir(tj->path) != 0)
+		return fail(sh, rank, 193, "chdir %s: %s", tj->path, strerror(errno));
+	setenv("HOROVOD_TIMELINE", "DYNAMIC", 1);
+	if ((rc = init(sh, rank, cfg, &world)) != 0)
+		return rc;
+	if ((rc = start_engine(sh, rank, world, NULL, &eng)) != 0)
+		return rc;
+	if (tl_allreduce(eng, "dy/before", 100, rank, n, why, sizeof(why)) != 0)
+		return fail(sh, rank, 194, "%s", why);
+	khor_status st = khor_engine_timeline_start(eng, tj->rt_path, 0);
+	if (st != KHOR_SUCCESS)
+		return fail(sh, rank, 195, "khor_engine_timeline_start(%s) after DYNAMIC: %d: %s",
+		            tj->rt_path, st, khor_engine_error(eng));
+	if (tl_allreduce(eng, "dy/x", 100, rank, n, why, sizeof(why)) != 0)
+		return fail(sh, rank, 196, "%s", why);
+	if (khor_engine_stop(eng) != KHOR_SUCCESS)
+		return fail(sh, rank, 197, "khor_engine_stop failed: %s", khor_comm_error(world));
+	khor_finalize(world);
+	return leak_check(sh, rank);
+}
+
+Test(engine, timeline_dynamic_opens_no_file_until_timeline_start, .timeout = 60)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	struct tl_job tj = {.sh = sh};
+	harness_opts o = {.n = 2, .timeout = "20s", .deadline_s = 50};
+	harness_result res;
+	char out[8192], path[300];
+
+	snprintf(tj.path, sizeof(tj.path), "/tmp/khor-test-tld-%d-XXXXXX", (int)getpid());
+	cr_assert_not_null(mkdtemp(tj.path), "mkdtemp: %s", strerror(errno));
+	snprintf(tj.rt_path, sizeof(tj.rt_path), "%s/dyn-%%r.json", tj.path);
+	harness_run(&o, body_tl_dynamic, &tj, &res);
+	expect_all_ok(sh, &res, 2, "HOROVOD_TIMELINE=DYNAMIC");
+	DIR *d = opendir(tj.path);
+	struct dirent *de;
+	int others = 0;
+	while (d != NULL && (de = readdir(d)) != NULL) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
+		    strcmp(de->d_name, "dyn-0.json") == 0 || strcmp(de->d_name, "dyn-1.json") == 0)
+			continue;
+		cr_expect(false, "HOROVOD_TIMELINE=DYNAMIC left a file '%s' in the ranks' directory",
+		          de->d_name);
+		snprintf(path, sizeof(path), "%s/%s", tj.path, de->d_name);
+		unlink(path);
+		others++;
+	}
+	if (d != NULL)
+		closedir(d);
+	for (int r = 0; r < 2; r++) {
+		snprintf(path, sizeof(path), "%s/dyn-%d.json", tj.path, r);
+		char me[16];
+		snprintf(me, sizeof(me), "%d", r);
+		setenv("KHOR_TEST_TIMELINE_RANK", me, 1);
+		int rc = timeline_check(path, "runtime dy/x dy/before", out, sizeof(out));
+		unsetenv("KHOR_TEST_TIMELINE_RANK");
+		fprintf(stderr, "timeline %s (DYNAMIC, then khor_engine_timeline_start):\n%s", path, out);
+		cr_expect_eq(rc, 0, "the timeline %s fails its check:\n%s", path, out);
+		unlink(path);
+	}
+	rmdir(tj.path);
+	(void)others;
 	harness_shared_free(sh, sizeof(*sh));
 }
 
@@ -2829,8 +2990,13 @@ static int body_handles(int rank, int n, khor_config *cfg, void *arg)
 	    (st = khor_enqueue_allreduce(eng, 0, "api/never", x, x, KHOR_INT32, 1, d100, KHOR_SUM,
 	                                 1.0, 1.0, &never)) != KHOR_SUCCESS)
 		return fail(sh, rank, 160, "api/never refused: %s", khor_engine_error(eng));
+	/* rank 1 stops after the enqueue: once a peer has stopped, an enqueue fails at once */
+	if (rank == 0)
+		atomic_set(&sh->flag[6][0], 1);
+	else if (!wait_flag(&sh->flag[6][0], 20))
+		return fail(sh, rank, 160, "rank 0 never enqueued api/never");
 	if (khor_engine_stop(eng) != KHOR_SUCCESS)
-		return fail(sh, rank, 161, "khor_engine_stop failed");
+		return fail(sh, rank, 161, "khor_engine_stop failed: %s", khor_comm_error(world));
 	if (never != NULL) {
 		st = khor_handle_test(never);
 		snprintf(sh->text[rank][0], TEXT, "%s", khor_handle_error(never));
@@ -2858,6 +3024,331 @@ Test(engine, handle_test_callbacks_fd_alloc_output_and_free_pending, .timeout = 
 	expect_all_ok(sh, &res, 2, "handle calls");
 	fprintf(stderr, "handle pending at stop: %s\n", sh->text[0][0]);
 	harness_shared_free(sh, sizeof(*sh));
+}
+
+/* ---- 9b. a name stays taken until its handle is seen or freed ---------------------------------
+ */
+
+/*
+ * n = 2. Horovod's *_duplicate_name_error tests enqueue a name twice without synchronizing the
+ * first: the second must fail however fast the first ran. Each round both ranks enqueue held/x,
+ * wait through the engine fd until it has completed (the fd is not the handle's owner seeing
+ * it), and a second held/x (an allgather) must be refused at enqueue with a text naming it;
+ * then the first is seen by khor_handle_wait (round % 3 == 0), khor_handle_test (1) or freed
+ * (2), and held/x is enqueued again and runs. 15 rounds: the outcome may not depend on timing.
+ */
+static int body_held(int rank, int n, khor_config *cfg, void *arg)
+{
+	struct shared *sh = arg;
+	khor_comm *world;
+	khor_engine *eng;
+	int32_t x[16], y[16];
+	int64_t dims[1] = {16};
+	khor_handle *h, *h2;
+	khor_status st;
+	int rc;
+
+	(void)n;
+	if ((rc = init(sh, rank, cfg, &world)) != 0)
+		return rc;
+	if ((rc = start_engine(sh, rank, world, NULL, &eng)) != 0)
+		return rc;
+	int fd = khor_engine_fd(eng);
+	for (int round = 0; round < 15; round++) {
+		int how = round % 3;
+		for (int j = 0; j < 16; j++)
+			x[j] = y[j] = rank + j + round;
+		fd_drain(fd);
+		st = khor_enqueue_allreduce(eng, 0, "held/x", x, x, KHOR_INT32, 1, dims, KHOR_SUM,
+		                            1.0, 1.0, &h);
+		if (st != KHOR_SUCCESS)
+			return fail(sh, rank, 170, "round %d: the first held/x was refused (%d): %s",
+			            round, st, khor_engine_error(eng));
+		if (!fd_readable(fd, 15000))
+			return fail(sh, rank, 171, "round %d: held/x did not complete in 15 s", round);
+		for (int j = 0; j < 16; j++)
+			if (x[j] != 1 + 2 * (j + round))
+				return fail(sh, rank, 172, "round %d: the fd rang before held/x[%d] "
+				            "was in place (%d)", round, j, x[j]);
+		h2 = (khor_handle *)&sh;
+		st = khor_enqueue_allgather(eng, 0, "held/x", y, KHOR_INT32, 1, dims, NULL, NULL,
+		                            &h2);
+		if (st != KHOR_ERR_INVALID_ARG || h2 != (khor_handle *)&sh)
+			return fail(sh, rank, 173, "round %d: a second held/x, its first completed but "
+			            "not waited for, got status %d (want %d, refused)", round, st,
+			            KHOR_ERR_INVALID_ARG);
+		const char *why = khor_engine_error(eng);
+		if (strstr(why, "'held/x'") == NULL || strstr(why, "waited for") == NULL)
+			return fail(sh, rank, 174, "round %d: the refusal does not name held/x and "
+			            "say it waits to be waited for: '%s'", round, why);
+		if (round == 0)
+			snprintf(sh->text[rank][0], TEXT, "%s", why);
+		if (how == 0 && (st = khor_handle_wait(h)) != KHOR_SUCCESS)
+			return fail(sh, rank, 175, "round %d: wait: %d: %s", round, st,
+			            khor_handle_error(h));
+		if (how == 1 && (st = khor_handle_test(h)) != KHOR_SUCCESS)
+			return fail(sh, rank, 176, "round %d: test: %d: %s", round, st,
+			            khor_handle_error(h));
+		khor_handle_free(h);
+		st = khor_enqueue_allreduce(eng, 0, "held/x", y, y, KHOR_INT32, 1, dims, KHOR_SUM,
+		                            1.0, 1.0, &h);
+		if (st != KHOR_SUCCESS)
+			return fail(sh, rank, 177, "round %d: held/x after its first handle was %s "
+			            "was refused (%d): %s", round,
+			            how == 0 ? "waited for" : how == 1 ? "tested" : "freed", st,
+			            khor_engine_error(eng));
+		if ((st = khor_handle_wait(h)) != KHOR_SUCCESS)
+			return fail(sh, rank, 178, "round %d: the second held/x: %d: %s", round, st,
+			            khor_handle_error(h));
+		for (int j = 0; j < 16; j++)
+			if (y[j] != 1 + 2 * (j + round))
+				return fail(sh, rank, 179, "round %d: the second held/x[%d] = %d", round,
+				            j, y[j]);
+		khor_handle_free(h);
+	}
+	if (khor_engine_stop(eng) != KHOR_SUCCESS)
+		return fail(sh, rank, 180, "khor_engine_stop failed: %s", khor_comm_error(world));
+	khor_finalize(world);
+	return leak_check(sh, rank);
+}
+
+Test(engine, name_stays_taken_until_its_handle_is_waited_tested_or_freed, .timeout = 60)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	harness_opts o = {.n = 2, .timeout = "20s", .deadline_s = 50};
+	harness_result res;
+
+	harness_run(&o, body_held, sh, &res);
+	expect_all_ok(sh, &res, 2, "a name held until its handle is seen");
+	fprintf(stderr, "held/x refused: %s\n", sh->text[0][0]);
+	harness_shared_free(sh, sizeof(*sh));
+}
+
+/* ---- 9c. one rank stops while the others wait ---------------------------------------------------
+ */
+
+struct stop_job {
+	struct shared *sh;
+	int stopper;
+	char ops[4]; /* per rank: what it waits in: 'b' barrier, 'j' join, 'a' an allreduce */
+};
+
+static const char *op_word(char op)
+{
+	return op == 'b' ? "barrier" : op == 'j' ? "join" : "allreduce";
+}
+
+/*
+ * n = 3. Rank `stopper` calls khor_engine_stop while the other two wait, each in its op of
+ * ops (Horovod's test_torch.py run as one file: a rank whose test failed sits in tearDown's
+ * barrier while another shuts down). Both must end within seconds with the stopper named as
+ * the cause, an enqueue after that must fail at once naming it, and once they stop too every
+ * khor_engine_stop returns KHOR_SUCCESS. KHOR_TIMEOUT is 20 s: nothing here ends by a
+ * deadline.
+ */
+static int body_stop_waiting(int rank, int n, khor_config *cfg, void *arg)
+{
+	const struct stop_job *sj = arg;
+	struct shared *sh = sj->sh;
+	int stopper = sj->stopper;
+	khor_comm *world;
+	khor_engine *eng;
+	khor_handle *h;
+	khor_status st;
+	int32_t w[8] = {0};
+	int rc;
+
+	if ((rc = init(sh, rank, cfg, &world)) != 0)
+		return rc;
+	if ((rc = start_engine(sh, rank, world, NULL, &eng)) != 0)
+		return rc;
+	if (rank == stopper) {
+		for (int r = 0; r < n; r++)
+			if (r != rank && !wait_flag(&sh->flag[3][r], 20))
+				return fail(sh, rank, 200, "rank %d never started waiting", r);
+		sleep_ms(300); /* what they wait in reaches the coordinator */
+		double t0 = mono();
+		sh->secs[rank][1] = t0;
+		atomic_set(&sh->flag[4][0], 1);
+		st = khor_engine_stop(eng);
+		sh->secs[rank][0] = mono() - t0;
+		if (st != KHOR_SUCCESS)
+			return fail(sh, rank, 201, "khor_engine_stop: %d: %s", st, khor_comm_error(world));
+		khor_finalize(world);
+		return leak_check(sh, rank);
+	}
+	char op = sj->ops[rank];
+	const char *what = op_word(op);
+	if (op == 'j')
+		st = khor_enqueue_join(eng, 0, &h);
+	else if (op == 'b')
+		st = khor_enqueue_barrier(eng, 0, &h);
+	else
+		st = khor_enqueue_allreduce(eng, 0, "wait/x", w, w, KHOR_INT32, 1, (int64_t[]){8},
+		                            KHOR_SUM, 1.0, 1.0, &h);
+	if (st != KHOR_SUCCESS)
+		return fail(sh, rank, 202, "%s refused: %s", what, khor_engine_error(eng));
+	atomic_set(&sh->flag[3][rank], 1);
+	st = khor_handle_wait(h);
+	double t_end = mono();
+	snprintf(sh->text[rank][0], TEXT, "%s", khor_handle_error(h));
+	if (!wait_flag(&sh->flag[4][0], 1))
+		return fail(sh, rank, 203, "the %s ended (%d: %s) before rank %d stopped", what, st,
+		            khor_handle_error(h), stopper);
+	sh->secs[rank][0] = t_end - sh->secs[stopper][1];
+	if (st == KHOR_SUCCESS)
+		return fail(sh, rank, 204, "the %s succeeded although rank %d stopped", what,
+		            stopper);
+	const char *why = khor_handle_error(h);
+	if (!names_rank(why, stopper) || find_ci(why, "stopped") == NULL ||
+	    find_ci(why, what) == NULL)
+		return fail(sh, rank, 205, "the %s's error does not name rank %d stopping and the "
+		            "%s: '%s'", what, stopper, what, why);
+	khor_handle_free(h);
+	int32_t v[4] = {1, 2, 3, 4};
+	double t1 = mono();
+	st = khor_enqueue_allreduce(eng, 0, "after/stop", v, v, KHOR_INT32, 1, (int64_t[]){4},
+	                            KHOR_SUM, 1.0, 1.0, &h);
+	if (st == KHOR_SUCCESS)
+		return fail(sh, rank, 206, "an allreduce enqueued after rank %d stopped was taken",
+		            stopper);
+	if (mono() - t1 > 0.5 || !names_rank(khor_engine_error(eng), stopper) ||
+	    find_ci(khor_engine_error(eng), "after/stop") == NULL)
+		return fail(sh, rank, 207, "the enqueue after rank %d stopped took %.2f s or does not "
+		            "name it and the tensor: '%s'", stopper, mono() - t1,
+		            khor_engine_error(eng));
+	snprintf(sh->text[rank][1], TEXT, "%s", khor_engine_error(eng));
+	if ((st = khor_engine_stop(eng)) != KHOR_SUCCESS)
+		return fail(sh, rank, 208, "khor_engine_stop after rank %d's: %d: %s", stopper, st,
+		            khor_comm_error(world));
+	khor_finalize(world);
+	return leak_check(sh, rank);
+}
+
+static void run_stop_waiting(int stopper, const char *ops)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	struct stop_job sj = {.sh = sh, .stopper = stopper};
+	harness_opts o = {.n = 3, .timeout = "20s", .deadline_s = 50};
+	harness_result res;
+
+	snprintf(sj.ops, sizeof(sj.ops), "%s", ops);
+	harness_run(&o, body_stop_waiting, &sj, &res);
+	expect_all_ok(sh, &res, 3, "a stop while the others wait");
+	for (int r = 0; r < 3; r++) {
+		if (r == stopper)
+			continue;
+		fprintf(stderr, "rank %d (%s) ended %.2f s after rank %d's stop began: %s\n", r,
+		        op_word(ops[r]), sh->secs[r][0], stopper, sh->text[r][0]);
+		cr_expect_lt(sh->secs[r][0], 5.0, "rank %d waited %.2f s after rank %d stopped", r,
+		             sh->secs[r][0], stopper);
+		fprintf(stderr, "rank %d, enqueue after the stop: %s\n", r, sh->text[r][1]);
+	}
+	fprintf(stderr, "rank %d's khor_engine_stop took %.2f s\n", stopper, sh->secs[stopper][0]);
+	cr_expect_lt(sh->secs[stopper][0], 8.0, "rank %d's khor_engine_stop took %.2f s", stopper,
+	             sh->secs[stopper][0]);
+	harness_shared_free(sh, sizeof(*sh));
+}
+
+Test(engine, coordinator_stops_while_others_wait_in_barrier_and_allreduce_n3, .timeout = 60)
+{
+	run_stop_waiting(0, "-ba");
+}
+
+Test(engine, worker_stops_while_others_wait_in_barrier_n3, .timeout = 60)
+{
+	run_stop_waiting(2, "bb-");
+}
+
+Test(engine, worker_stops_while_others_wait_in_join_n3, .timeout = 60)
+{
+	run_stop_waiting(1, "j-j");
+}
+
+/*
+ * n = 2, KHOR_TIMEOUT 3 s. Rank `stopper` freezes its peer (SIGSTOP: a rank that hangs, its
+ * engine thread with it, so it never joins the stop) and calls khor_engine_stop. The stop
+ * must return KHOR_ERR_TIMEOUT between 2.5 and 8 s, with khor_comm_error naming the peer as
+ * the rank that never joined; then the peer is thawed and stops and finalizes as it can.
+ */
+static int body_stop_alone(int rank, int n, khor_config *cfg, void *arg)
+{
+	const struct stop_job *sj = arg;
+	struct shared *sh = sj->sh;
+	khor_comm *world;
+	khor_engine *eng;
+	khor_status st;
+	int rc, peer = 1 - rank;
+
+	(void)n;
+	__atomic_store_n(&sh->value[rank][0], (int)getpid(), __ATOMIC_SEQ_CST);
+	if ((rc = init(sh, rank, cfg, &world)) != 0)
+		return rc;
+	if ((rc = start_engine(sh, rank, world, NULL, &eng)) != 0)
+		return rc;
+	if (tl_allreduce(eng, "alone/warm", 10, rank, 2, sh->text[rank][2], TEXT) != 0)
+		return fail(sh, rank, 210, "%s", sh->text[rank][2]);
+	if (rank == sj->stopper) {
+		pid_t p = (pid_t)__atomic_load_n(&sh->value[peer][0], __ATOMIC_SEQ_CST);
+		sleep_ms(100); /* the peer's engine is idle again */
+		if (kill(p, SIGSTOP) != 0)
+			return fail(sh, rank, 211, "SIGSTOP of rank %d: %s", peer, strerror(errno));
+		double t0 = mono();
+		st = khor_engine_stop(eng);
+		sh->secs[rank][0] = mono() - t0;
+		kill(p, SIGCONT);
+		sh->status[rank][0] = st;
+		snprintf(sh->text[rank][0], TEXT, "%s", khor_comm_error(world));
+		atomic_set(&sh->flag[5][0], 1);
+		if (st != KHOR_ERR_TIMEOUT)
+			return fail(sh, rank, 212, "khor_engine_stop with a peer that never stops "
+			            "returned %d after %.2f s (want %d): %s", st, sh->secs[rank][0],
+			            KHOR_ERR_TIMEOUT, khor_comm_error(world));
+		if (!names_rank(sh->text[rank][0], peer) ||
+		    find_ci(sh->text[rank][0], "khor_engine_stop") == NULL)
+			return fail(sh, rank, 213, "the stop's error does not name rank %d and "
+			            "khor_engine_stop: '%s'", peer, sh->text[rank][0]);
+		if (!wait_flag(&sh->flag[5][1], 20))
+			return fail(sh, rank, 214, "the peer never finished");
+		khor_finalize(world);
+		return 0;
+	}
+	if (!wait_flag(&sh->flag[5][0], 30))
+		return fail(sh, rank, 215, "rank %d's khor_engine_stop never returned", sj->stopper);
+	sh->status[rank][1] = khor_engine_stop(eng);
+	snprintf(sh->text[rank][1], TEXT, "%s", khor_comm_error(world));
+	atomic_set(&sh->flag[5][1], 1);
+	khor_finalize(world);
+	return 0;
+}
+
+static void run_stop_alone(int stopper)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	struct stop_job sj = {.sh = sh, .stopper = stopper};
+	harness_opts o = {.n = 2, .timeout = "3s", .deadline_s = 50};
+	harness_result res;
+
+	harness_run(&o, body_stop_alone, &sj, &res);
+	expect_all_ok(sh, &res, 2, "a stop that a peer never joins");
+	fprintf(stderr, "rank %d's khor_engine_stop: %d after %.2f s: %s\n", stopper,
+	        sh->status[stopper][0], sh->secs[stopper][0], sh->text[stopper][0]);
+	fprintf(stderr, "rank %d's own khor_engine_stop, thawed: %d: %s\n", 1 - stopper,
+	        sh->status[1 - stopper][1], sh->text[1 - stopper][1]);
+	cr_expect(sh->secs[stopper][0] >= 2.5 && sh->secs[stopper][0] < 8.0,
+	          "rank %d's khor_engine_stop returned after %.2f s, want about KHOR_TIMEOUT (3 s)",
+	          stopper, sh->secs[stopper][0]);
+	harness_shared_free(sh, sizeof(*sh));
+}
+
+Test(engine, stop_that_a_hung_worker_never_joins_fails_by_the_deadline_naming_it, .timeout = 60)
+{
+	run_stop_alone(0);
+}
+
+Test(engine, stop_that_a_hung_coordinator_never_joins_fails_by_the_deadline_naming_it, .timeout = 60)
+{
+	run_stop_alone(1);
 }
 
 static void *null_alloc(void *arg, int ndim, const int64_t *dims, size_t bytes)

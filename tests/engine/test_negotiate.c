@@ -146,8 +146,12 @@ static eset *bare_set(int n)
 	klist_init(&s->pending);
 	klist_init(&s->arrivals);
 	s->cache.cap = 4;
+	klist_init(&s->named);
 	s->joined_r = calloc((size_t)n, sizeof(bool));
 	s->stop_r = calloc((size_t)n, sizeof(bool));
+	s->stop_told = calloc((size_t)n, sizeof(bool));
+	s->peer_stop = calloc((size_t)n, sizeof(bool));
+	s->first_stopper = -1;
 	return s;
 }
 
@@ -156,6 +160,7 @@ static void bare_free(eset *s)
 	table_free(s);
 	emap_free(&s->keys);
 	emap_free(&s->names);
+	free(s->peer_stop);
 	pthread_mutex_destroy(&s->e->mu);
 	pthread_cond_destroy(&s->e->cv);
 	free(s->e);
@@ -227,10 +232,11 @@ Test(negotiate, malformed_responses_fail_the_set)
 {
 	size_t len;
 	uint8_t *d = good_desc(&len);
-	rec r[6];
-	const char *what[6] = { "an unknown record", "a slot of an empty cache",
+	rec r[8];
+	const char *what[8] = { "an unknown record", "a slot of an empty cache",
 	                        "cache slot 0xffffffff", "a descriptor longer than the response",
-	                        "an error key longer than the response", "a truncated join record" };
+	                        "an error key longer than the response", "a truncated join record",
+	                        "a stop of rank 5 of 2", "a truncated stop record" };
 
 	memset(r, 0, sizeof(r));
 	put_u8(&r[0], 'Z');
@@ -246,7 +252,11 @@ Test(negotiate, malformed_responses_fail_the_set)
 	put(&r[4], "key", 3);
 	put_u8(&r[5], 'D');
 	put(&r[5], "\1\0", 2);
-	for (int i = 0; i < 6; i++) {
+	put_u8(&r[6], 'Q');
+	put_u32(&r[6], 5);
+	put_u8(&r[7], 'Q');
+	put(&r[7], "\1", 1);
+	for (int i = 0; i < 8; i++) {
 		eset *s = bare_set(2);
 		eresp out;
 		cr_expect_not(response_parse(s, r[i].b, r[i].n, &out), "a response with %s was "
@@ -257,4 +267,14 @@ Test(negotiate, malformed_responses_fail_the_set)
 		bare_free(s);
 	}
 	free(d);
+	/* A good stop record: rank 1 has stopped, which this rank (0 here) now knows. */
+	eset *s = bare_set(2);
+	eresp out;
+	rec q = { .n = 0 };
+	put_u8(&q, 'Q');
+	put_u32(&q, 1);
+	cr_expect(response_parse(s, q.b, q.n, &out), "a stop record was refused: %s", s->err.text);
+	cr_expect(s->peer_stop[1] && s->first_stopper == 1, "rank 1's stop was not recorded");
+	response_free(&out);
+	bare_free(s);
 }
