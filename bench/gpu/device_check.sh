@@ -4,12 +4,18 @@
 # allreduce on device buffers beside host buffers over shm at n = 2 (target: device busbw
 # >= 0.8x host at 64 MiB), and again with KHOR_NCCL=on on two pretend hosts; the ib suite if
 # there is an RDMA device; the CPU allreduce sweep at n = 8 with one core per rank (ring, tree,
-# rd, hd, auto side by side) over shm and tcp, which a 2-core machine cannot settle.
+# rd, hd, auto side by side) over shm and tcp, which a 2-core machine cannot settle. Issue 27
+# adds khor.torch on CUDA tensors: tests/python/test_torch_cuda.py, bench/gpu/torch_gpu.py
+# (the binding's 64 MiB allreduce against khor-bench's, a ResNet-50 step at n = 1 with and
+# without DistributedOptimizer) and Horovod's own test_torch.py and
+# examples/pytorch/pytorch_synthetic_benchmark.py through the alias, from a carried tree:
+#   mkdir -p build-devdeps/horovod && git -C HOROVOD archive HEAD test/parallel/test_torch.py \
+#     test/utils examples/pytorch/pytorch_synthetic_benchmark.py | tar x -C build-devdeps/horovod
 #
 #   bash bench/gpu/device_check.sh                  # on the device machine, from anywhere
 #   OUT=/tmp/devcheck bash bench/gpu/device_check.sh --quick --build /tmp/build-x   # a dry run
 #
-# Every step has a time limit, and the whole run a budget (--budget, default 450 s, inside the
+# Every step has a time limit, and the whole run a budget (--budget, default 520 s, inside the
 # 8 minutes it is given): a step that would start past it is recorded "skipped: out of time",
 # the CPU sweep last, since it needs no GPU. A failed step is recorded and the next one runs;
 # the exit status is the number of failed steps. Where no GPU is usable (khor-bench --mem cuda
@@ -35,7 +41,7 @@ usage() {
 options:
   --quick        a short run (sizes to 4 MiB, 5 iterations, n = 2 sweep): for a dry run here
   --build DIR    the build tree (default /tmp/khor-device-build; an existing one is reused)
-  --budget SEC   time for the whole run (default 450)
+  --budget SEC   time for the whole run (default 520)
   --deps DIR     carried build dependencies (default build-devdeps, used if present)
   --no-build     use the build tree as it is (no configure, no build)
 EOF
@@ -43,7 +49,7 @@ EOF
 
 QUICK=0 BUILD=1
 B=${DEVICE_CHECK_BUILD:-/tmp/khor-device-build}
-BUDGET=${DEVICE_CHECK_BUDGET:-450}
+BUDGET=${DEVICE_CHECK_BUDGET:-520}
 DEPS=${DEVICE_CHECK_DEPS:-build-devdeps}
 while [ $# -gt 0 ]; do
   case $1 in
@@ -278,6 +284,45 @@ EOF
       mem_ratio "$LOGS/nccl_pretend_hosts.csv" "$size" "NCCL=on, 2 pretend hosts $((size >> 20)) MiB"
     done | grep -v "no row" | note
     grep -i "nccl" "$LOGS/nccl_pretend_hosts.log" | grep -v '^\[0\] #' | head -5 | note
+  fi
+fi
+
+# ---- 6b. khor.torch on CUDA tensors (issue 27): khor's own GPU tests, the binding's allreduce
+# beside the C device allreduce of the same size, a ResNet-50 step with and without
+# DistributedOptimizer at n = 1, and Horovod's own test_torch.py and synthetic benchmark
+# through the alias when a Horovod tree is carried ($DEPS/horovod: test/parallel/test_torch.py,
+# test/utils and examples/pytorch/pytorch_synthetic_benchmark.py).
+PYENV=(env PYTHONPATH="$ROOT/bindings/python:$ROOT/bindings/python/horovod_compat" \
+       KHOR_LIBRARY_PATH="$B/libkhor.so" PYTHONUNBUFFERED=1 \
+       LD_LIBRARY_PATH="${NCCL_LIBDIR}${NCCL_LIBDIR:+${LD_LIBRARY_PATH:+:}}${LD_LIBRARY_PATH:-}")
+if [ "$BUDGET" -gt 0 ]; then
+  gpu_step torch_cuda_tests 120 "${PYENV[@]}" "$B/khorrun" -np 2 --timeout 60s python3 -m pytest \
+    -q -p no:cacheprovider "$ROOT/tests/python/test_torch_cuda.py"
+  grep -E "passed|failed|error" "$LOGS/torch_cuda_tests.log" | tail -n 2 | note
+  gpu_step torch_allreduce 90 "${PYENV[@]}" "$B/khorrun" -np 2 --timeout 60s python3 \
+    "$ROOT/bench/gpu/torch_gpu.py" allreduce --bytes 64M --iters 20
+  gpu_step c_allreduce_64m 90 "$B/khorrun" -np 2 --timeout 60s "$B/khor-bench" allreduce \
+    --mem cuda -b 64M -e 64M -n 20 -w 3 --csv "$LOGS/c_allreduce_64m.csv"
+  py_us=$(grep -o 'median_us=[0-9.]*' "$LOGS/torch_allreduce.log" 2>/dev/null | cut -d= -f2)
+  c_us=$(awk -F, 'NR > 1 { print $10 }' "$LOGS/c_allreduce_64m.csv" 2>/dev/null | head -1)
+  [ -n "$py_us" ] && [ -n "$c_us" ] &&
+    awk -v p="$py_us" -v c="$c_us" 'BEGIN { printf "64 MiB allreduce n=2: khor.torch %.0f us, C %.0f us, ratio %.3f (target <= 1.10: %s)\n", p, c, p / c, p / c <= 1.10 ? "met" : "MISSED" }' | note
+  gpu_step torch_step_resnet50 150 "${PYENV[@]}" python3 "$ROOT/bench/gpu/torch_gpu.py" step \
+    --model resnet50 --batch 32 --steps 10 --blocks 3
+  grep torch_step "$LOGS/torch_step_resnet50.log" | note
+  if [ -f "$DEPS/horovod/test/parallel/test_torch.py" ]; then
+    HVD=$(cd "$DEPS/horovod" && pwd)
+    gpu_step horovod_test_torch 300 "${PYENV[@]}" python3 "$ROOT/tests/horovod/conformance.py" \
+      --horovod-src "$HVD" --np 2 --mode file --peers khor --python python3 \
+      --khorrun "$B/khorrun" --library "$B/libkhor.so" --file-timeout 280 \
+      --json "$LOGS/horovod_test_torch.json"
+    grep -A3 "^peer np mode" "$LOGS/horovod_test_torch.log" | note
+    gpu_step horovod_synthetic 120 "${PYENV[@]}" "$B/khorrun" -np 2 --timeout 60s python3 \
+      "$HVD/examples/pytorch/pytorch_synthetic_benchmark.py" --num-iters 3 \
+      --num-batches-per-iter 5 --num-warmup-batches 2
+    grep -E "Img/sec|Total img" "$LOGS/horovod_synthetic.log" | tail -n 3 | note
+  else
+    skip horovod_test_torch "no Horovod tree at $DEPS/horovod (see the comment above)"
   fi
 fi
 

@@ -5,6 +5,7 @@ same run, as a user moving a script would try it.
     tests/horovod/conformance.py --horovod-src DIR [--suite test_torch] [--np 2,4]
         [--mode file,each] [--peers khor,horovod] [--timeout 120] [--file-timeout 1800]
         [-k EXPR] [--json OUT] [--khorrun build/khorrun] [--python /usr/bin/python3]
+        [--library build/libkhor.so]
         [--horovodrun PATH] [--horovod-python PATH]
 
 DIR is a Horovod checkout (not part of this repository: fetch one); its
@@ -36,10 +37,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
+LIBRARY = os.path.join(ROOT, "build", "libkhor.so")
+
+
 def khor_env():
     py = os.path.join(ROOT, "bindings", "python")
     return {"PYTHONPATH": os.pathsep.join([HERE, py, os.path.join(py, "horovod_compat")]),
-            "KHOR_LIBRARY_PATH": os.path.join(ROOT, "build", "libkhor.so")}
+            "KHOR_LIBRARY_PATH": LIBRARY}
 
 
 def launch_cmd(args, peer, np, pytest_args):
@@ -183,10 +187,13 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--khorrun", default=os.path.join(ROOT, "build", "khorrun"))
     ap.add_argument("--python", default="/usr/bin/python3")
+    ap.add_argument("--library", default=LIBRARY, help="the libkhor.so the alias loads")
     ap.add_argument("--horovodrun", default=shutil.which("horovodrun") or
                     "/tmp/hvd-venv/bin/horovodrun")
     ap.add_argument("--horovod-python", default="/tmp/hvd-venv/bin/python")
     args = ap.parse_args()
+    global LIBRARY
+    LIBRARY = os.path.abspath(args.library)
 
     test_file = os.path.abspath(os.path.join(args.horovod_src, "test", "parallel",
                                              args.suite + ".py"))

@@ -43,13 +43,19 @@ class Buf:
     ``dtype``; ``keep`` is whatever owns the memory (it stays referenced until the
     operation completes)."""
 
-    __slots__ = ("ptr", "dtype", "shape", "keep")
+    __slots__ = ("ptr", "dtype", "shape", "keep", "event", "alloc")
 
-    def __init__(self, ptr, dtype, shape, keep):
+    def __init__(self, ptr, dtype, shape, keep, event=None, alloc=None):
         self.ptr = ptr
         self.dtype = dtype
         self.shape = tuple(int(d) for d in shape)
         self.keep = keep
+        # Device memory only: event is the address of a CUDA event recorded after the work
+        # that produces the input (the engine waits for it on its own thread; None = ready
+        # now); alloc(nbytes) -> (address, owner) makes memory on the input's device for an
+        # output whose size negotiation decides (allgather, alltoall).
+        self.event = event
+        self.alloc = alloc
 
     def dims(self):
         return (ctypes.c_int64 * max(1, len(self.shape)))(*self.shape)
@@ -72,6 +78,7 @@ class _State:
                                 # or its parent when init(comm=[ranks]) ran on a group
         self.homogeneous = None  # is_homogeneous(), learnt at init
         self.set_ops = 0        # add/remove_process_set calls (names of their collectives)
+        self.device_out = {}    # address -> owner of outputs made by a Buf's alloc
 
 
 _state = _State()
@@ -493,6 +500,65 @@ def _group_arrays(bufs):
     return ptrs, dts, nds, dims
 
 
+def _event_form(fn_name, bufs):
+    """The enqueue call for bufs: the plain form when no input has a ready event, else the
+    _event form (a library without them fails here, naming the call)."""
+    if not any(b.event for b in bufs):
+        return getattr(_lib, fn_name), ()
+    fn = getattr(_lib, fn_name + "_event", None)
+    if fn is None:
+        raise KhorError("this libkhor has no %s_event: device tensors need a newer library"
+                        % fn_name, _lib.ERR_NOT_SUPPORTED)
+    if len(bufs) == 1 and not fn_name.startswith("khor_enqueue_grouped"):
+        return fn, (bufs[0].event,)
+    return fn, ((ctypes.c_void_p * len(bufs))(*[b.event for b in bufs]),)
+
+
+class _DeviceOutputs:
+    """The alloc callback for outputs that negotiation sizes (allgather, alltoall) of device
+    inputs. The engine calls it on its own thread; each buffer comes from the inputs' alloc
+    (all of one device) and stays in _state.device_out until take_output claims it, or until
+    the operation is dropped."""
+
+    def __init__(self, alloc):
+        self.alloc = alloc
+        self.made = []
+        self.fn = _lib.ALLOC_FN(self._call)
+
+    def _call(self, arg, ndim, dims, nbytes):
+        try:
+            addr, owner = self.alloc(int(nbytes))
+        except Exception as e:  # noqa: BLE001 -- a raise cannot cross the C frame
+            sys.stderr.write("khor: allocating a %d-byte device output failed: %s\n"
+                             % (nbytes, e))
+            return None
+        _state.device_out[addr] = owner
+        self.made.append(addr)
+        return addr
+
+    def __del__(self):
+        for addr in self.made:
+            _state.device_out.pop(addr, None)
+
+
+def _alloc_for(bufs):
+    """(alloc callback, its keeper) for bufs: the engine's own host buffer for host inputs,
+    or memory of the inputs' device."""
+    allocs = [b.alloc for b in bufs if b.alloc is not None]
+    if not allocs:
+        return _lib.NULL_ALLOC, None
+    if len(allocs) != len(bufs):
+        raise ValueError("a grouped allgather takes host tensors or device tensors, not both")
+    keeper = _DeviceOutputs(allocs[0])
+    return keeper.fn, keeper
+
+
+def take_output(addr):
+    """The owner of a device output made by a Buf's alloc at addr (None for the engine's own
+    host buffer)."""
+    return _state.device_out.pop(addr, None)
+
+
 def enqueue_allreduce(name, ins, outs, op, prescale, postscale, process_set, finish, keep):
     """ins/outs: lists of Buf (one = a plain allreduce, more = grouped)."""
     require_init()
@@ -500,13 +566,15 @@ def enqueue_allreduce(name, ins, outs, op, prescale, postscale, process_set, fin
     kop = khor_op(op)
     if len(ins) == 1:
         i, o = ins[0], outs[0]
-        h = _enqueue(_lib.khor_enqueue_allreduce, sid, name[0].encode(), i.ptr, o.ptr, i.dtype,
-                     len(i.shape), i.dims(), kop, float(prescale), float(postscale))
+        fn, ev = _event_form("khor_enqueue_allreduce", ins)
+        h = _enqueue(fn, sid, name[0].encode(), i.ptr, o.ptr, i.dtype, len(i.shape), i.dims(),
+                     kop, float(prescale), float(postscale), *ev)
     else:
         ptrs, dts, nds, dims = _group_arrays(ins)
         optrs = (ctypes.c_void_p * len(outs))(*[b.ptr for b in outs])
-        h = _enqueue(_lib.khor_enqueue_grouped_allreduce, sid, len(ins), _names(name), ptrs,
-                     optrs, dts, nds, dims, kop, float(prescale), float(postscale))
+        fn, ev = _event_form("khor_enqueue_grouped_allreduce", ins)
+        h = _enqueue(fn, sid, len(ins), _names(name), ptrs, optrs, dts, nds, dims, kop,
+                     float(prescale), float(postscale), *ev)
     return _register(h, (ins, outs, keep), finish, name)
 
 
@@ -516,28 +584,32 @@ def enqueue_reducescatter(name, ins, outs, op, prescale, postscale, process_set,
     kop = khor_op(op)
     if len(ins) == 1:
         i, o = ins[0], outs[0]
-        h = _enqueue(_lib.khor_enqueue_reducescatter, sid, name[0].encode(), i.ptr, o.ptr,
-                     i.dtype, len(i.shape), i.dims(), kop, float(prescale), float(postscale))
+        fn, ev = _event_form("khor_enqueue_reducescatter", ins)
+        h = _enqueue(fn, sid, name[0].encode(), i.ptr, o.ptr, i.dtype, len(i.shape), i.dims(),
+                     kop, float(prescale), float(postscale), *ev)
     else:
         ptrs, dts, nds, dims = _group_arrays(ins)
         optrs = (ctypes.c_void_p * len(outs))(*[b.ptr for b in outs])
-        h = _enqueue(_lib.khor_enqueue_grouped_reducescatter, sid, len(ins), _names(name), ptrs,
-                     optrs, dts, nds, dims, kop, float(prescale), float(postscale))
+        fn, ev = _event_form("khor_enqueue_grouped_reducescatter", ins)
+        h = _enqueue(fn, sid, len(ins), _names(name), ptrs, optrs, dts, nds, dims, kop,
+                     float(prescale), float(postscale), *ev)
     return _register(h, (ins, outs, keep), finish, name)
 
 
 def enqueue_allgather(name, ins, process_set, finish, keep):
     require_init()
     sid = set_id(process_set)
+    alloc, keeper = _alloc_for(ins)
     if len(ins) == 1:
         i = ins[0]
-        h = _enqueue(_lib.khor_enqueue_allgather, sid, name[0].encode(), i.ptr, i.dtype,
-                     len(i.shape), i.dims(), _lib.NULL_ALLOC, None)
+        fn, ev = _event_form("khor_enqueue_allgather", ins)
+        h = _enqueue(fn, sid, name[0].encode(), i.ptr, i.dtype, len(i.shape), i.dims(), alloc,
+                     None, *ev)
     else:
         ptrs, dts, nds, dims = _group_arrays(ins)
-        h = _enqueue(_lib.khor_enqueue_grouped_allgather, sid, len(ins), _names(name), ptrs,
-                     dts, nds, dims, _lib.NULL_ALLOC, None)
-    return _register(h, (ins, keep), finish, name)
+        fn, ev = _event_form("khor_enqueue_grouped_allgather", ins)
+        h = _enqueue(fn, sid, len(ins), _names(name), ptrs, dts, nds, dims, alloc, None, *ev)
+    return _register(h, (ins, keep, keeper), finish, name)
 
 
 def enqueue_broadcast(name, i, o, root, process_set, finish, keep):
@@ -550,8 +622,9 @@ def enqueue_broadcast(name, i, o, root, process_set, finish, keep):
         if root not in ps.ranks:
             raise ValueError("root_rank %d is not in %r" % (root, ps))
         root = ps.ranks.index(root)
-    h = _enqueue(_lib.khor_enqueue_broadcast, sid, name.encode(), i.ptr, o.ptr, i.dtype,
-                 len(i.shape), i.dims(), root)
+    fn, ev = _event_form("khor_enqueue_broadcast", [i])
+    h = _enqueue(fn, sid, name.encode(), i.ptr, o.ptr, i.dtype, len(i.shape), i.dims(), root,
+                 *ev)
     return _register(h, (i, o, keep), finish, [name])
 
 
@@ -561,9 +634,11 @@ def enqueue_alltoall(name, i, splits, process_set, finish, keep):
     sp = None
     if splits is not None:
         sp = (ctypes.c_int64 * len(splits))(*[int(s) for s in splits])
-    h = _enqueue(_lib.khor_enqueue_alltoall, sid, name.encode(), i.ptr, i.dtype, len(i.shape),
-                 i.dims(), sp, _lib.NULL_ALLOC, None)
-    return _register(h, (i, sp, keep), finish, [name])
+    alloc, keeper = _alloc_for([i])
+    fn, ev = _event_form("khor_enqueue_alltoall", [i])
+    h = _enqueue(fn, sid, name.encode(), i.ptr, i.dtype, len(i.shape), i.dims(), sp, alloc,
+                 None, *ev)
+    return _register(h, (i, sp, keep, keeper), finish, [name])
 
 
 def enqueue_barrier(process_set):

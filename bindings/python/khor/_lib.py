@@ -209,6 +209,16 @@ def built_with(feature):
     return build_info().get(feature, "0") == "1"
 
 
+# The _event forms (device inputs a stream is still producing): the plain form's arguments
+# and then the ready event (one, or an array of one per tensor for the grouped forms).
+for _f, _tail in (("allreduce", (c_void_p,)), ("grouped_allreduce", (P(c_void_p),)),
+                  ("allgather", (c_void_p,)), ("grouped_allgather", (P(c_void_p),)),
+                  ("broadcast", (c_void_p,)), ("alltoall", (c_void_p,)),
+                  ("reducescatter", (c_void_p,)), ("grouped_reducescatter", (P(c_void_p),))):
+    _plain = globals()["khor_enqueue_" + _f]
+    _proto_optional("khor_enqueue_%s_event" % _f, c_int,
+                    *(list(_plain.argtypes[:-1]) + list(_tail) + [P(c_void_p)]))
+
 NULL_ALLOC = ALLOC_FN()
 
 

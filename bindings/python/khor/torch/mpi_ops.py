@@ -27,9 +27,14 @@ _DTYPES = {
 def _check_tensor(t, what):
     if not isinstance(t, torch.Tensor):
         raise TypeError("%s: expected a torch.Tensor, got %s" % (what, type(t).__name__))
-    if t.device.type != "cpu":
-        raise NotImplementedError("%s: khor's torch binding takes CPU tensors (got %s); the "
-                                  "GPU path is not built" % (what, t.device))
+    if t.device.type == "cuda":
+        if not _lib.built_with("cuda"):
+            raise NotImplementedError("%s: this libkhor was built without CUDA, so it takes "
+                                      "CPU tensors only (got %s); build it with the CUDA "
+                                      "toolkit installed (KHOR_CUDA=ON)" % (what, t.device))
+    elif t.device.type != "cpu":
+        raise NotImplementedError("%s: khor takes CPU and CUDA tensors (got %s)"
+                                  % (what, t.device))
     if t.dtype not in _DTYPES:
         raise TypeError("%s: dtype %s is not supported" % (what, t.dtype))
     if t.is_sparse:
@@ -37,7 +42,41 @@ def _check_tensor(t, what):
                                   "DistributedOptimizer's sparse_as_dense)" % what)
 
 
+# The CUDA path. An input's ready event is recorded on the caller's current stream when it
+# is enqueued, so the engine reads it after every kernel queued before the call and nothing
+# waits for the whole device. A handle completes with its output in place and nothing of it
+# left on any stream, so the caller's stream may use the output as soon as synchronize
+# returns. Outputs that negotiation sizes (allgather, alltoall) are made on the engine's
+# thread from a stream of khor's own that runs no kernels; taking one records the caller's
+# stream on it, so that the caching allocator does not hand its memory to a later output
+# while the caller's kernels still read it.
+_alloc_streams = {}
+
+
+def _alloc_stream(device):
+    s = _alloc_streams.get(device)
+    if s is None:
+        s = _alloc_streams[device] = torch.cuda.Stream(device)
+    return s
+
+
+def _device_buf(t):
+    dev = t.device
+    stream = _alloc_stream(dev)
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(dev))
+
+    def alloc(nbytes):
+        with torch.cuda.device(dev), torch.cuda.stream(stream):
+            owner = torch.empty(max(int(nbytes), 16), dtype=torch.uint8, device=dev)
+        return owner.data_ptr(), owner
+    return _core.Buf(t.data_ptr() if t.numel() else 0, _DTYPES[t.dtype], t.shape, (t, ready),
+                     event=ready.cuda_event, alloc=alloc)
+
+
 def _buf(t):
+    if t.is_cuda:
+        return _device_buf(t)
     return _core.Buf(t.data_ptr() if t.numel() else 0, _DTYPES[t.dtype], t.shape, t)
 
 
@@ -56,9 +95,18 @@ def handle_average_backwards_compatibility(op, average):
     return Average
 
 
-def _from_engine(h, i, dtype):
+def _from_engine(h, i, dtype, device=None):
+    """Tensor i's output of an allgather or alltoall: the device tensor made for it, or a copy
+    out of the engine's host buffer."""
     addr, dims = _core.output(h, i)
-    out = torch.empty(dims, dtype=dtype)
+    owner = _core.take_output(addr) if addr else None
+    if owner is not None:
+        owner.record_stream(torch.cuda.current_stream(owner.device))
+        n = 1
+        for d in dims:
+            n *= d
+        return owner[:n * torch.empty((), dtype=dtype).element_size()].view(dtype).view(dims)
+    out = torch.empty(dims, dtype=dtype, device=device if device is not None else "cpu")
     if out.numel():
         ctypes.memmove(out.data_ptr(), addr, out.numel() * out.element_size())
     return out
@@ -258,7 +306,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     t = _contig(tensor if tensor.dim() > 0 else tensor.reshape(1))
     nm = _core.auto_name("allgather", name, process_set)
     return _core.enqueue_allgather([nm], [_buf(t)], process_set,
-                                   lambda p: _from_engine(p.h, 0, t.dtype), None)
+                                   lambda p: _from_engine(p.h, 0, t.dtype, t.device), None)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
@@ -269,7 +317,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     names = _group_names("allgather", name, len(ts), process_set)
     return _core.enqueue_allgather(
         names, [_buf(t) for t in ts], process_set,
-        lambda p: [_from_engine(p.h, i, t.dtype) for i, t in enumerate(ts)], None)
+        lambda p: [_from_engine(p.h, i, t.dtype, t.device) for i, t in enumerate(ts)], None)
 
 
 def _dim0s(tensor, process_set):
@@ -404,7 +452,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     sp = _check_splits(t, splits, n)
 
     def finish(p):
-        return (_from_engine(p.h, 0, t.dtype),
+        return (_from_engine(p.h, 0, t.dtype, t.device),
                 torch.tensor(_core.splits(p.h, n), dtype=torch.int32))
     nm = _core.auto_name("alltoall", name, process_set)
     return _core.enqueue_alltoall(nm, _buf(t), sp, process_set, finish, None)
@@ -453,7 +501,7 @@ def _rs_out(t, process_set):
     n, r = ps.size(), ps.rank()
     d0 = t.shape[0]
     return torch.empty((d0 // n + (1 if r < d0 % n else 0),) + tuple(t.shape[1:]),
-                       dtype=t.dtype)
+                       dtype=t.dtype, device=t.device)
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,

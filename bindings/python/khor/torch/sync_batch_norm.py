@@ -1,5 +1,5 @@
 """SyncBatchNorm: batch normalization whose batch statistics are those of the whole batch
-across the ranks of a process set (CPU), as Horovod's.
+across the ranks of a process set (CPU or CUDA tensors), as Horovod's.
 
 Training mode: per channel, each rank's count, sum and sum of squares go through one
 allreduce (sum); every rank normalises with the global mean and variance and updates the
@@ -21,7 +21,7 @@ class _SyncBN(torch.autograd.Function):
         dims = [0] + list(range(2, x.dim()))
         xf = x.double()
         n_local = x.numel() // c
-        stats = torch.cat([torch.tensor([float(n_local)], dtype=torch.float64),
+        stats = torch.cat([torch.tensor([float(n_local)], dtype=torch.float64, device=x.device),
                            xf.sum(dims), (xf * xf).sum(dims)])
         stats = allreduce(stats, op=Sum, name=None, process_set=process_set)
         n = stats[0]
@@ -52,7 +52,7 @@ class _SyncBN(torch.autograd.Function):
         g = allreduce(torch.cat([sum_dy, sum_dy_xhat]), op=Sum, process_set=ctx.ps)
         c = sum_dy.numel()
         gsum_dy, gsum_dy_xhat = g[:c], g[c:]
-        w = weight.double() if weight is not None else torch.ones(c, dtype=torch.float64)
+        w = weight.double() if weight is not None else torch.ones(c, dtype=torch.float64, device=dy.device)
         dx = (dyf - gsum_dy.view(shape) / ctx.n - xhat * gsum_dy_xhat.view(shape) / ctx.n) * \
             (w * invstd).view(shape)
         dw = sum_dy_xhat.to(dy.dtype) if weight is not None else None
