@@ -36,8 +36,9 @@ def test_100_init_shutdown_cycles():
             bad.append((i, out.tolist(), want))
         fds.append(_fds())
         threads.append(_threads())
-    # Resources held must not grow with the cycles (a lone descriptor may come and go).
-    if max(fds[50:]) > min(fds[:10]) + 2 or max(threads[50:]) > min(threads[:10]):
+    # Resources held must not grow with the cycles (a lone descriptor may come and go; the
+    # engine's thread may already have ended when a peer's shutdown reached it first).
+    if max(fds[50:]) > min(fds[:10]) + 2 or max(threads[50:]) > max(threads[:10]):
         bad.append(("fds", fds[:3], fds[-3:], "threads", threads[:3], threads[-3:]))
     everyone = hvd.allgather_object((r, bad))            # all ranks pass or fail alike
     assert hvd.is_initialized()
