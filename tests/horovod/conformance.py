@@ -40,15 +40,15 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 LIBRARY = os.path.join(ROOT, "build", "libkhor.so")
 
 
-def khor_env():
+def khor_env(args):
     py = os.path.join(ROOT, "bindings", "python")
     return {"PYTHONPATH": os.pathsep.join([HERE, py, os.path.join(py, "horovod_compat")]),
-            "KHOR_LIBRARY_PATH": LIBRARY}
+            "KHOR_LIBRARY_PATH": os.path.abspath(args.library)}
 
 
 def launch_cmd(args, peer, np, pytest_args):
     if peer == "khor":
-        env = khor_env()
+        env = khor_env(args)
         return [args.khorrun, "-np", str(np), "env"] + \
             ["%s=%s" % kv for kv in sorted(env.items())] + \
             [args.python, "-m", "pytest"] + pytest_args
@@ -119,7 +119,7 @@ def combine(test, per, np):
 
 
 def collect(args, test_file, cwd):
-    env = dict(os.environ, **khor_env())
+    env = dict(os.environ, **khor_env(args))
     p = subprocess.run([args.python, "-m", "pytest", "--collect-only", "-q", "-p",
                         "no:cacheprovider", os.path.basename(test_file)] + (["-k", args.k] if args.k else []),
                        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -192,8 +192,6 @@ def main():
                     "/tmp/hvd-venv/bin/horovodrun")
     ap.add_argument("--horovod-python", default="/tmp/hvd-venv/bin/python")
     args = ap.parse_args()
-    global LIBRARY
-    LIBRARY = os.path.abspath(args.library)
 
     test_file = os.path.abspath(os.path.join(args.horovod_src, "test", "parallel",
                                              args.suite + ".py"))
