@@ -2,9 +2,10 @@
 
 Same names, arguments, defaults and exceptions as ``horovod.torch``: init, size, rank, the
 collectives (plain, in place, async, grouped), DistributedOptimizer, the broadcast helpers,
-SyncBatchNorm, process sets, the timeline and the elastic API (hvd.elastic). Nothing is compiled: the engine is libkhor's,
-reached through ctypes. CPU tensors only (the GPU path is a later piece of work), and no
-Adasum. HOROVOD_* settings (fusion threshold, cycle time, cache capacity, timeline, stall
+SyncBatchNorm, process sets, the timeline and the elastic API (hvd.elastic). Nothing is
+compiled: the engine is libkhor's, reached through ctypes. CPU and CUDA tensors (CUDA when
+libkhor was built with it: cuda_built()), no Adasum; where khor differs from Horovod on
+purpose, README.md's table says so. HOROVOD_* settings (fusion threshold, cycle time, cache capacity, timeline, stall
 check, autotune) are read by the engine as aliases of its KHOR_* ones.
 """
 
