@@ -248,7 +248,11 @@ def shutdown():
                 _state.on_shutdown.append(ref)
                 fn()
         _state.last_sets = list(_state.order)
-        _lib.khor_engine_stop(_state.engine)
+        if _lib.khor_engine_stop(_state.engine) == _lib.ERR_TIMEOUT:
+            # A rank never joined the stop within KHOR_TIMEOUT: shutdown goes on (as
+            # Horovod's never raises) but says which rank, which only the comm's text holds.
+            warnings.warn("khor: shutdown: " + _lib.text(_lib.khor_comm_error(_state.comm)),
+                          RuntimeWarning, stacklevel=2)
         for pid, ps in list(_state.sets.items()):
             if pid != 0 and ps._comm:
                 _lib.khor_comm_free(ps._comm)
