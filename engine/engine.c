@@ -659,7 +659,7 @@ khor_status engine_remove_set(struct khor_engine *e, int id, kerr *err)
 		}
 	}
 	if (s != NULL)
-		s->stop = true;
+		set_stop_locked(s);
 	pthread_mutex_unlock(&e->mu);
 	if (s == NULL)
 		return bad(err, "khor_engine_remove_process_set: no process set %d", id);
@@ -688,7 +688,7 @@ khor_status engine_stop(struct khor_engine *e, kerr *err)
 	pthread_mutex_lock(&e->mu);
 	e->stopped = true;
 	for (int i = 0; i < e->nsets; i++)
-		e->sets[i]->stop = true;
+		set_stop_locked(e->sets[i]);
 	pthread_mutex_unlock(&e->mu);
 	for (int i = 0; i < e->nsets; i++) {
 		set_wake(e->sets[i]);

@@ -100,6 +100,27 @@ static khor_status stop_late(eset *s, kerr *err)
 	return KHOR_ERR_TIMEOUT;
 }
 
+/*
+ * Whether this rank has asked to stop, so that the stop's deadline bounds the wait: from
+ * the request on, also in a cycle whose report went out before it (that cycle's answer may
+ * never come from a peer that hangs).
+ */
+static bool stopping(eset *s)
+{
+	bool asked;
+
+	if (s->stop_sent)
+		return true;
+	pthread_mutex_lock(&s->e->mu);
+	asked = s->stop;
+	pthread_mutex_unlock(&s->e->mu);
+	return asked;
+}
+
+/* How often a worker waiting for the coordinator's answer looks for a stop request (that
+ * wait has no deadline of its own: the coordinator answers when there is news). */
+#define STOP_LOOK_MS 500
+
 bool negotiate_worker_cycle(eset *s, eresp *resp_out)
 {
 	msg_hdr in, out;
@@ -135,16 +156,17 @@ bool negotiate_worker_cycle(eset *s, eresp *resp_out)
 		 * a hard deadline, checked here by the clock (idle_ms) because ctl_wait's own
 		 * waits on while the peers are alive, and they are: they just never stop.
 		 */
-		int idle = 0;
-		if (s->stop_sent) {
+		int idle = sent ? STOP_LOOK_MS : 0;
+		bool stop = stopping(s);
+		if (stop) {
 			if (kdeadline_passed(s->stop_dl)) {
 				st = stop_late(s, &err);
 				goto fail;
 			}
 			idle = kdeadline_left_ms(s->stop_dl, 1000) + 1;
 		}
-		st = ctl_wait(s, &rx, 1, !sent, s->stop_sent ? s->stop_dl : never, spin, idle,
-		              &which, &err);
+		st = ctl_wait(s, &rx, 1, !sent, stop ? s->stop_dl : never, spin, idle, &which,
+		              &err);
 		if (st == KHOR_ERR_TIMEOUT)
 			st = stop_late(s, &err);
 		if (st != KHOR_SUCCESS)
@@ -169,9 +191,21 @@ bool negotiate_worker_cycle(eset *s, eresp *resp_out)
 		step = 2;
 		st = coll_post(cc, &rx, 0, false, &in, sizeof(in), ctl_tag(s, 2),
 		               kdeadline_in_ms(cc->timeout_ms), &err);
-		if (st == KHOR_SUCCESS)
-			st = ctl_wait(s, &rx, 1, false, kdeadline_in_ms(cc->timeout_ms * 2 + 5000),
-			              true, 0, &which, &err);
+		/* The answer to a GO: the stop's deadline bounds this wait too, by the clock. */
+		kdeadline dl = kdeadline_in_ms(cc->timeout_ms * 2 + 5000);
+		while (st == KHOR_SUCCESS) {
+			int idle = STOP_LOOK_MS;
+			if (stopping(s)) {
+				if (kdeadline_passed(s->stop_dl)) {
+					st = stop_late(s, &err);
+					break;
+				}
+				idle = kdeadline_left_ms(s->stop_dl, 1000) + 1;
+			}
+			st = ctl_wait(s, &rx, 1, false, dl, true, idle, &which, &err);
+			if (st == KHOR_SUCCESS && which == 0)
+				break;
+		}
 		if (st != KHOR_SUCCESS)
 			goto fail;
 		if ((st = ctl_check_hdr(s, &in, 0, &err)) != KHOR_SUCCESS)
@@ -253,7 +287,8 @@ bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 			idle = left < 1 ? 1 : left > 1000 ? 1000 : (int)left;
 		}
 		/* The stop's hard deadline, by the clock (see the worker's loop). */
-		if (s->stop_sent) {
+		bool stop = stopping(s);
+		if (stop) {
 			if (kdeadline_passed(s->stop_dl)) {
 				st = stop_late(s, &err);
 				goto fail;
@@ -262,8 +297,7 @@ bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 			if (idle == 0 || left < idle)
 				idle = left;
 		}
-		st = ctl_wait(s, rx, nw, true, s->stop_sent ? s->stop_dl : never, spin, idle, &which,
-		              &err);
+		st = ctl_wait(s, rx, nw, true, stop ? s->stop_dl : never, spin, idle, &which, &err);
 		spin = false;
 		if (st == KHOR_ERR_TIMEOUT)
 			st = stop_late(s, &err);
@@ -271,7 +305,7 @@ bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 			doing = "waiting for reports";
 			goto fail;
 		}
-		if (which == -2 && s->stop_sent && kdeadline_passed(s->stop_dl))
+		if (which == -2 && stop && kdeadline_passed(s->stop_dl))
 			continue; /* the check above fails the stop */
 		if (which >= 0) {
 			got[which + 1] = true;
@@ -330,7 +364,7 @@ bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 		/* A worker that hangs (stopped, busy) while this rank stops: the stop's deadline
 		 * holds here too, alive or not. */
 		int idle = 0;
-		if (s->stop_sent) {
+		if (stopping(s)) {
 			if (kdeadline_passed(s->stop_dl)) {
 				st = stop_late(s, &err);
 				goto fail;

@@ -54,7 +54,6 @@ bool report_build(eset *s, bbuf *b)
 	if (s->stop && !s->stop_sent) {
 		bput_u8(b, 'S');
 		s->stop_sent = true;
-		s->stop_dl = kdeadline_in_ms(s->ctl->cc.timeout_ms);
 		news = true;
 	}
 	pthread_mutex_unlock(&e->mu);

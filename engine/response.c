@@ -209,7 +209,7 @@ bool response_parse(eset *s, const uint8_t *p, size_t len, eresp *out)
 				 * khor_engine_stop then finds the thread ended; the rank that stopped
 				 * first is not kept waiting for it.
 				 */
-				s->stop = true;
+				set_stop_locked(s);
 				khor_handle *j = s->join;
 				if (j != NULL) {
 					char m[256];

@@ -222,8 +222,9 @@ typedef struct eset {
 	uint32_t cycle;
 	ecache cache;
 	bool stop_sent;
-	/* From when this rank asked to stop, the others have KHOR_TIMEOUT to do the same: one
-	 * deadline for the whole stop, never moved by cycles or by the peers being alive. */
+	/* From when this rank asked to stop (set_stop_locked), the others have KHOR_TIMEOUT to
+	 * do the same: one deadline for the whole stop, never moved by cycles or by the peers
+	 * being alive, and running also while a cycle begun before the request waits. */
 	kdeadline stop_dl;
 	uint8_t *fusion;
 	size_t fusion_len;
@@ -245,6 +246,18 @@ typedef struct eset {
 	/* Statistics, for khor-bench and autotune. */
 	_Atomic uint64_t cycles, negotiate_ns, bytes_done; /* written by the set thread only */
 } eset;
+
+/*
+ * This rank asks set s to stop (under the engine's mu): its next report says 'S', and the
+ * stop's deadline starts now, also for a cycle already waiting. Asking again keeps it.
+ */
+static inline void set_stop_locked(eset *s)
+{
+	if (!s->stop) {
+		s->stop = true;
+		s->stop_dl = kdeadline_in_ms(s->ctl != NULL ? s->ctl->cc.timeout_ms : 0);
+	}
+}
 
 struct timeline;
 struct autotune;

@@ -213,6 +213,9 @@ def test_distributed_optimizer_across_a_reset():
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
                                    named_parameters=model.named_parameters())
     model(torch.ones(1, 2)).sum().backward()    # the hook enqueues; nobody waits
+    # Every rank's hook has enqueued before any rank resets: a rank whose peer's engine has
+    # already stopped is refused at enqueue instead (a peer's stop is news at once).
+    hvd.barrier()
     khor.elastic.reset()
     opt.zero_grad()
     x = torch.full((1, 2), float(r + 1))

@@ -14,7 +14,8 @@ import weakref
 
 from . import _lib
 from ._lib import KhorError
-from .exceptions import HorovodInternalError, WorkerRemoved
+from .exceptions import (HorovodInternalError, InvalidArgumentError, KhorValueError,
+                         WorkerRemoved)
 
 # Horovod's reduction ops, same values (horovod/common/basics).
 Average = 0
@@ -96,6 +97,16 @@ def collective_error(message, status):
     if not _state.elastic or status in _RESET_STATUSES:
         return HorovodInternalError(message, status)
     return KhorError(message, status)
+
+
+def enqueue_error(message, status):
+    """The exception for an enqueue the engine refused: a ValueError too for refused
+    arguments (Horovod's type for them), else collective_error's."""
+    if status == _lib.ERR_INVALID_ARG:
+        if not _state.elastic:
+            return InvalidArgumentError(message, status)
+        return KhorValueError(message, status)
+    return collective_error(message, status)
 
 
 def check_collective(status, message_fn):
@@ -485,7 +496,7 @@ def _enqueue(fn, *args):
     h = ctypes.c_void_p()
     st = fn(_state.engine, *args, ctypes.byref(h))
     if st != _lib.SUCCESS:
-        raise collective_error(_engine_error(), st)
+        raise enqueue_error(_engine_error(), st)
     return h
 
 

@@ -23,6 +23,17 @@ class HorovodInternalError(KhorError):
     """A collective failed; in an elastic job, one that a reset recovers from."""
 
 
+class KhorValueError(KhorError, ValueError):
+    """The engine refused an enqueue's arguments at once (a name already in flight, a bad
+    shape or root): also a ValueError, which is what Horovod raises for these."""
+
+
+class InvalidArgumentError(HorovodInternalError, KhorValueError):
+    """KhorValueError in a fixed job, where every failed collective is also a
+    HorovodInternalError (an elastic job raises the plain KhorValueError: running it again in
+    a new generation would fail the same way)."""
+
+
 class HostsUpdatedInterrupt(RuntimeError):
     """The job's hosts changed. skip_sync: True when hosts were only removed, so that every
     remaining worker already holds the same state and the reset needs no sync."""
@@ -44,4 +55,5 @@ class WorkerRemoved(SystemExit):
         return self.reason
 
 
-__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "WorkerRemoved", "KhorError"]
+__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "WorkerRemoved", "KhorError",
+           "KhorValueError", "InvalidArgumentError"]
