@@ -39,25 +39,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 d=$(mktemp -d /tmp/khor-mpirun.XXXXXX)
 trap 'rm -rf "$d"' EXIT
 
-passed=0
-failed=0
-run() {
-	local t0=$SECONDS
-	: >"$d/why"
-	if "$2" >"$d/$1.log" 2>&1; then
-		passed=$((passed + 1))
-		echo "ok   $1 ($((SECONDS - t0)) s)"
-		[ "${TEST_MPIRUN_VERBOSE:-0}" = 0 ] || sed 's/^/    /' "$d/$1.log"
-	else
-		failed=$((failed + 1))
-		echo "FAIL $1 ($((SECONDS - t0)) s): $(cat "$d/why")"
-		sed 's/^/    /' "$d/$1.log" | tail -60
-	fi
-}
-why() {
-	echo "$*" >"$d/why"
-	return 1
-}
+CASES_VERBOSE=${TEST_MPIRUN_VERBOSE:-0}
+# shellcheck source=../support/cases.sh
+. "$(dirname "$0")/../support/cases.sh"
 # A port free now on 127.0.0.1 for rank 0's store.
 free_port() {
 	python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -130,20 +114,23 @@ t_hydra_no_store() { no_store_case hydra "a PMI launcher (MPICH's Hydra mpiexec"
 
 # Python under mpirun: khor.init() takes OpenMPI's ranks, the sum is over both.
 t_openmpi_python() {
+	# Each rank writes its line to a file of its own: mpirun's forwarded stdout may cut
+	# one rank's line in two around another's.
 	MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) PYTHONPATH=$src/bindings/python \
-		KHOR_LIBRARY_PATH=$lib launch openmpi 2 "$python" -c '
-import khor, numpy as np
+		KHOR_LIBRARY_PATH=$lib PYOUT=$d launch openmpi 2 "$python" -c '
+import os, khor, numpy as np
 khor.init()
 x = khor.allreduce(np.full(4, khor.rank() + 1, np.float32), op=khor.Sum)
-print("py rank %d of %d: %s" % (khor.rank(), khor.size(), x.tolist()))
+with open(os.path.join(os.environ["PYOUT"], "py.%d" % khor.rank()), "w") as f:
+    print("py rank %d of %d: %s" % (khor.rank(), khor.size(), x.tolist()), file=f)
 khor.shutdown()
 ' >"$d/py.out" 2>&1
 	local rc=$?
-	cat "$d/py.out"
+	cat "$d/py.out" "$d"/py.[01]
 	[ $rc -eq 0 ] || why "mpirun -np 2 python3 exited $rc" || return
 	local r
 	for r in 0 1; do
-		grep -q "^py rank $r of 2: \[3.0, 3.0, 3.0, 3.0\]" "$d/py.out" ||
+		grep -q "^py rank $r of 2: \[3.0, 3.0, 3.0, 3.0\]" "$d/py.$r" ||
 			why "python rank $r of 2: no right sum" || return
 	done
 }

@@ -38,26 +38,9 @@ unset KHOR_RANK KHOR_SIZE KHOR_STORE_ADDR RANK WORLD_SIZE MASTER_ADDR MASTER_POR
 	JOB_COMPLETION_INDEX KHOR_K8S_SIZE KHOR_JOB_ID
 export KHOR_LOG=info KHOR_TIMEOUT=30s D=$d
 
-passed=0
-failed=0
-# run NAME FUNCTION: one test, its time, its evidence printed when it fails.
-run() {
-	local t0=$SECONDS
-	: >"$d/why"
-	if "$2" >"$d/$1.log" 2>&1; then
-		passed=$((passed + 1))
-		echo "ok   $1 ($((SECONDS - t0)) s)"
-		[ "${TEST_SLURM_VERBOSE:-0}" = 0 ] || sed 's/^/    /' "$d/$1.log"
-	else
-		failed=$((failed + 1))
-		echo "FAIL $1 ($((SECONDS - t0)) s): $(cat "$d/why")"
-		sed 's/^/    /' "$d/$1.log" | tail -60
-	fi
-}
-why() {
-	echo "$*" >"$d/why"
-	return 1
-}
+CASES_VERBOSE=${TEST_SLURM_VERBOSE:-0}
+# shellcheck source=../support/cases.sh
+. "$here/../support/cases.sh"
 
 # Every rank of the step joined through Slurm's variables, as rank r of n.
 joined_via_slurm() {

@@ -518,7 +518,7 @@ def _group_arrays(bufs):
 def _event_form(fn_name, bufs):
     """The enqueue call for bufs: the plain form when no input has a ready event, else the
     _event form (a library without them fails here, naming the call)."""
-    if not any(b.event for b in bufs):
+    if len(bufs) == 1 and bufs[0].event is None or not any(b.event for b in bufs):
         return getattr(_lib, fn_name), ()
     fn = getattr(_lib, fn_name + "_event", None)
     if fn is None:
