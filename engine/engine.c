@@ -729,9 +729,9 @@ khor_status engine_timeline(struct khor_engine *e, const char *path, bool mark, 
 {
 	struct timeline *t = NULL;
 	int rank = e->comm->rank;
+	char buf[600];
 
 	if (path != NULL) {
-		char buf[600];
 		const char *pct = strstr(path, "%r");
 		if (pct != NULL)
 			snprintf(buf, sizeof(buf), "%.*s%d%s", (int)(pct - path), path, rank, pct + 2);
@@ -739,11 +739,20 @@ khor_status engine_timeline(struct khor_engine *e, const char *path, bool mark, 
 			kstrlcpy(buf, path, sizeof(buf));
 		if (pct == NULL && rank != 0)
 			return KHOR_SUCCESS;
-		if ((t = timeline_open(buf, rank, mark, err)) == NULL)
-			return err->status;
 	}
+	/*
+	 * The old timeline is closed before the new one opens: a restart into the same path
+	 * would otherwise truncate the file under the old stream, whose closing "]" then lands
+	 * past the new events (found in review). Events in between are not recorded.
+	 */
 	pthread_mutex_lock(&e->tl_mu);
+	atomic_store(&e->tl_on, false);
 	timeline_close(e->tl);
+	e->tl = NULL;
+	if (path != NULL && (t = timeline_open(buf, rank, mark, err)) == NULL) {
+		pthread_mutex_unlock(&e->tl_mu);
+		return err->status;
+	}
 	e->tl = t;
 	atomic_store(&e->tl_on, t != NULL);
 	pthread_mutex_unlock(&e->tl_mu);

@@ -194,7 +194,9 @@ bool negotiate_worker_cycle(eset *s, eresp *resp_out)
 		/* The answer to a GO: the stop's deadline bounds this wait too, by the clock. */
 		kdeadline dl = kdeadline_in_ms(cc->timeout_ms * 2 + 5000);
 		while (st == KHOR_SUCCESS) {
-			int idle = STOP_LOOK_MS;
+			/* Past dl the wait is liveness's own (it warns and measures from its
+			 * start): no more turns of this loop then, unless stopping. */
+			int idle = kdeadline_passed(dl) ? 0 : STOP_LOOK_MS;
 			if (stopping(s)) {
 				if (kdeadline_passed(s->stop_dl)) {
 					st = stop_late(s, &err);

@@ -218,6 +218,11 @@ bool response_parse(eset *s, const uint8_t *p, size_t len, eresp *out)
 					         "(Horovod: \"Horovod has been shut down\")", s->user->ctx->rank,
 					         s->id, who, s->id == 0 ? "its engine (khor_engine_stop, "
 					         "Horovod's shutdown)" : "its engine or removed the set");
+					/* A join not reported yet is still in the fresh list: out of it
+					 * first, or the next report would walk a completed (maybe freed)
+					 * handle. */
+					if (klist_linked(&j->link))
+						klist_del(&j->link);
 					queue_complete_locked(e, j, KHOR_ERR_REMOTE, m);
 					queue_signal_locked(e);
 				}

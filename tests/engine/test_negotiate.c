@@ -8,6 +8,7 @@
  * No links: a process set is set up by hand with just what the parsers touch.
  */
 #include "engine/desc.h"
+#include "engine/queue.h"
 #include "engine/response.h"
 #include "engine/table.h"
 
@@ -276,5 +277,46 @@ Test(negotiate, malformed_responses_fail_the_set)
 	cr_expect(response_parse(s, q.b, q.n, &out), "a stop record was refused: %s", s->err.text);
 	cr_expect(s->peer_stop[1] && s->first_stopper == 1, "rank 1's stop was not recorded");
 	response_free(&out);
+	bare_free(s);
+}
+
+/*
+ * A join this rank has enqueued but not reported yet (it is still in the fresh list) when a
+ * peer's stop record arrives: it fails with the stop's cause and leaves the fresh list, so
+ * the next report does not walk a completed handle (found in review: freed there when its
+ * owner had let go of it).
+ */
+Test(negotiate, a_stop_fails_a_join_not_yet_reported_and_unlinks_it)
+{
+	eset *s = bare_set(2);
+	kctx *x = calloc(1, sizeof(*x));
+	khor_comm *u = calloc(1, sizeof(*u));
+	khor_handle *h = calloc(1, sizeof(*h));
+	eresp out;
+	rec q = { .n = 0 };
+
+	cr_assert(x != NULL && u != NULL && h != NULL);
+	u->ctx = x;
+	s->user = u;
+	s->rank = 1;
+	klist_init(&h->link);
+	klist_init(&h->named_link);
+	h->set = s;
+	h->eng = s->e;
+	h->kind = EK_JOIN;
+	h->key = strdup("join");
+	pthread_mutex_lock(&s->e->mu);
+	cr_assert_eq(queue_push_locked(s, h), KHOR_SUCCESS);
+	pthread_mutex_unlock(&s->e->mu);
+	put_u8(&q, 'Q');
+	put_u32(&q, 0);
+	cr_expect(response_parse(s, q.b, q.n, &out), "a stop record was refused: %s", s->err.text);
+	cr_expect(h->done && h->status == KHOR_ERR_REMOTE, "the join did not fail (done %d, "
+	          "status %d)", h->done, h->status);
+	cr_expect(klist_empty(&s->fresh), "the failed join is still in the fresh list");
+	response_free(&out);
+	queue_handle_free(h);
+	free(u);
+	free(x);
 	bare_free(s);
 }

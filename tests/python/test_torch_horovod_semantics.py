@@ -412,3 +412,22 @@ def test_script_without_shutdown_leaves_cleanly():
     for t in timelines:
         json.loads(t)                      # closed: the file is whole JSON
         assert "atexit.t" in t, t[:500]
+
+
+def test_timeline_restarted_into_the_same_path_is_valid_json():
+    """start_timeline twice into one path: the first file is closed before the second one
+    opens, so the file holds the second timeline alone and stays strict JSON (the old
+    stream's closing bracket used to land past the new events)."""
+    import json
+    path = os.path.join(tempfile.mkdtemp(prefix="khor-tl-"), "timeline.json")
+    hvd.start_timeline(path)
+    for i in range(30):                 # a first file longer than the second
+        hvd.allreduce(torch.ones(2), name="tl.first.%d" % i)
+    hvd.start_timeline(path)
+    hvd.allreduce(torch.ones(2), name="tl.second")
+    hvd.stop_timeline()
+    if hvd.rank() == 0:                 # without %r only rank 0 writes
+        with open(path) as f:
+            events = json.load(f)
+        assert isinstance(events, list) and events
+        assert "tl.second" in json.dumps(events) and "tl.first" not in json.dumps(events)
