@@ -586,10 +586,10 @@ static void execute_all(eset *s, eitem *items, int n)
 		kerr x;
 		const char *nm = items[i].h != NULL ? items[i].h->key : "?";
 		(void)nm;
-		kerr_set(&x, KHOR_ERR_INVALID_ARG, "rank %d on %s, engine set %d: %s", s->rank,
+		kerr_set(&x, items[i].status, "rank %d on %s, engine set %d: %s", s->rank,
 		         s->data != NULL ? s->data->ctx->cfg.hostname : "", s->id,
 		         items[i].msg != NULL ? items[i].msg : "failed");
-		finish(s, &items[i], KHOR_ERR_INVALID_ARG, &x);
+		finish(s, &items[i], items[i].status, &x);
 	}
 	/* A joined rank's zeros go where its own last allreduce went (types.h: join_on_dev). */
 	kmem_where joined = { KMEM_DEVICE, s->dev.be, s->dev.device, s->dev.ctx };

@@ -165,6 +165,9 @@ bool response_parse(eset *s, const uint8_t *p, size_t len, eresp *out)
 			memset(it, 0, sizeof(*it));
 			it->error = true;
 			it->msg = strndup((const char *)p + r.off, ml);
+			/* The stop records come first in a response (coordinator.c), so a stop that
+			 * caused this error is known here already. */
+			it->status = s->first_stopper >= 0 ? KHOR_ERR_REMOTE : KHOR_ERR_INVALID_ARG;
 			r.off += ml;
 			pthread_mutex_lock(&e->mu);
 			khor_handle *h = queue_claim_locked(s, key);

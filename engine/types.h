@@ -165,6 +165,10 @@ typedef struct eitem {
 	int64_t *dim0;       /* allgather: every rank's dim 0 per tensor [tensor * size + r] */
 	bool error;
 	char *msg;           /* error: the coordinator's sentence */
+	/* error: KHOR_ERR_REMOTE once a peer has stopped (the error is the stop's doing, which
+	 * an elastic job's reset cures), else KHOR_ERR_INVALID_ARG (the ranks' tensors
+	 * disagree). */
+	khor_status status;
 } eitem;
 
 /* A cycle's responses, as negotiation hands them to the set's loop to run (response.c). */

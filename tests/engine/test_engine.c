@@ -2034,8 +2034,10 @@ static void run_kill(int n, int victim, const char *transport)
 		             sh->err[r]);
 		cr_expect_gt(sh->value[r][2], 0, "%s: rank %d completed no batch before the kill",
 		             what, r);
-		cr_expect(first > 0 && first < timeout_s + 2,
-		          "%s: rank %d's first failure came %.1f s "
+		/* A survivor may see the death a little before the harness, which reads the
+		 * clock after kill() returns, has noted the kill. */
+		cr_expect(first > -0.1 && first < timeout_s + 2,
+		          "%s: rank %d's first failure came %.2f s "
 		          "after the kill",
 		          what, r, first);
 		cr_expect(last < timeout_s + 2,
