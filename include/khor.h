@@ -102,10 +102,11 @@ typedef struct khor_request khor_request; /* a non-blocking collective in flight
 KHOR_API const char *khor_version(void);
 /*
  * What this library was built with: a static string of space-separated key=value words,
- * exactly "version=X.Y.Z tcp=1 shm=1 ib=B cuda=B nccl=B gdr=B", each B 0 or 1:
+ * "version=X.Y.Z tcp=1 shm=1 ib=B cuda=B nccl=B [nccl_version=N] gdr=B", each B 0 or 1:
  * ib = the verbs transport, cuda = the CUDA memory backend (device buffers), nccl = NCCL
- * for device collectives inside a node (libnccl.so.2 is loaded at run time), gdr =
- * GPUDirect RDMA (ib with cuda). Built in does not mean usable here: libibverbs, libcuda
+ * for device collectives inside a node (libnccl.so.2 is loaded at run time), nccl_version
+ * (only with nccl=1) = NCCL_VERSION_CODE of the header built against, gdr = GPUDirect RDMA
+ * (ib with cuda). Readers should look words up by key: more may come. Built in does not mean usable here: libibverbs, libcuda
  * and libnccl are opened when first needed, and a missing one is reported then.
  */
 KHOR_API const char *khor_build_info(void);
