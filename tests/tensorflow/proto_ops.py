@@ -1,9 +1,9 @@
 """The first piece of khor's TensorFlow ops, run by hand (not in CTest yet, issue 28):
-KhorAllreduce eagerly, inside tf.function with two ops that ranks write in different orders
+KhorBroadcast and KhorAllgather (uneven, empty), and KhorAllreduce eagerly, inside tf.function with two ops that ranks write in different orders
 (the async kernels must not deadlock), and a shape mismatch that must fail as a TF error on
 every rank. Under khorrun, with the Python that has tensorflow:
   bindings/tensorflow/build.sh $PY build /tmp && PYTHONPATH=bindings/python \
-  KHOR_LIBRARY_PATH=build/libkhor.so build/khorrun -np 4 $PY tests/tensorflow/proto_allreduce.py \
+  KHOR_LIBRARY_PATH=build/libkhor.so build/khorrun -np 4 $PY tests/tensorflow/proto_ops.py \
   /tmp/libkhor_tf.so
 """
 import ctypes, sys, time
@@ -32,6 +32,23 @@ for i in range(3):
     a, b = f(tf.ones([4], tf.int32) * r, tf.ones([2, 2], tf.float64))
     assert a.numpy().tolist() == [n * (n - 1) // 2] * 4, a
     assert b.numpy().tolist() == [[n, n], [n, n]], b
+# broadcast from the last rank
+z = lib.khor_broadcast(tf.fill([3, 2], float(r)), tensor_name="e/bc", root_rank=n - 1)
+assert z.numpy().tolist() == [[float(n - 1)] * 2] * 3, z
+# allgather, uneven first dimension (rank k gives k + 1 rows of k), eager and in tf.function
+def gathered():
+    return [[k, k] for k in range(n) for _ in range(k + 1)]
+g = lib.khor_allgather(tf.fill([r + 1, 2], r), tensor_name="e/ag")
+assert g.numpy().tolist() == gathered(), g
+@tf.function
+def ag(t):
+    return lib.khor_allgather(t, tensor_name="g/ag")
+for i in range(2):
+    g = ag(tf.fill([r + 1, 2], r))
+    assert g.numpy().tolist() == gathered(), g
+# an empty contribution from every rank but 0
+g = lib.khor_allgather(tf.zeros([1 if r == 0 else 0, 3], tf.int64), tensor_name="e/ag0")
+assert g.shape == (1, 3), g.shape
 # a mismatch fails as a TF error, not a hang
 try:
     lib.khor_allreduce(tf.ones([r + 1]), tensor_name="bad/x")
