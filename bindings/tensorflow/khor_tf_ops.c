@@ -10,7 +10,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <tensorflow/c/c_api.h>
 /* ops.h uses these C struct names without declaring them in C (it does in C++) */
@@ -199,7 +198,7 @@ static void compute(void *kernel, TF_OpKernelContext *ctx, TF_AsyncOpKernelDoneC
 			goto out;
 		}
 	}
-	/* the engine owns p from here: finish() runs once, from on_done */
+	/* from here p ends in finish() exactly once: at a refused enqueue, or from on_done */
 	p->done = khor_tf_done_keep(done);
 	TF_DeleteStatus(s);
 	s = NULL;
@@ -224,7 +223,10 @@ static void compute(void *kernel, TF_OpKernelContext *ctx, TF_AsyncOpKernelDoneC
 		finish(p);
 		return;
 	}
-	khor_handle_set_callback(h, on_done, p);	/* may run on_done here, at once */
+	/* may run on_done here, at once; if the callback cannot be set, wait (the engine's
+	 * own deadlines bound it) so that the op still ends */
+	if (khor_handle_set_callback(h, on_done, p) != KHOR_SUCCESS)
+		on_done(p, h, khor_handle_wait(h));
 	return;
 out:
 	TF_DeleteTensor(p->in);
