@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -92,6 +93,7 @@ bool harness_run(const harness_opts *o, harness_body body, void *arg, harness_re
 	 * learns the store's port through its pipe.
 	 */
 	int port_pipe[HARNESS_MAX_RANKS][2];
+	pid_t parent = getpid();
 	fflush(NULL);
 	for (int r = 0; r < o->n; r++) {
 		pids[r] = -1;
@@ -106,6 +108,12 @@ bool harness_run(const harness_opts *o, harness_body body, void *arg, harness_re
 			khor_config *cfg;
 			char v[32];
 			uint16_t port = 0;
+			/* A rank outlives no harness: when Criterion kills a test that ran past its
+			 * .timeout, its ranks go with it instead of holding CTest's output pipe open
+			 * (and CTest waiting) until the whole binary's TIMEOUT. */
+			prctl(PR_SET_PDEATHSIG, SIGKILL);
+			if (getppid() != parent)
+				_exit(98); /* it died before prctl */
 			close(port_pipe[r][1]);
 			if (read(port_pipe[r][0], &port, sizeof(port)) != (ssize_t)sizeof(port))
 				_exit(99); /* the parent could not start the store */

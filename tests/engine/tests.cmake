@@ -1,5 +1,5 @@
 # tests/engine -- the tests of engine/ (included by tests/CMakeLists.txt).
-khor_test(test_engine engine/test_engine.c 900)
+khor_test(test_engine engine/test_engine.c 420)
 khor_test(test_engine_device engine/test_engine_device.c 600)
 target_link_libraries(test_engine_device PRIVATE khor_mem_emu)
 khor_test(test_negotiate engine/test_negotiate.c 60)
