@@ -166,7 +166,8 @@ bool harness_run(const harness_opts *o, harness_body body, void *arg, harness_re
 			continue;
 		}
 		if (o->kill_after_s > 0 && res->killed_at == 0 && now_s() - t0 > o->kill_after_s &&
-		    o->kill_rank >= 0 && o->kill_rank < o->n && pids[o->kill_rank] > 0) {
+		    o->kill_rank >= 0 && o->kill_rank < o->n && pids[o->kill_rank] > 0 &&
+		    (o->kill_ready == NULL || o->kill_ready(arg))) {
 			kill(pids[o->kill_rank], SIGKILL);
 			res->killed_at = now_s() - t0;
 		}

@@ -39,6 +39,9 @@ typedef struct harness_opts {
 	const char *job_id;
 	int kill_rank;           /* with kill_after_s > 0: SIGKILL this rank then */
 	double kill_after_s;
+	/* With kill_after_s: the kill also waits for kill_ready(arg) (body's arg) to be true,
+	 * e.g. for the ranks to have done some work on a slow machine; NULL: no wait. */
+	bool (*kill_ready)(void *arg);
 } harness_opts;
 
 /* Runs a job; returns true when every started rank exited 0. */

@@ -1887,7 +1887,7 @@ Test(engine, stall_shutdown_fails_the_stalled_tensors_everywhere, .timeout = 60)
  */
 struct kill_job {
 	struct shared *sh;
-	int victim;
+	int victim, n;
 	const char *transport;
 };
 
@@ -1999,13 +1999,25 @@ static int body_kill(int rank, int n, khor_config *cfg, void *arg)
 	return 3;
 }
 
+/* The kill waits until every rank has done two batches: at a fixed time a slow machine
+ * (CI under ASan) may still be starting them, and the test would then check nothing. */
+static bool kill_ready(void *arg)
+{
+	const struct kill_job *kj = arg;
+	for (int r = 0; r < kj->n; r++)
+		if (__atomic_load_n(&kj->sh->value[r][2], __ATOMIC_RELAXED) < 2)
+			return false;
+	return true;
+}
+
 static void run_kill(int n, int victim, const char *transport)
 {
 	struct shared *sh = harness_shared(sizeof(*sh));
-	struct kill_job kj = {.sh = sh, .victim = victim, .transport = transport};
+	struct kill_job kj = {.sh = sh, .victim = victim, .n = n, .transport = transport};
 	const double timeout_s = 10;
 	harness_opts o = {
-	    .n = n, .timeout = "10s", .deadline_s = 70, .kill_rank = victim, .kill_after_s = 3.0};
+	    .n = n, .timeout = "10s", .deadline_s = 70, .kill_rank = victim, .kill_after_s = 3.0,
+	    .kill_ready = kill_ready};
 	harness_result res;
 	double t0 = mono();
 	char want[32], what[64];
