@@ -107,6 +107,19 @@ khor_status alive_start(kctx *x, kerr *err)
 		return st;
 	}
 	store_set_prefix(a->st, s->job_id, x->generation);
+	/* The first beat before init returns: a rank stopped right after it (SIGSTOP, a
+	 * debugger) has a counter that stands still, which khorrun's watch judges; one that
+	 * never beat counts as still starting there, and only the waiting ranks would judge it
+	 * (seen under ASan: 20 allreduces ran before the thread's first beat). */
+	char key[32];
+	int64_t n;
+	snprintf(key, sizeof(key), "hb/%d", x->rank);
+	if ((st = store_add(a->st, key, 1, &n, err)) != KHOR_SUCCESS) {
+		store_close(a->st);
+		free(a);
+		kerr_prefix(err, "heartbeat");
+		return st;
+	}
 	int rc = pthread_create(&a->thread, NULL, alive_main, a);
 	if (rc != 0) {
 		store_close(a->st);
