@@ -536,6 +536,14 @@ static void compute(void *kernel, TF_OpKernelContext *ctx, TF_AsyncOpKernelDoneC
 		if (rc < 0)
 			goto fail_early;
 		have_splits = rc;
+		/* Horovod lets the splits leave rows at the end unsent; the engine wants them to
+		 * add up to dim 0, and the rows sent are a prefix of the (contiguous) input */
+		if (have_splits) {
+			int64_t total = 0;
+			for (int64_t j = 0; j < k->set_size; j++)
+				total += splits[j];
+			dims[0] = total;
+		}
 	}
 	khor_engine *e = atomic_load(&engine);
 	if (e == NULL) {
