@@ -47,6 +47,19 @@ def _major_minor(v):
     return tuple(v.split(".")[:2])
 
 
+def check_version(path, running=None):
+    """The version path was built for; ImportError naming both when its major.minor is not
+    the running TensorFlow's."""
+    running = running or tf.__version__
+    built = _built_for(path)
+    if _major_minor(built) != _major_minor(running):
+        raise ImportError(
+            "khor.tensorflow: %s was built for TensorFlow %s; this is TensorFlow %s. Rebuild "
+            "it against this one (cmake -DKHOR_TF_PYTHON=<this python>)"
+            % (path, built, running))
+    return built
+
+
 def _load():
     tried = []
     for path in _candidates():
@@ -60,12 +73,7 @@ def _load():
             "khor.tensorflow: cannot find %s; build it (cmake -DKHOR_TF_PYTHON=<python with "
             "tensorflow> and cmake --build) and set KHOR_TF_LIBRARY_PATH to the file or its "
             "directory. Looked in: %s" % (NAME, ", ".join(tried[:6])))
-    built = _built_for(path)
-    if _major_minor(built) != _major_minor(tf.__version__):
-        raise ImportError(
-            "khor.tensorflow: %s was built for TensorFlow %s; this is TensorFlow %s. Rebuild "
-            "it against this one (cmake -DKHOR_TF_PYTHON=<this python>)"
-            % (path, built, tf.__version__))
+    built = check_version(path)
     # TensorFlow first: the library registers its ops when it is first opened, and
     # load_op_library makes the Python wrappers of the ops registered during its own load.
     try:
