@@ -47,7 +47,9 @@ def broadcast_object(obj, root_rank=0, session=None, name=None,
     if not tf.executing_eagerly():
         raise RuntimeError("broadcast_object runs eagerly (TensorFlow 1 sessions are not "
                            "supported)")
-    name = name or type(obj).__name__
+    # Horovod's default name is the object's type, which differs between the root and the
+    # others (None there); khor's engine matches names across ranks, so the name is fixed.
+    name = name or "broadcast_object"
     if _core.rank() == root_rank:
         data = tf.constant(bytearray(_dumps(obj)), dtype=tf.uint8)
         n = tf.constant([int(data.shape[0])], tf.int32)
@@ -67,7 +69,7 @@ def allgather_object(obj, session=None, name=None, process_set=global_process_se
     if not tf.executing_eagerly():
         raise RuntimeError("allgather_object runs eagerly (TensorFlow 1 sessions are not "
                            "supported)")
-    name = name or type(obj).__name__
+    name = name or "allgather_object"
     data = tf.constant(bytearray(_dumps(obj)), dtype=tf.uint8)
     sizes = allgather(tf.constant([int(data.shape[0])], tf.int32), name=name + ".sz",
                       process_set=process_set).numpy()
