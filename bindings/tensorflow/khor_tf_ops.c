@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <tensorflow/c/c_api.h>
 /* ops.h uses these C struct names without declaring them in C (it does in C++) */
@@ -48,13 +49,32 @@ void khor_tf_done_run(void *kept);
 
 /*
  * Set by Python after khor.init has started the engine, cleared (NULL) at shutdown before
- * the engine stops; kernels read it on TensorFlow's threads.
+ * the engine stops; kernels read it on TensorFlow's threads. `users` counts the kernels
+ * between reading it and returning from their enqueue, so that clearing it can wait for
+ * them: with both sequentially consistent, a kernel either sees NULL or is seen by the
+ * clearing thread, never enqueues into an engine that is being stopped. An enqueue never
+ * blocks, so the wait is short; it gives up (saying so) after WAIT_NS all the same.
  */
 static _Atomic(khor_engine *) engine;
+static atomic_int users;
+
+#define WAIT_NS 5000000000LL
 
 EXPORT void khor_tf_set_engine(khor_engine *e)
 {
 	atomic_store(&engine, e);
+	if (e != NULL)
+		return;
+	struct timespec nap = {0, 100000};
+	for (long long waited = 0; atomic_load(&users) > 0; waited += nap.tv_nsec) {
+		if (waited >= WAIT_NS) {
+			fprintf(stderr, "khor: TensorFlow ops: %d op(s) still entering the engine "
+			        "after %lld s; stopping it anyway\n", atomic_load(&users),
+			        WAIT_NS / 1000000000LL);
+			return;
+		}
+		nanosleep(&nap, NULL);
+	}
 }
 
 /*
@@ -545,8 +565,10 @@ static void compute(void *kernel, TF_OpKernelContext *ctx, TF_AsyncOpKernelDoneC
 			dims[0] = total;
 		}
 	}
+	atomic_fetch_add(&users, 1);
 	khor_engine *e = atomic_load(&engine);
 	if (e == NULL) {
+		atomic_fetch_sub(&users, 1);
 		code = TF_FAILED_PRECONDITION;
 		snprintf(msg, sizeof(msg), "khor %s '%s': khor is not initialized (call hvd.init() "
 		         "first)", kind_names[k->kind], k->name);
@@ -557,9 +579,12 @@ static void compute(void *kernel, TF_OpKernelContext *ctx, TF_AsyncOpKernelDoneC
 	TF_DeleteStatus(s);
 	st = enqueue(p, e, dts, nds, dims, have_splits ? splits : NULL, &h);
 	free(dims);
-	if (st != KHOR_SUCCESS) {
+	if (st != KHOR_SUCCESS)
 		snprintf(msg, sizeof(msg), "khor %s '%s': %s", kind_names[k->kind], k->name,
 		         st == KHOR_ERR_NO_MEMORY ? "out of memory" : khor_engine_error(e));
+	/* done with the engine itself: its handles outlive it (khor.h) */
+	atomic_fetch_sub(&users, 1);
+	if (st != KHOR_SUCCESS) {
 		fail(ctx, st == KHOR_ERR_INVALID_ARG ? TF_INVALID_ARGUMENT : tf_code(st), msg);
 		finish(p);
 		return;

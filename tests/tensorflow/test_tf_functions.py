@@ -230,3 +230,20 @@ def test_horovod_alias():
     assert Compression is hvd.Compression and hhvd.HorovodInternalError is \
         hvd.HorovodInternalError
     assert hhvd.rank() == hvd.rank() and not hhvd.mpi_built()
+
+
+def test_eager_tape_traces_once():
+    """A loop that wraps its tape anew every step reuses one tf.function of the reduction,
+    traced once for gradients of one structure."""
+    from khor.tensorflow import gradient_tape
+    r, n = rank_size()
+    w = tf.Variable([1.0, 2.0])
+    for step in range(3):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(w * float(r + step))
+        tape = hvd.DistributedGradientTape(tape, gradient_predivide_factor=4.0)
+        (g,) = tape.gradient(loss, [w])
+        np.testing.assert_allclose(g.numpy(), [sum(k + step for k in range(n)) / n] * 2)
+    assert tape._allreduce_grads.experimental_get_tracing_count() == 1
+    assert tape._allreduce_grads is gradient_tape.make_allreduce_grads_fn(
+        "DistributedGradientTape", gradient_predivide_factor=4.0)

@@ -26,6 +26,9 @@ def _split_list(items, n):
     return out
 
 
+_fns = {}
+
+
 def make_allreduce_grads_fn(name, device_dense='', device_sparse='',
                             compression=Compression.none, sparse_as_dense=False, op=Average,
                             gradient_predivide_factor=1.0, groups=None,
@@ -34,7 +37,18 @@ def make_allreduce_grads_fn(name, device_dense='', device_sparse='',
     None). op == Average with gradient_predivide_factor f scales by 1/f before the sum and by
     f/size after it. groups: None (one allreduce per gradient, which the engine fuses), an
     int n (n grouped allreduces over the gradients in order) or a list of lists of
-    variables (each list one group; the other gradients one group each)."""
+    variables (each list one group; the other gradients one group each).
+
+    Eagerly it is a tf.function, one per set of arguments: a training loop that wraps its
+    tape anew every step then traces it once, not every step."""
+    key = None
+    if tf.executing_eagerly():
+        gkey = tuple(tuple(v.ref() for v in g) for g in groups) \
+            if isinstance(groups, list) else groups
+        key = (name, device_dense, device_sparse, compression, sparse_as_dense, op,
+               gradient_predivide_factor, gkey, process_set)
+        if key in _fns:
+            return _fns[key]
     from . import allreduce, grouped_allreduce  # the package's, with IndexedSlices
     if op == Average:
         prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
@@ -90,8 +104,9 @@ def make_allreduce_grads_fn(name, device_dense='', device_sparse='',
                     out[i] = r
             return out
 
-    if tf.executing_eagerly():
-        return tf.function(allreduce_grads)
+    if key is not None:
+        fn = _fns[key] = tf.function(allreduce_grads)
+        return fn
     return allreduce_grads
 
 
