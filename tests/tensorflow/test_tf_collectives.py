@@ -259,3 +259,31 @@ def test_join_lets_others_allreduce():
         assert got.numpy().tolist() == [float(n - 1)] * 2
         last = hvd.join()
     assert int(last) != 0
+
+
+def test_ignore_name_scope():
+    """Ranks that trace the op under different name scopes meet when the scope is ignored
+    (the engine's name is then the op's own name)."""
+    r, n = rank_size()
+
+    @tf.function
+    def f(x):
+        with tf.name_scope("scope_of_rank_%d" % r):
+            return hvd.allreduce(x, op=hvd.Sum, name="scoped_sum", ignore_name_scope=True)
+    assert f(tf.ones([2])).numpy().tolist() == [float(n)] * 2
+
+
+def test_tape_generic_names_under_different_scopes():
+    """use_generic_names=True names the gradients' allreduces grad_<i> without scopes, so
+    ranks whose variables and scopes are named differently still meet."""
+    r, n = rank_size()
+    w = tf.Variable([1.0, 1.0], name="w_of_rank_%d" % r)
+
+    @tf.function
+    def step():
+        with tf.name_scope("tower_%d" % r):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(w * float(r + 1))
+            tape = hvd.DistributedGradientTape(tape)
+            return tape.gradient(loss, [w], use_generic_names=True)[0]
+    np.testing.assert_allclose(step().numpy(), [sum(k + 1 for k in range(n)) / n] * 2)
