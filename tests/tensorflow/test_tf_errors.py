@@ -174,3 +174,13 @@ def test_shutdown_fails_a_pending_op():
         assert "err.never.matched" in str(got.get("err")), got
     hvd.init()
     assert hvd.allreduce(tf.ones([1]), op=hvd.Sum).numpy().tolist() == [float(n)]
+
+
+def test_long_names():
+    """Names up to 1023 bytes work; a longer one is refused (a cut one could equal another
+    tensor's name)."""
+    n = hvd.size()
+    long_name = "x" * 1000
+    assert hvd.allreduce(tf.ones([1]), op=hvd.Sum, name=long_name).numpy().tolist() == [n]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="a tensor name of 1100 bytes"):
+        hvd.allreduce(tf.ones([1]), name="y" * 1100)
