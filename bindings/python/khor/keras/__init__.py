@@ -12,6 +12,12 @@ from khor.tensorflow.keras import (  # noqa: F401
 from khor.tensorflow.keras import _impl
 from . import callbacks  # noqa: F401
 
+__all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "ProcessSet",
+           "global_process_set", "init", "shutdown", "is_initialized", "size", "rank",
+           "local_size", "local_rank", "cross_size", "cross_rank", "broadcast_object",
+           "allgather_object", "DistributedOptimizer", "broadcast_global_variables",
+           "allreduce", "allgather", "broadcast", "reducescatter", "load_model", "callbacks"]
+
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,
                compression=Compression.none):

@@ -16,6 +16,12 @@ from khor.tensorflow import (Average, Sum, Adasum, Min, Max, Product, Compressio
 from . import _impl
 from . import callbacks  # noqa: F401
 
+__all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "ProcessSet",
+           "global_process_set", "init", "shutdown", "is_initialized", "size", "rank",
+           "local_size", "local_rank", "cross_size", "cross_rank", "broadcast_object",
+           "allgather_object", "DistributedOptimizer", "broadcast_global_variables",
+           "allreduce", "allgather", "broadcast", "reducescatter", "load_model", "callbacks"]
+
 
 def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
                          compression=Compression.none, sparse_as_dense=False,
