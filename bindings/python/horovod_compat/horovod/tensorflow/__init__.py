@@ -1,0 +1,4 @@
+"""horovod.tensorflow is khor.tensorflow (see horovod/__init__.py)."""
+
+from khor.tensorflow import *  # noqa: F401,F403
+from khor.tensorflow import HorovodInternalError, __all__  # noqa: F401
