@@ -127,7 +127,7 @@ static const char *const kind_names[] = {"allreduce", "allgather", "broadcast", 
 /* One op node's attributes, read once when TensorFlow makes its kernel. */
 struct kernel {
 	enum kind kind;
-	char name[256];
+	char name[1024];
 	int32_t set, op, root, set_size, set_rank;
 	float prescale, postscale;
 };
@@ -158,15 +158,25 @@ static void fail(TF_OpKernelContext *ctx, TF_Code code, const char *msg)
  * graph, which is what lets tf.function's ops find each other across ranks. */
 static void kernel_name(TF_OpKernelConstruction *c, struct kernel *k, TF_Status *s)
 {
-	TF_OpKernelConstruction_GetAttrString(c, "tensor_name", k->name, sizeof(k->name) - 1, s);
+	int32_t list_size, attr_len;
+	const char *p = k->name;
+	size_t len = 0;
+	TF_Bool ignore = 0;
+	char msg[160];
+
+	TF_OpKernelConstruction_GetAttrSize(c, "tensor_name", &list_size, &attr_len, s);
+	if (TF_GetCode(s) == TF_OK && attr_len > 0) {
+		len = (size_t)attr_len;
+		if (len < sizeof(k->name))
+			TF_OpKernelConstruction_GetAttrString(c, "tensor_name", k->name, len, s);
+		p = k->name;
+	} else if (TF_GetCode(s) == TF_OK) {
+		TF_StringView node = TF_OpKernelConstruction_GetName(c);
+		p = node.data;
+		len = node.len;
+	}
 	if (TF_GetCode(s) != TF_OK)
 		return;
-	if (k->name[0] != '\0')
-		return;
-	TF_StringView node = TF_OpKernelConstruction_GetName(c);
-	const char *p = node.data;
-	size_t len = node.len;
-	TF_Bool ignore = 0;
 	TF_OpKernelConstruction_GetAttrBool(c, "ignore_name_scope", &ignore, s);
 	if (TF_GetCode(s) != TF_OK)
 		return;
@@ -177,9 +187,14 @@ static void kernel_name(TF_OpKernelConstruction *c, struct kernel *k, TF_Status 
 			p = slash + 1;
 		}
 	}
-	if (len >= sizeof(k->name))
-		len = sizeof(k->name) - 1;
-	memcpy(k->name, p, len);
+	/* a cut name could equal another's: refuse it instead */
+	if (len >= sizeof(k->name)) {
+		snprintf(msg, sizeof(msg), "khor: a tensor name of %zu bytes (%.40s...); khor takes "
+		         "at most %zu: give the op a shorter name", len, p, sizeof(k->name) - 1);
+		TF_SetStatus(s, TF_INVALID_ARGUMENT, msg);
+		return;
+	}
+	memmove(k->name, p, len);
 	k->name[len] = '\0';
 }
 

@@ -6,7 +6,8 @@ Python that has TensorFlow (CTest: tf_pytest_n2, tf_pytest_n4):
 
 libkhor_tf.so is found next to libkhor (KHOR_TF_LIBRARY_PATH overrides). Every rank runs the
 same session, so each test runs the same collectives on every rank and asserts after them;
-KHOR_TIMEOUT (30 s unless set) bounds every wait. The job is joined once; after each test the
+KHOR_TIMEOUT (30 s unless set) bounds every wait, and KHOR_STALL_SHUTDOWN_TIME (20 s) an op
+that other ranks submit under another name. The job is joined once; after each test the
 ranks meet at a barrier, so a test whose ranks ran different collectives fails in its own
 teardown. A rank whose test failed skips the barrier and, with -x, exits without the
 collective shutdown, so that the others see its links close instead of waiting.
@@ -16,6 +17,10 @@ import os
 import sys
 
 os.environ.setdefault("KHOR_TIMEOUT", "30s")
+# A tensor that some ranks name differently (a naming bug) would wait for its partner
+# forever; the stall inspector fails it after this long instead.
+os.environ.setdefault("KHOR_STALL_CHECK_TIME", "10")
+os.environ.setdefault("KHOR_STALL_SHUTDOWN_TIME", "20")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))

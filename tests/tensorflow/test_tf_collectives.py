@@ -9,14 +9,13 @@ import pytest
 import tensorflow as tf
 
 import khor.tensorflow as hvd
-from tftest import (DTYPES, FLOATS, MODES, assert_close, contrib, rank_size, run, split_rows,
-                    tensor)
+from tftest import (DTYPES, FLOATS, MODES, assert_close, contrib, dtype_modes, rank_size, run,
+                    split_rows, tensor)
 
 INTS = [tf.uint8, tf.int8, tf.int32, tf.int64]
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,mode", dtype_modes(DTYPES))
 def test_allreduce_sum(dtype, mode):
     r, n = rank_size()
     shape = [3, 4]
@@ -24,8 +23,7 @@ def test_allreduce_sum(dtype, mode):
     assert_close(got, sum(contrib(k, shape, dtype) for k in range(n)), dtype, "sum")
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", [tf.int32, tf.int64] + FLOATS)
+@pytest.mark.parametrize("dtype,mode", dtype_modes([tf.int32, tf.int64] + FLOATS))
 def test_allreduce_average(dtype, mode):
     """Average is the default op; integers truncate toward zero."""
     r, n = rank_size()
@@ -36,11 +34,10 @@ def test_allreduce_average(dtype, mode):
     assert_close(got, want, dtype, "average")
 
 
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("op,np_fn", [(hvd.Min, np.minimum.reduce), (hvd.Max, np.maximum.reduce),
                                       (hvd.Product, np.multiply.reduce)],
                          ids=["min", "max", "product"])
-@pytest.mark.parametrize("dtype", [tf.int32, tf.int64, tf.float32, tf.float64])
+@pytest.mark.parametrize("dtype,mode", dtype_modes([tf.int32, tf.int64, tf.float32, tf.float64]))
 def test_allreduce_min_max_product(dtype, op, np_fn, mode):
     r, n = rank_size()
     got = run(mode, lambda x: hvd.allreduce(x, op=op), tensor(r, [6], dtype, lo=1, hi=3))
@@ -48,8 +45,8 @@ def test_allreduce_min_max_product(dtype, op, np_fn, mode):
     assert_close(got, want, dtype, "op %d" % op)
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", [tf.int32, tf.int64, tf.float32, tf.float64, tf.float16])
+@pytest.mark.parametrize("dtype,mode", dtype_modes([tf.int32, tf.int64, tf.float32, tf.float64,
+                                                   tf.float16]))
 def test_allreduce_scale_factors(dtype, mode):
     """Horovod scales integers too (through float64, truncated back)."""
     r, n = rank_size()
@@ -76,8 +73,7 @@ def test_allreduce_scalar_and_empty(mode):
     assert got[1].shape == [0, 3]
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", [tf.int32, tf.float32, tf.float64])
+@pytest.mark.parametrize("dtype,mode", dtype_modes([tf.int32, tf.float32, tf.float64]))
 def test_grouped_allreduce(dtype, mode):
     r, n = rank_size()
     shapes = [[3], [2, 2], [1]]
@@ -100,8 +96,7 @@ def test_grouped_allreduce_mixed_dtypes_and_empty():
     assert got[1].numpy().tolist() == [1.5 * n] and got[2].numpy().tolist() == [2 * n]
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", DTYPES + [tf.bool])
+@pytest.mark.parametrize("dtype,mode", dtype_modes(DTYPES + [tf.bool]))
 def test_allgather(dtype, mode):
     """Rank k gives k + 1 rows (rank 0 none when there are several ranks)."""
     r, n = rank_size()
@@ -134,8 +129,7 @@ def test_grouped_allgather(mode):
                                          for k in range(n)]), tf.float32, "t1")
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", DTYPES + [tf.bool])
+@pytest.mark.parametrize("dtype,mode", dtype_modes(DTYPES + [tf.bool]))
 def test_broadcast(dtype, mode):
     r, n = rank_size()
     for root in range(n):
@@ -143,8 +137,7 @@ def test_broadcast(dtype, mode):
         assert_close(got, contrib(root, [2, 3], dtype), dtype, "root %d" % root)
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", DTYPES + [tf.bool])
+@pytest.mark.parametrize("dtype,mode", dtype_modes(DTYPES + [tf.bool]))
 def test_alltoall_even(dtype, mode):
     """Without splits, dim 0 divides evenly: rank k sends rows [2j, 2j + 2) to rank j, and the
     received splits are not returned (Horovod's return)."""
@@ -172,10 +165,10 @@ def test_alltoall_splits(dtype, splits_dtype, mode):
     assert rs.dtype == splits_dtype and rs.numpy().tolist() == [r + 1] * n
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", [tf.int32, tf.int64] + FLOATS)
+@pytest.mark.parametrize("dtype,mode", dtype_modes(DTYPES))
 def test_reducescatter(dtype, mode):
-    """d0 = 2n + 1 rows: rank 0 gets one more. Sum, and Average (the default)."""
+    """d0 = 2n + 1 rows: rank 0 gets one more. Sum, and Average (the default; integers
+    truncate)."""
     r, n = rank_size()
     d0 = 2 * n + 1
     off, cnt = split_rows(d0, n, r)
@@ -266,3 +259,31 @@ def test_join_lets_others_allreduce():
         assert got.numpy().tolist() == [float(n - 1)] * 2
         last = hvd.join()
     assert int(last) != 0
+
+
+def test_ignore_name_scope():
+    """Ranks that trace the op under different name scopes meet when the scope is ignored
+    (the engine's name is then the op's own name)."""
+    r, n = rank_size()
+
+    @tf.function
+    def f(x):
+        with tf.name_scope("scope_of_rank_%d" % r):
+            return hvd.allreduce(x, op=hvd.Sum, name="scoped_sum", ignore_name_scope=True)
+    assert f(tf.ones([2])).numpy().tolist() == [float(n)] * 2
+
+
+def test_tape_generic_names_under_different_scopes():
+    """use_generic_names=True names the gradients' allreduces grad_<i> without scopes, so
+    ranks whose variables and scopes are named differently still meet."""
+    r, n = rank_size()
+    w = tf.Variable([1.0, 1.0], name="w_of_rank_%d" % r)
+
+    @tf.function
+    def step():
+        with tf.name_scope("tower_%d" % r):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(w * float(r + 1))
+            tape = hvd.DistributedGradientTape(tape)
+            return tape.gradient(loss, [w], use_generic_names=True)[0]
+    np.testing.assert_allclose(step().numpy(), [sum(k + 1 for k in range(n)) / n] * 2)

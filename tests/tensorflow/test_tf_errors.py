@@ -144,3 +144,43 @@ def test_library_for_another_tensorflow_is_refused(tmp_path):
     assert "was built for TensorFlow 1.9" in msg and "this is TensorFlow %s" % tf.__version__ \
         in msg, msg
     os.remove(path)
+
+
+def test_shutdown_fails_a_pending_op():
+    """Rank 0 has an allreduce that no other rank submits, in flight on a thread, when every
+    rank shuts down: the op fails on rank 0 naming the tensor (no hang), shutdown returns
+    everywhere, and init brings the ops back."""
+    import threading
+    r, n = rank_size()
+    if n == 1:
+        pytest.skip("a lone op needs another rank that does not submit it")
+    got = {}
+
+    def lonely():
+        try:
+            hvd.allreduce(tf.ones([2]), name="err.never.matched")
+        except tf.errors.OpError as e:
+            got["err"] = e
+    if r == 0:
+        t = threading.Thread(target=lonely)
+        t.start()
+        time.sleep(0.5)
+    t0 = time.time()
+    hvd.shutdown()
+    assert time.time() - t0 < 10
+    if r == 0:
+        t.join(10)
+        assert not t.is_alive(), "the op never ended"
+        assert "err.never.matched" in str(got.get("err")), got
+    hvd.init()
+    assert hvd.allreduce(tf.ones([1]), op=hvd.Sum).numpy().tolist() == [float(n)]
+
+
+def test_long_names():
+    """Names up to 1023 bytes work; a longer one is refused (a cut one could equal another
+    tensor's name)."""
+    n = hvd.size()
+    long_name = "x" * 1000
+    assert hvd.allreduce(tf.ones([1]), op=hvd.Sum, name=long_name).numpy().tolist() == [n]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="a tensor name of 1100 bytes"):
+        hvd.allreduce(tf.ones([1]), name="y" * 1100)

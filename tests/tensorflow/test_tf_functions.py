@@ -247,3 +247,14 @@ def test_eager_tape_traces_once():
     assert tape._allreduce_grads.experimental_get_tracing_count() == 1
     assert tape._allreduce_grads is gradient_tape.make_allreduce_grads_fn(
         "DistributedGradientTape", gradient_predivide_factor=4.0)
+
+
+def test_device_dense_cpu():
+    """device_dense='/cpu:0' places the op (and a copy of a tensor from elsewhere) on the
+    CPU, where khor's kernels are."""
+    r, n = rank_size()
+    got = hvd.allreduce(tf.constant([1.0 * r]), op=hvd.Sum, device_dense="/cpu:0")
+    assert got.numpy().tolist() == [float(sum(range(n)))]
+    assert "CPU" in got.device
+    got = hvd.grouped_allreduce([tf.constant([1.0])], op=hvd.Sum, device_dense="/cpu:0")
+    assert got[0].numpy().tolist() == [float(n)]

@@ -43,6 +43,15 @@ def shutdown():
     _core.shutdown()
 
 
+def _on(device, tensor):
+    """tensor as an input of an op under tf.device(device): a copy on the CPU when device
+    names the CPU (how a GPU tensor reaches khor's CPU kernels), else tensor itself."""
+    tensor = tf.convert_to_tensor(tensor)
+    if device and "CPU" in device.upper() and "CPU" not in (tensor.device or "CPU").upper():
+        return tf.identity(tensor)
+    return tensor
+
+
 def _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, process_set,
                       ignore_name_scope, grouped=False):
     if op == Adasum:
@@ -75,7 +84,7 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
             return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor,
                                      process_set, ignore_name_scope)
     with tf.device(device_dense):
-        compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
+        compressed, ctx = compression.compress(_on(device_dense, tensor))
         reduced = _allreduce(compressed, name=name, op=op, prescale_factor=prescale_factor,
                              postscale_factor=postscale_factor,
                              ignore_name_scope=ignore_name_scope, process_set=process_set)
@@ -101,7 +110,7 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
         else:
             dense.append(i)
     with tf.device(device_dense):
-        pairs = {i: compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense}
+        pairs = {i: compression.compress(_on(device_dense, tensors[i])) for i in dense}
         by_dtype = {}
         for i in dense:
             by_dtype.setdefault(pairs[i][0].dtype, []).append(i)
@@ -123,7 +132,7 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
     """The reduction over the set's ranks, cut along dim 0: this rank keeps its rows (the
     first d0 % n ranks get one more)."""
     with tf.device(device_dense):
-        compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
+        compressed, ctx = compression.compress(_on(device_dense, tensor))
         out = _reducescatter(compressed, name=name, op=op, process_set=process_set,
                              ignore_name_scope=ignore_name_scope,
                              prescale_factor=prescale_factor,
@@ -137,7 +146,7 @@ def grouped_reducescatter(tensors, device_dense='', compression=Compression.none
     if not tensors:
         return tensors
     with tf.device(device_dense):
-        pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+        pairs = [compression.compress(_on(device_dense, t)) for t in tensors]
         outs = _grouped_reducescatter([c for c, _ in pairs], op=op, process_set=process_set,
                                       prescale_factor=prescale_factor,
                                       postscale_factor=postscale_factor)
