@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import khor.tensorflow.keras as hvd
-from kerastest import close, data, grads, keras, model
+from kerastest import LEGACY, close, data, grads, keras, model
 
 
 class Record(keras.callbacks.Callback):
@@ -122,3 +122,30 @@ def _one_step(ref, lr):
 def test_schedule_callback_needs_initial_lr():
     with pytest.raises(ValueError, match="initial_lr is required"):
         hvd.callbacks.LearningRateScheduleCallback(None, 0.5)
+
+
+def test_momentum_correction_on_a_legacy_optimizer():
+    """tf-keras's legacy SGD keeps momentum in a variable: for the batch in which the rate
+    changes it runs at momentum * new_lr / old_lr, then goes back."""
+    if not LEGACY:
+        pytest.skip("only tf-keras's legacy optimizers keep momentum in a variable")
+    x, y = data(hvd.rank())
+    m = model()
+    opt = hvd.DistributedOptimizer(keras.optimizers.legacy.SGD(0.1, momentum=0.9))
+    m.compile(optimizer=opt, loss="mse")
+    seen = []
+
+    class Momentum(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(float(np.asarray(self.model.optimizer.momentum)))
+
+    cb = hvd.callbacks.LearningRateScheduleCallback(0.1, lambda e: 0.5 if e >= 1 else 1.0,
+                                                    staircase=True)
+    m.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0,
+          callbacks=[cb, Momentum()])
+    # epoch 0: 0.1 -> 0.1 (x1); epoch 1: 0.1 -> 0.05 at its first batch (x0.5), then back
+    np.testing.assert_allclose(seen, [0.9, 0.9, 0.45, 0.9], rtol=1e-6)
+    assert float(np.asarray(opt.momentum)) == pytest.approx(0.9)
+    every = hvd.allgather_object([w.tolist() for w in m.get_weights()])
+    for other in every:
+        close(m.get_weights(), other, rtol=0, atol=0)
