@@ -14,6 +14,16 @@ from .._core import Average, global_process_set
 from .compression import Compression
 
 
+def _ref(v):
+    """A hashable key for a variable or tensor: Keras 3 variables have no ``ref()``; the
+    tf.Variable under one (its ``value``) does."""
+    if not hasattr(v, "ref"):
+        inner = getattr(v, "value", None)
+        if hasattr(inner, "ref"):
+            return inner.ref()
+    return v.ref()
+
+
 def _split_list(items, n):
     """items cut into n contiguous parts of nearly equal length (the first ones longer)."""
     base, extra = divmod(len(items), n)
@@ -43,7 +53,7 @@ def make_allreduce_grads_fn(name, device_dense='', device_sparse='',
     tape anew every step then traces it once, not every step."""
     key = None
     if tf.executing_eagerly():
-        gkey = tuple(tuple(v.ref() for v in g) for g in groups) \
+        gkey = tuple(tuple(_ref(v) for v in g) for g in groups) \
             if isinstance(groups, list) else groups
         key = (name, device_dense, device_sparse, compression, sparse_as_dense, op,
                gradient_predivide_factor, gkey, process_set)
@@ -56,7 +66,7 @@ def make_allreduce_grads_fn(name, device_dense='', device_sparse='',
         prescale = postscale = 1.0
     group_refs = None
     if isinstance(groups, list):
-        group_refs = [[v.ref() for v in g] for g in groups]
+        group_refs = [[_ref(v) for v in g] for g in groups]
 
     def reduce_one(grad, i, use_generic_names):
         return allreduce(grad, device_dense=device_dense, device_sparse=device_sparse,
@@ -89,7 +99,7 @@ def make_allreduce_grads_fn(name, device_dense='', device_sparse='',
                         for i, g in enumerate(grads)]
             present = [(i, g) for i, g in enumerate(grads) if g is not None]
             if group_refs is not None:
-                where = {vars[i].ref(): (i, g) for i, g in present}
+                where = {_ref(vars[i]): (i, g) for i, g in present}
                 parts = []
                 for refs in group_refs:
                     part = [where.pop(r) for r in refs if r in where]
@@ -122,12 +132,12 @@ class _DistributedGradientTape(tf.GradientTape):
     def register_local_source(self, source):
         """source's gradient stays this rank's own (not reduced; divided by the set's size
         when scale_local_gradients)."""
-        self._local_sources.add(source.ref())
+        self._local_sources.add(_ref(source))
 
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False):
         flat = tf.nest.flatten(sources)
         grads = super(self.__class__, self).gradient(target, flat, output_gradients)
-        keys = [s.ref() for s in flat]
+        keys = [_ref(s) for s in flat]
         reduce_idx = [i for i, k in enumerate(keys) if k not in self._local_sources]
         reduced = self._allreduce_grads([grads[i] for i in reduce_idx],
                                         [flat[i] for i in reduce_idx], use_generic_names)
@@ -148,7 +158,7 @@ class _DistributedGradientTape(tf.GradientTape):
         grads = self.gradient(target, sources, output_gradients, use_generic_names)
         local, glob = [], []
         for s, g in zip(sources, grads):
-            (local if s.ref() in self._local_sources else glob).append((s, g))
+            (local if _ref(s) in self._local_sources else glob).append((s, g))
         return local, glob
 
 
