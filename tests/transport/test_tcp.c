@@ -5,10 +5,13 @@
  * client are refused while the real ranks carry on. A peer that publishes several
  * addresses is reached on the first that answers: past a refusing one and a silent one
  * (a listener whose backlog is full drops SYNs), with requests posted meanwhile intact, and
- * a peer none of whose addresses answers is an error naming each one.
+ * a peer none of whose addresses answers is an error naming each one. Announcements of
+ * large sends that nobody receives yet are read aside up to TCP_UNEXPECTED_RTS_MAX per link
+ * (all of them arrive once their receives come), and one more breaks the link, naming it.
  */
 #include "collectives/coll.h"
 #include "transport/transport.h"
+#include "transport/tcp/tcp_int.h"
 #include "base/sock.h"
 
 #include <arpa/inet.h>
@@ -136,6 +139,101 @@ Test(tcp, send_receive_sizes_and_out_of_order_tags)
  * between it and the kernel, and between two striped chunks. Every payload must land intact
  * and nothing past it.
  */
+/*
+ * Announcements of large sends (request-to-send headers) that no receive matches yet are
+ * read aside, up to TCP_UNEXPECTED_RTS_MAX per link. The whole bound's worth arrives
+ * intact, last first; each request has its own length, so a receive matched to the wrong
+ * announcement would fail on the length check.
+ */
+static void announce(tp_link *la, tp_link *lb, tp_ctx **both, int n, const uint8_t *x,
+                     size_t base, tp_req **sends, tp_req **small_s, tp_req **small_r,
+                     uint8_t *small)
+{
+	tp_tag last = { 7, (uint32_t)n, 1, 0 };
+	kerr e;
+
+	for (int i = 0; i < n; i++) {
+		tp_tag t = { 7, (uint32_t)i, 1, 0 };
+		cr_assert_eq(tp->isend(la, x, base + (size_t)i, t, NULL, &sends[i], &e),
+		             KHOR_SUCCESS, "%s", e.text);
+	}
+	/* A small frame sent after them all, whose receive comes first: the receiver reads
+	 * every announcement in front of it. */
+	cr_assert_eq(tp->isend(la, x, 1, last, NULL, small_s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_eq(tp->irecv(lb, small, 1, last, NULL, small_r, &e), KHOR_SUCCESS, "%s",
+	             e.text);
+	for (int i = 0; i < 500 && lb->urts < (uint32_t)n && tp->link_ready(lb); i++)
+		pump(both, 2, 1);
+}
+
+Test(tcp, early_request_to_send_headers_up_to_the_bound_all_arrive)
+{
+	tp_ctx *a = make(0, 2, "s3cret", 1), *b = make(1, 2, "s3cret", 1);
+	tp_ctx *both[2] = { a, b };
+	tp_link *la, *lb;
+	kerr e;
+	const int n = (int)TCP_UNEXPECTED_RTS_MAX;
+	const size_t base = TCP_EAGER_MAX + 1;
+	uint8_t *x = malloc(base + (size_t)n), *y = malloc(base + (size_t)n + 1), small = 0;
+	tp_req **sends = calloc((size_t)n, sizeof(*sends)), *small_s, *small_r;
+
+	cr_assert(x != NULL && y != NULL && sends != NULL);
+	for (size_t i = 0; i < base + (size_t)n; i++)
+		x[i] = (uint8_t)(i * 13 + 5);
+	link_up(a, b, &la, &lb);
+	announce(la, lb, both, n, x, base, sends, &small_s, &small_r, &small);
+	cr_assert_eq(wait_req(both, small_r, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_eq(small, x[0]);
+	cr_assert_eq(lb->urts, TCP_UNEXPECTED_RTS_MAX, "%u read aside", (unsigned)lb->urts);
+	cr_assert_eq(lb->ubytes, 0);
+	for (int i = n - 1; i >= 0; i--) {
+		size_t len = base + (size_t)i;
+		tp_tag t = { 7, (uint32_t)i, 1, 0 };
+		tp_req *r;
+		y[len] = 0xee;
+		cr_assert_eq(tp->irecv(lb, y, len, t, NULL, &r, &e), KHOR_SUCCESS, "%s", e.text);
+		cr_assert_eq(wait_req(both, r, &e), KHOR_SUCCESS, "receive %d: %s", i, e.text);
+		cr_assert(memcmp(x, y, len) == 0 && y[len] == 0xee, "receive %d corrupted", i);
+		cr_assert_eq(wait_req(both, sends[i], &e), KHOR_SUCCESS, "send %d: %s", i, e.text);
+	}
+	cr_assert_eq(wait_req(both, small_s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_eq(lb->urts, 0);
+	free(sends);
+	free(x);
+	free(y);
+	tp->destroy(a);
+	tp->destroy(b);
+}
+
+/* One announcement past the bound breaks the link, on both sides, with an error naming the
+ * bound and the newest call; nothing is allocated for it. */
+Test(tcp, one_announcement_past_the_bound_fails_the_link_naming_it)
+{
+	tp_ctx *a = make(0, 2, "s3cret", 1), *b = make(1, 2, "s3cret", 1);
+	tp_ctx *both[2] = { a, b };
+	tp_link *la, *lb;
+	kerr e;
+	const int n = (int)TCP_UNEXPECTED_RTS_MAX + 1;
+	const size_t base = TCP_EAGER_MAX + 1;
+	uint8_t *x = calloc(1, base + (size_t)n), small = 0;
+	tp_req **sends = calloc((size_t)n, sizeof(*sends)), *small_s, *small_r;
+	char want[64];
+
+	cr_assert(x != NULL && sends != NULL);
+	link_up(a, b, &la, &lb);
+	announce(la, lb, both, n, x, base, sends, &small_s, &small_r, &small);
+	cr_assert_neq(wait_req(both, small_r, &e), KHOR_SUCCESS);
+	snprintf(want, sizeof(want), "more than %u large sends", TCP_UNEXPECTED_RTS_MAX);
+	cr_assert(strstr(e.text, want) != NULL && strstr(e.text, "seq 1024, step 1") != NULL &&
+	          strstr(e.text, "TCP_UNEXPECTED_RTS_MAX") != NULL, "%s", e.text);
+	cr_assert(strstr(e.text, "rank 0") != NULL, "the error names no peer: %s", e.text);
+	cr_assert_neq(wait_req(both, sends[0], &e), KHOR_SUCCESS, "the sender's side went on");
+	free(sends);
+	free(x);
+	tp->destroy(a);
+	tp->destroy(b);
+}
+
 Test(tcp, back_to_back_frames_of_odd_lengths_arrive_intact)
 {
 	tp_ctx *a = make(0, 2, "s3cret", 2), *b = make(1, 2, "s3cret", 2);

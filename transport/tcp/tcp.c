@@ -180,8 +180,11 @@ static void chunk_finished(struct tsock *s, struct chunk *c)
 static void uframe_drop(struct tsock *s, struct uframe *u)
 {
 	klist_del(&u->node);
-	if (s->link != NULL)
+	if (s->link != NULL) {
 		s->link->ubytes -= u->ch.len;
+		if (u->ch.hdr.kind == FRAME_RTS)
+			s->link->urts--;
+	}
 	free(u->ch.buf);
 	free(u);
 }
@@ -382,33 +385,35 @@ static bool frame_fits(struct tsock *s, const struct frame_hdr *h, const struct 
 
 /*
  * The parked header's frame is read aside into the link's unexpected queue, so that the
- * socket can carry the frames behind it. False when the queue is full: it stays parked.
+ * socket can carry the frames behind it: a request-to-send as its header alone (while the
+ * link holds fewer than TCP_UNEXPECTED_RTS_MAX, which recv_match enforces), other frames
+ * while their payloads fit in TCP_UNEXPECTED_MAX. False when that bound or memory is
+ * reached: it stays parked.
  */
-static bool spill(struct tsock *s, bool rts)
+static bool spill(struct tsock *s)
 {
 	const struct frame_hdr *h = &s->rhdr;
+	const bool rts = h->kind == FRAME_RTS;
 	tp_link *l = s->link;
 	const uint64_t len = rts ? 0 : h->chunk_len;
 	struct uframe *u;
 
-	if (l == NULL || (!rts && l->ubytes + len > TCP_UNEXPECTED_MAX))
+	if (l == NULL || (rts && l->urts >= TCP_UNEXPECTED_RTS_MAX) ||
+	    (!rts && l->ubytes + len > TCP_UNEXPECTED_MAX))
 		return false;
 	u = calloc(1, sizeof(*u));
 	if (u != NULL && (u->ch.buf = malloc(len ? len : 1)) == NULL) {
 		free(u);
 		u = NULL;
 	}
-	if (u == NULL) {
-		if (rts)
-			tcp_sock_fail(s, KHOR_ERR_NO_MEMORY,
-			              "out of memory for an early request-to-send");
+	if (u == NULL)
 		return false;
-	}
 	u->ch.hdr = *h;
 	u->ch.len = len;
 	klist_init(&u->ch.node); /* on no queue: it is u that is queued */
 	klist_add_tail(&s->uq, &u->node);
 	l->ubytes += u->ch.len;
+	l->urts += rts;
 	s->parked = false;
 	s->rcur = &u->ch;
 	s->rhdr_got = 0;
@@ -467,8 +472,22 @@ static bool recv_match(struct tsock *s)
 	}
 	c = list_take(&s->rq, h);
 	if (c == NULL && h->kind == FRAME_RTS) {
-		/* Only the header waits: read it aside whatever the queue holds. */
-		return spill(s, true);
+		/* Only the header waits: read it aside whatever the payload queue holds. */
+		if (s->link != NULL && s->link->urts >= TCP_UNEXPECTED_RTS_MAX) {
+			tcp_sock_fail(s, KHOR_ERR_PROTOCOL,
+			              "the peer announced more than %u large sends that no "
+			              "receive here matches (the newest: comm %u, seq %u, step %u; "
+			              "the bound is TCP_UNEXPECTED_RTS_MAX per link): the ranks' "
+			              "calls differ, or one runs that far ahead",
+			              TCP_UNEXPECTED_RTS_MAX, h->comm, h->seq, h->step);
+			return false;
+		}
+		if (!spill(s)) {
+			tcp_sock_fail(s, KHOR_ERR_NO_MEMORY,
+			              "out of memory for an early request-to-send");
+			return false;
+		}
+		return true;
 	}
 	if (c == NULL) {
 		c = sched_conflict(s->ctx, h);
@@ -484,7 +503,7 @@ static bool recv_match(struct tsock *s)
 		}
 		/* Someone waits for another frame on this socket: don't make them wait behind
 		 * this one. */
-		if (!sock_expects(s) || !spill(s, false))
+		if (!sock_expects(s) || !spill(s))
 			s->parked = true;
 		return true;
 	}
@@ -560,7 +579,7 @@ static bool recv_drive(struct tsock *s)
 	bool moved = false;
 
 	while (s->state == SS_DATA) {
-		if (s->parked && (!sock_expects(s) || !spill(s, false)))
+		if (s->parked && (!sock_expects(s) || !spill(s)))
 			break;
 		if (s->rcur == NULL) {
 			size_t avail = s->e_len - s->e_off;
@@ -978,7 +997,7 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 			klist_add_head(&s->rq, &c->node);
 			/* A parked frame of another tag would hold this one up: read it aside. */
 			if (s->parked)
-				spill(s, false);
+				spill(s);
 		}
 	}
 	/*

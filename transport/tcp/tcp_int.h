@@ -34,6 +34,11 @@
 #define TCP_MAX_SOCKS 16
 /* Bytes of unexpected frames a link holds before it leaves the rest in the kernel. */
 #define TCP_UNEXPECTED_MAX (8u << 20)
+/* Request-to-send headers a link holds read aside (each costs a queue entry, not its
+ * payload). One more breaks the link with an error naming the bound: parking it instead
+ * would stall the payloads this rank already asked for behind it, and no schedule leaves
+ * a thousand large sends unmatched. */
+#define TCP_UNEXPECTED_RTS_MAX 1024u
 /* Chunks above this go by rendezvous; below, they go at once (eager). */
 #define TCP_EAGER_MAX (1u << 20)
 /*
@@ -174,6 +179,7 @@ struct tp_link {
 	kerr err;             /* first error; sticky */
 	int pending;          /* requests posted and not finished */
 	uint64_t ubytes;      /* payload bytes of the sockets' unexpected frames */
+	uint32_t urts;        /* request-to-send headers among them */
 	struct tcp_dial *dial; /* links we opened; NULL for accepted ones */
 };
 
