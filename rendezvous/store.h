@@ -129,6 +129,9 @@ typedef struct store_server store_server;
 khor_status store_server_start(const char *bind_host, uint16_t port, const char *secret,
                                const char *job_id, store_server **server_out, kerr *err);
 uint16_t store_server_port(const store_server *srv);
+/* How many keys hold a value now (from any thread): a job that cleans up after itself keeps
+ * this flat however many groups it makes. */
+size_t store_server_values(const store_server *srv);
 void store_server_stop(store_server *srv); /* joins the thread, closes every socket */
 
 #endif

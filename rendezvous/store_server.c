@@ -36,6 +36,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -271,6 +272,7 @@ struct store_server {
 
 	struct entry **buckets;
 	size_t nbuckets, nentries, bytes;
+	_Atomic size_t nvalues; /* keys that hold a value (store_server_values reads it) */
 
 	struct conn **heap;
 	size_t heap_len, heap_cap;
@@ -441,6 +443,7 @@ static void entry_drop_value(store_server *srv, struct entry *e)
 	e->val = NULL;
 	e->val_len = 0;
 	e->has_val = false;
+	srv->nvalues--;
 }
 
 /* --- connections ----------------------------------------------------------------------- */
@@ -697,6 +700,7 @@ static bool entry_store(store_server *srv, struct conn *c, struct entry *e, cons
 	e->val_len = val_len;
 	e->has_val = true;
 	srv->bytes += val_len;
+	srv->nvalues++;
 	return true;
 }
 
@@ -1240,6 +1244,11 @@ fail_free_server: /* also closes whichever sockets were opened */
 uint16_t store_server_port(const store_server *srv)
 {
 	return srv->port;
+}
+
+size_t store_server_values(const store_server *srv)
+{
+	return srv->nvalues;
 }
 
 void store_server_stop(store_server *srv)

@@ -23,7 +23,8 @@
  * with that list on that parent, counted by each rank). The list's first rank takes the
  * ids and publishes them with its list; each other member reads it (one round trip),
  * checks that the lists are the same and counts itself in "<key>/ok"; the member that
- * completes the count sets "<key>/all", which the first rank waits for before it returns.
+ * completes the count sets "<key>/all", which the first rank waits for before it returns,
+ * and then deletes the three keys (every member is past reading them).
  * A member whose list differs meets nobody, or meets a different list: past KHOR_TIMEOUT
  * it warns, naming the member it waits for, and fails once that one is not alive
  * (liveness.h) or, without heartbeats to judge by, at KHOR_TIMEOUT with the reason; so
@@ -294,6 +295,15 @@ khor_status comm_create_group(khor_comm *p, const int *ranks, int nranks,
 			}
 			if (st != KHOR_SUCCESS)
 				goto out;
+			/* Every member has read the group and counted itself: its keys are done
+			 * with, and a job that makes groups all day must not grow the store. */
+			char ok[128];
+			snprintf(ok, sizeof(ok), "%s/ok", key);
+			const char *done[] = { key, ok, all };
+			for (int i = 0; i < 3; i++) {
+				if ((st = store_del(x->store, done[i], err)) != KHOR_SUCCESS)
+					goto out;
+			}
 		}
 	} else {
 		st = liveness_store_get(x, "khor_comm_create_group", key, world, 1, &v, &vl, err);

@@ -183,8 +183,10 @@ bool harness_run(const harness_opts *o, harness_body body, void *arg, harness_re
 		struct timespec ts = { 0, 2 * 1000 * 1000 };
 		nanosleep(&ts, NULL);
 	}
-	if (sst == KHOR_SUCCESS)
+	if (sst == KHOR_SUCCESS) {
+		res->store_values = store_server_values(srv);
 		store_server_stop(srv);
+	}
 	return ok && sst == KHOR_SUCCESS;
 }
 

@@ -28,6 +28,7 @@ typedef struct harness_result {
 	double seconds[HARNESS_MAX_RANKS]; /* when each rank ended, since the start */
 	bool timed_out;
 	double killed_at;        /* seconds since the start, when kill_rank was killed */
+	size_t store_values;     /* keys holding a value in the store when the job ended */
 } harness_result;
 
 typedef struct harness_opts {

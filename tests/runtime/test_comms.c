@@ -429,6 +429,57 @@ Test(comms, create_group_list_order_non_members_and_bad_lists, .timeout = 120)
 	harness_shared_free(sh, sizeof(*sh));
 }
 
+/*
+ * create_group cleans up after itself: a job that makes 30 groups (and frees them) leaves
+ * as many keys in the store as one that makes one. The list's first rank is the world's
+ * last, so the keys' owner is not rank 0.
+ */
+static int group_cycles;
+
+static int body_group_cycles(int rank, int n, khor_config *cfg, void *arg)
+{
+	struct shared *sh = arg;
+	const int list[] = { 2, 0, 1 };
+	khor_comm *world, *g;
+	char why[1024];
+	int rc;
+
+	(void)n;
+	if ((rc = init(sh, rank, cfg, &world)) != 0)
+		return rc;
+	for (int i = 0; i < group_cycles; i++) {
+		khor_status st = khor_comm_create_group(world, list, 3, &g);
+		if (st != KHOR_SUCCESS)
+			return fail(sh, rank, 11, "create_group %d: status %d: %s", i, st,
+			            khor_comm_error(world));
+		if (load_check_all(g, 1, why, sizeof(why)) != 0)
+			return fail(sh, rank, 12, "on group %d: %s", i, why);
+		if (khor_comm_free(g) != KHOR_SUCCESS)
+			return fail(sh, rank, 13, "free of group %d failed", i);
+	}
+	khor_finalize(world);
+	return leak_check(sh, rank);
+}
+
+Test(comms, create_group_leaves_no_keys_in_the_store, .timeout = 120)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	harness_opts o = { .n = 3, .timeout = "30s", .deadline_s = 90 };
+	harness_result one, many;
+
+	group_cycles = 1;
+	harness_run(&o, body_group_cycles, sh, &one);
+	expect_all_ok(sh, &one, 3, "one create_group");
+	group_cycles = 30;
+	harness_run(&o, body_group_cycles, sh, &many);
+	expect_all_ok(sh, &many, 3, "30 create_groups");
+	cr_assert(one.store_values > 0, "the store held no keys at all: the count is not read");
+	cr_assert_eq(many.store_values, one.store_values,
+	             "the store held %zu keys after 30 groups and %zu after one",
+	             many.store_values, one.store_values);
+	harness_shared_free(sh, sizeof(*sh));
+}
+
 /* ---- 3. two threads per rank, two comms, one transport ------------------------------------ */
 
 struct job {
