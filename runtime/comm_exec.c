@@ -33,12 +33,17 @@
  * After a timeout, find the rank at the end of the waiting chain. Every rank that times
  * out records whom it waited for under "stuck/<rank>"; a rank that waits for someone who
  * is not stuck himself has found the culprit: alive perhaps, but not in the collective.
- * Without this, ranks two hops away would blame their innocent neighbour.
+ * Without this, ranks two hops away would blame their innocent neighbour. A chain that
+ * comes back to a rank already on it is a cycle (0 waits for 1 in one call, 1 for 2 in
+ * another, 2 for 0 in a third): nobody is missing, they are in different calls, and the
+ * error says so, naming the cycle.
  */
+#define CHAIN_MAX 64
+
 static void blame_timeout(khor_comm *c, kerr *err)
 {
 	char key[32], val[16], chain[256];
-	int cur = err->peer, hops = 0;
+	int path[CHAIN_MAX], len = 0, loop_at = -1;
 	size_t off = 0;
 	kerr e;
 
@@ -51,23 +56,38 @@ static void blame_timeout(khor_comm *c, kerr *err)
 	/* Let the other ranks, whose deadlines expire about now too, record theirs. */
 	struct timespec ts = { 0, 500 * 1000 * 1000 };
 	nanosleep(&ts, NULL);
-	off += (size_t)snprintf(chain, sizeof(chain), "%d waited for %d", me, cur);
-	while (hops++ < n) {
+	path[len++] = me;
+	path[len++] = err->peer;
+	while (loop_at < 0 && len < CHAIN_MAX && len <= n) {
 		void *v;
-		size_t len;
-		snprintf(key, sizeof(key), "stuck/%d", cur);
-		if (store_get(c->ctx->store, key, kdeadline_in_ms(0), &v, &len, &e) != KHOR_SUCCESS)
+		size_t vlen;
+		snprintf(key, sizeof(key), "stuck/%d", path[len - 1]);
+		if (store_get(c->ctx->store, key, kdeadline_in_ms(0), &v, &vlen, &e) != KHOR_SUCCESS)
 			break;
 		int next = atoi(v);
 		free(v);
-		if (next < 0 || next >= n || next == me)
+		if (next < 0 || next >= n)
 			break;
-		if (off + 32 < sizeof(chain))
-			off += (size_t)snprintf(chain + off, sizeof(chain) - off, ", %d for %d", cur,
-			                        next);
-		cur = next;
+		for (int i = 0; i < len; i++)
+			if (path[i] == next)
+				loop_at = i;
+		path[len++] = next;
 	}
-	kerr_prefix(err, "rank %d is not taking part (waiting chain: %s)", cur, chain);
+	for (int i = 0; i + 1 < len && off + 32 < sizeof(chain); i++)
+		off += (size_t)snprintf(chain + off, sizeof(chain) - off, i == 0 ? "%d waited for %d"
+		                        : ", %d for %d", path[i], path[i + 1]);
+	if (loop_at >= 0) {
+		char ranks[160];
+		size_t k = 0;
+		for (int i = loop_at; i + 1 < len && k + 16 < sizeof(ranks); i++)
+			k += (size_t)snprintf(ranks + k, sizeof(ranks) - k, "%s%d",
+			                      i == loop_at ? "" : i + 2 == len ? " and " : ", ", path[i]);
+		kerr_prefix(err, "ranks %s wait for each other in a cycle, each in a call the next "
+		            "is not in (waiting chain: %s): a deadlock, the ranks having made their "
+		            "calls on different comms or in different orders", ranks, chain);
+	} else
+		kerr_prefix(err, "rank %d is not taking part (waiting chain: %s)", path[len - 1],
+		            chain);
 }
 
 /* bytes' power of two: 0 for 0 and 1 B, k for 2^k .. 2^(k+1) - 1. */

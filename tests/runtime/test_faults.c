@@ -1,7 +1,8 @@
 /*
  * test_faults.c -- no silent hang: a killed rank, a rank that never starts and (with the
  * heartbeats' judgement off) a rank that stops participating each make every other rank
- * fail within its deadline, with an error that names the rank at fault.
+ * fail within its deadline, with an error that names the rank at fault; ranks that wait
+ * for each other in a cycle are named as the cycle.
  */
 #include "tests/harness.h"
 
@@ -176,6 +177,66 @@ Test(faults, rank_that_stops_participating_times_out_with_names_without_heartbea
 		cr_expect(strncmp(strstr(sh->err[r], ": ") + 2, "rank 1 ", 7) == 0, "rank %d does "
 		          "not blame rank 1 first: %s", r, sh->err[r]);
 		fprintf(stderr, "hang: rank %d: %s\n", r, sh->err[r]);
+	}
+	harness_shared_free(sh, sizeof(*sh));
+}
+
+/*
+ * Without heartbeats, three ranks in a cycle of waits: rank 0 allreduces on {0,1}, rank 1
+ * on {1,2}, rank 2 on {2,0}, each one on a comm the next rank is not calling. Nobody is
+ * missing, so no rank may be blamed for "not taking part": every rank's error names the
+ * cycle and all three in it.
+ */
+static int body_cycle(int rank, int n, khor_config *cfg, void *arg)
+{
+	struct shared *sh = arg;
+	char err[TEXT];
+	khor_comm *world, *pair[3];
+	float x[1000] = { 0 };
+
+	(void)n;
+	khor_config_set(cfg, "KHOR_TIMEOUT", "2s");
+	khor_config_set(cfg, "KHOR_HEARTBEAT_TIMEOUT", "-1");
+	if (khor_init(cfg, err, sizeof(err), &world) != KHOR_SUCCESS)
+		return 10;
+	/* pair[k] = {k, k+1 mod 3}; each rank is in two of them. */
+	for (int k = 0; k < 3; k++) {
+		const int list[2] = { k, (k + 1) % 3 };
+		pair[k] = NULL;
+		if (khor_comm_create_group(world, list, 2, &pair[k]) != KHOR_SUCCESS) {
+			snprintf(sh->err[rank], TEXT, "create_group %d: %s", k, khor_comm_error(world));
+			return 11;
+		}
+	}
+	if (khor_allreduce(pair[rank], x, x, 1000, KHOR_FLOAT32, KHOR_SUM) == KHOR_SUCCESS)
+		return 20;
+	sh->failed_at[rank] = mono();
+	snprintf(sh->err[rank], TEXT, "%s", khor_comm_error(pair[rank]));
+	khor_finalize(world);
+	return 3;
+}
+
+Test(faults, a_cycle_of_waits_is_named_as_a_cycle_not_a_missing_rank, .timeout = 60)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	harness_opts o = { .n = 3, .deadline_s = 40 };
+	harness_result res;
+
+	harness_run(&o, body_cycle, sh, &res);
+	cr_assert(!res.timed_out);
+	for (int r = 0; r < 3; r++) {
+		fprintf(stderr, "cycle: rank %d: %s\n", r, sh->err[r]);
+		cr_expect_eq(res.status[r], 3, "rank %d exited %d: %s", r, res.status[r], sh->err[r]);
+		cr_expect(strstr(sh->err[r], "wait for each other in a cycle") != NULL &&
+		          strstr(sh->err[r], "not taking part") == NULL, "rank %d: %s", r,
+		          sh->err[r]);
+		for (int k = 0; k < 3; k++) {
+			char hop[32], first[32];
+			snprintf(hop, sizeof(hop), ", %d for %d", k, (k + 1) % 3);
+			snprintf(first, sizeof(first), "chain: %d waited for %d", k, (k + 1) % 3);
+			cr_expect(strstr(sh->err[r], k == r ? first : hop) != NULL,
+			          "rank %d's cycle lacks '%s': %s", r, k == r ? first : hop, sh->err[r]);
+		}
 	}
 	harness_shared_free(sh, sizeof(*sh));
 }
