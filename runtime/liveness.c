@@ -21,7 +21,9 @@
  * under "waits/<rank>": how often it has done so, how long it has got nowhere (no transfer
  * completed, by this rank's clock) and whom it waits for. A peer that published again since
  * this rank last looked, still waits for this rank and has got nowhere for KHOR_TIMEOUT,
- * while this wait got nowhere for as long, is deadlocked with it: the two fail. The one
+ * while this wait got nowhere for as long, is deadlocked with it: the two fail. So do the
+ * ranks of a longer cycle (0 waits for 1, 1 for 2, 2 for 0), found by following the
+ * records of those stuck as long from the ranks this wait needs back to this rank. The one
  * thing that looks the same is a single transfer that takes longer than KHOR_TIMEOUT to
  * complete, or a link that carries nothing any more, which is worth an error too.
  */
@@ -56,9 +58,13 @@ struct liveness {
 };
 
 /* A peer's wait record, as published by publish(). */
+#define RECORD_PEERS 32 /* a wait publishes at most this many of whom it waits for */
+
 struct record {
 	int64_t count, stuck_ms;
 	bool lists_me;
+	int npeers;
+	int peers[RECORD_PEERS];
 	char what[96];
 };
 
@@ -192,7 +198,7 @@ static void publish(kctx *x, struct liveness *l, const coll_alive_ask *q, int64_
 
 	off = (size_t)snprintf(v, sizeof(v), "%lld %lld ", (long long)++l->count,
 	                       (long long)stuck_ms);
-	for (int i = 0; i < q->n && i < 32 && off < sizeof(v) - 120; i++)
+	for (int i = 0; i < q->n && i < RECORD_PEERS && off < sizeof(v) - 120; i++)
 		off += (size_t)snprintf(v + off, sizeof(v) - off, "%s%d", i ? "," : "", q->peers[i]);
 	snprintf(v + off, sizeof(v) - off, " %.96s", q->what);
 	snprintf(key, sizeof(key), "waits/%d", x->rank);
@@ -218,9 +224,13 @@ static bool read_record(kctx *x, int peer, struct record *rec)
 		rec->count = count;
 		rec->stuck_ms = stuck;
 		rec->lists_me = false;
+		rec->npeers = 0;
 		while (p < end) {
-			if (atoi(p) == x->rank)
+			int r = atoi(p);
+			if (r == x->rank)
 				rec->lists_me = true;
+			if (rec->npeers < RECORD_PEERS && r >= 0 && r < x->size)
+				rec->peers[rec->npeers++] = r;
 			p += strcspn(p, ",");
 			p += *p == ',';
 		}
@@ -230,17 +240,99 @@ static bool read_record(kctx *x, int peer, struct record *rec)
 	return ok;
 }
 
+/* A rank's wait record as one look at the records saw it: read once per look, so its
+ * freshness (published again since the last look) is judged once. */
+struct look {
+	int rank;
+	bool has, fresh;
+	struct record rec;
+};
+
+#define LOOK_MAX 64   /* records one look reads at most */
+#define CYCLE_MAX 16  /* the longest cycle of waits it follows */
+
+static struct look *look_at(kctx *x, struct liveness *l, struct look *seen, int *nseen, int r)
+{
+	for (int i = 0; i < *nseen; i++)
+		if (seen[i].rank == r)
+			return &seen[i];
+	if (*nseen == LOOK_MAX)
+		return NULL;
+	struct look *k = &seen[(*nseen)++];
+	struct seen *p = &l->r[r];
+	k->rank = r;
+	k->has = read_record(x, r, &k->rec);
+	k->fresh = k->has && p->wcount >= 0 && k->rec.count > p->wcount;
+	if (k->has)
+		p->wcount = k->rec.count;
+	return k;
+}
+
+/*
+ * A cycle of stuck waits through this rank longer than two: a path of ranks from one this
+ * wait needs, each waiting (for at least t) for the next, back to this rank. Depth first
+ * over the records; path[0..*len) are the ranks after this one. True when found.
+ */
+static bool find_cycle(kctx *x, struct liveness *l, const coll_alive_ask *q, int64_t t,
+                       struct look *seen, int *nseen, struct look **path, int *len)
+{
+	int next[CYCLE_MAX];
+
+	for (int i = 0; i < q->n; i++) {
+		int r = q->peers[i];
+		if (r < 0 || r >= l->n || r == x->rank)
+			continue;
+		struct look *k = look_at(x, l, seen, nseen, r);
+		if (k == NULL || !k->has || k->rec.stuck_ms < t)
+			continue;
+		int depth = 0;
+		path[0] = k;
+		next[0] = 0;
+		while (depth >= 0) {
+			struct look *at = path[depth];
+			if (next[depth] >= at->rec.npeers) {
+				depth--;
+				continue;
+			}
+			int v = at->rec.peers[next[depth]++];
+			if (v == x->rank) {
+				if (depth >= 1) { /* two ranks: the direct look's case */
+					*len = depth + 1;
+					return true;
+				}
+				continue;
+			}
+			bool on_path = false;
+			for (int j = 0; j <= depth; j++)
+				on_path |= path[j]->rank == v;
+			if (on_path || depth + 1 == CYCLE_MAX)
+				continue;
+			struct look *w = look_at(x, l, seen, nseen, v);
+			if (w == NULL || !w->has || w->rec.stuck_ms < t)
+				continue;
+			path[++depth] = w;
+			next[depth] = 0;
+		}
+	}
+	return false;
+}
+
 /*
  * This wait, judged alive, publishes itself and looks at its peers' records: the peer
- * deadlocked with it (KHOR_ERR_REMOTE), or KHOR_SUCCESS and *mutual when some peer waits
- * for this rank too (then both look again soon).
+ * deadlocked with it (KHOR_ERR_REMOTE), or a longer cycle of waits through it, or
+ * KHOR_SUCCESS and *mutual when some peer waits for this rank too, directly or around a
+ * cycle not yet confirmed (then both look again soon).
  */
 static khor_status look_for_deadlock(kctx *x, struct liveness *l, const coll_alive_ask *q,
                                      bool *mutual, kerr *err)
 {
 	const uint64_t now = kclock_ns(), token = wait_token(q);
 	const int64_t t = x->cfg.timeout_ms;
+	struct look *seen = malloc(LOOK_MAX * sizeof(*seen)), *path[CYCLE_MAX];
+	int nseen = 0, len = 0;
 
+	if (seen == NULL)
+		return KHOR_SUCCESS; /* no look this time; the wait goes on and looks again */
 	if (token != l->token) {
 		l->token = token;
 		l->token_ns = now;
@@ -250,27 +342,57 @@ static khor_status look_for_deadlock(kctx *x, struct liveness *l, const coll_ali
 	for (int i = 0; i < q->n; i++) {
 		int r = q->peers[i];
 		struct seen *p = &l->r[r];
-		struct record rec;
-		if (r < 0 || r >= l->n || r == x->rank || !read_record(x, r, &rec))
+		if (r < 0 || r >= l->n || r == x->rank)
 			continue;
-		bool fresh = p->wcount >= 0 && rec.count > p->wcount;
-		p->wcount = rec.count;
-		if (!rec.lists_me)
+		struct look *k = look_at(x, l, seen, &nseen, r);
+		if (k == NULL || !k->has || !k->rec.lists_me)
 			continue;
 		*mutual = true;
-		if (fresh && rec.stuck_ms >= t && stuck_ms >= t) {
+		if (k->fresh && k->rec.stuck_ms >= t && stuck_ms >= t) {
 			kerr_set(err, KHOR_ERR_REMOTE, "%s: rank %d on %s waits for this rank in turn (in "
 			         "%s), and neither has got on for %.1f s (KHOR_TIMEOUT %.1f s): a "
 			         "deadlock, the two being in different calls (another collective or "
 			         "comm, another order, create_group lists that differ), or a link "
 			         "between them that carries nothing", q->what, r,
-			         p->host[0] ? p->host : "?", rec.what,
-			         (double)(stuck_ms < rec.stuck_ms ? stuck_ms : rec.stuck_ms) / 1e3,
+			         p->host[0] ? p->host : "?", k->rec.what,
+			         (double)(stuck_ms < k->rec.stuck_ms ? stuck_ms : k->rec.stuck_ms) / 1e3,
 			         (double)t / 1e3);
 			err->peer = r;
+			free(seen);
 			return KHOR_ERR_REMOTE;
 		}
 	}
+	if (stuck_ms >= t && find_cycle(x, l, q, t, seen, &nseen, path, &len)) {
+		bool fresh = true;
+		for (int i = 0; i < len; i++)
+			fresh &= path[i]->fresh;
+		*mutual = true;
+		if (fresh) {
+			char who[160], chain[600];
+			size_t w = (size_t)snprintf(who, sizeof(who), "%d", x->rank);
+			size_t c = (size_t)snprintf(chain, sizeof(chain), "this rank for %d",
+			                            path[0]->rank);
+			for (int i = 0; i < len; i++) {
+				if (w < sizeof(who))
+					w += (size_t)snprintf(who + w, sizeof(who) - w, "%s%d",
+					                      i + 1 == len ? " and " : ", ", path[i]->rank);
+				if (c < sizeof(chain))
+					c += (size_t)snprintf(chain + c, sizeof(chain) - c, ", %d for %d (in %.60s)",
+					                      path[i]->rank,
+					                      i + 1 == len ? x->rank : path[i + 1]->rank,
+					                      path[i]->rec.what);
+			}
+			kerr_set(err, KHOR_ERR_REMOTE, "%s: ranks %s wait for each other in a cycle (%s), "
+			         "and none has got on for %.1f s (KHOR_TIMEOUT %.1f s): a deadlock, the "
+			         "ranks being in different calls (another collective or comm, another "
+			         "order, create_group lists that differ)", q->what, who, chain,
+			         (double)stuck_ms / 1e3, (double)t / 1e3);
+			err->peer = path[0]->rank;
+			free(seen);
+			return KHOR_ERR_REMOTE;
+		}
+	}
+	free(seen);
 	return KHOR_SUCCESS;
 }
 

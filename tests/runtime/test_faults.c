@@ -187,6 +187,8 @@ Test(faults, rank_that_stops_participating_times_out_with_names_without_heartbea
  * missing, so no rank may be blamed for "not taking part": every rank's error names the
  * cycle and all three in it.
  */
+static bool cycle_heartbeats;
+
 static int body_cycle(int rank, int n, khor_config *cfg, void *arg)
 {
 	struct shared *sh = arg;
@@ -196,7 +198,8 @@ static int body_cycle(int rank, int n, khor_config *cfg, void *arg)
 
 	(void)n;
 	khor_config_set(cfg, "KHOR_TIMEOUT", "2s");
-	khor_config_set(cfg, "KHOR_HEARTBEAT_TIMEOUT", "-1");
+	if (!cycle_heartbeats)
+		khor_config_set(cfg, "KHOR_HEARTBEAT_TIMEOUT", "-1");
 	if (khor_init(cfg, err, sizeof(err), &world) != KHOR_SUCCESS)
 		return 10;
 	/* pair[k] = {k, k+1 mod 3}; each rank is in two of them. */
@@ -222,6 +225,7 @@ Test(faults, a_cycle_of_waits_is_named_as_a_cycle_not_a_missing_rank, .timeout =
 	harness_opts o = { .n = 3, .deadline_s = 40 };
 	harness_result res;
 
+	cycle_heartbeats = false;
 	harness_run(&o, body_cycle, sh, &res);
 	cr_assert(!res.timed_out);
 	for (int r = 0; r < 3; r++) {
@@ -237,6 +241,32 @@ Test(faults, a_cycle_of_waits_is_named_as_a_cycle_not_a_missing_rank, .timeout =
 			cr_expect(strstr(sh->err[r], k == r ? first : hop) != NULL,
 			          "rank %d's cycle lacks '%s': %s", r, k == r ? first : hop, sh->err[r]);
 		}
+	}
+	harness_shared_free(sh, sizeof(*sh));
+}
+
+/*
+ * The same cycle with heartbeats on: every rank is alive, so no wait may fail for a silent
+ * rank, and none waits for a rank that waits for it in turn; each follows the others' wait
+ * records around the cycle back to itself, and all three fail naming it, instead of
+ * warning for ever.
+ */
+Test(faults, a_cycle_of_waits_between_live_ranks_fails_naming_the_cycle, .timeout = 60)
+{
+	struct shared *sh = harness_shared(sizeof(*sh));
+	harness_opts o = { .n = 3, .deadline_s = 40 };
+	harness_result res;
+
+	cycle_heartbeats = true;
+	harness_run(&o, body_cycle, sh, &res);
+	cr_assert(!res.timed_out, "the cycle hung until the deadline");
+	for (int r = 0; r < 3; r++) {
+		fprintf(stderr, "live cycle: rank %d: %s\n", r, sh->err[r]);
+		cr_expect_eq(res.status[r], 3, "rank %d exited %d: %s", r, res.status[r], sh->err[r]);
+		/* The first to see it fails; the others get its error as the abort's cause. */
+		cr_expect(strstr(sh->err[r], " wait for each other in a cycle (this rank for ") !=
+		          NULL && strstr(sh->err[r], "not alive") == NULL, "rank %d: %s", r,
+		          sh->err[r]);
 	}
 	harness_shared_free(sh, sizeof(*sh));
 }
