@@ -176,6 +176,90 @@ Test(shm, small_messages_overtake_a_64MiB_one, .timeout = 60)
 	}
 }
 
+/*
+ * Two comms share the link, and one of them runs ahead: rank 0 sends 40 small and 8 large
+ * messages on comm 20 that rank 1 will receive only later, then one on comm 30, which rank
+ * 1 waits for first. The early ones are more than the ring holds (3.5 MiB against 1 MiB),
+ * so the receiver must take them out of the ring (bounded), or comm 30's message never
+ * gets in and the two wait on each other for ever. Then every early message arrives
+ * intact, received in reverse order.
+ */
+#define EARLY_SMALL 40
+#define EARLY_LARGE 8
+#define LARGE_LEN (1u << 20)
+
+static void early_sender(struct rank_env *env)
+{
+	static uint8_t small[EARLY_SMALL][64 << 10], large[EARLY_LARGE][LARGE_LEN], last[4096];
+	tp_req *rs[EARLY_SMALL], *rl[EARLY_LARGE], *rb;
+	kerr e;
+
+	for (int i = 0; i < EARLY_SMALL; i++) {
+		tp_tag t = { 20, 0, (uint32_t)i, 0 };
+		pair_fill(small[i], sizeof(small[i]), 100 + (uint32_t)i);
+		CHECK(env->tp->isend(env->link, small[i], sizeof(small[i]), t, NULL, &rs[i], &e) ==
+		      KHOR_SUCCESS, "%s", e.text);
+	}
+	for (int i = 0; i < EARLY_LARGE; i++) {
+		tp_tag t = { 20, 1, (uint32_t)i, 0 };
+		pair_fill(large[i], LARGE_LEN, 200 + (uint32_t)i);
+		CHECK(env->tp->isend(env->link, large[i], LARGE_LEN, t, NULL, &rl[i], &e) ==
+		      KHOR_SUCCESS, "%s", e.text);
+	}
+	tp_tag tb = { 30, 0, 0, 0 };
+	pair_fill(last, sizeof(last), 300);
+	CHECK(env->tp->isend(env->link, last, sizeof(last), tb, NULL, &rb, &e) == KHOR_SUCCESS,
+	      "%s", e.text);
+	CHECK(pair_wait(env, rb, 0, &e) == KHOR_SUCCESS, "%s", e.text);
+	for (int i = 0; i < EARLY_SMALL; i++)
+		CHECK(pair_wait(env, rs[i], 0, &e) == KHOR_SUCCESS, "%s", e.text);
+	for (int i = 0; i < EARLY_LARGE; i++)
+		CHECK(pair_wait(env, rl[i], 0, &e) == KHOR_SUCCESS, "%s", e.text);
+}
+
+static void early_receiver(struct rank_env *env)
+{
+	static uint8_t small[64 << 10], large[LARGE_LEN], last[4096];
+	tp_req *r;
+	kerr e;
+
+	tp_tag tb = { 30, 0, 0, 0 };
+	CHECK(env->tp->irecv(env->link, last, sizeof(last), tb, NULL, &r, &e) == KHOR_SUCCESS,
+	      "%s", e.text);
+	kdeadline dl = kdeadline_in_ms(10000);
+	for (bool done = false; !done;) {
+		CHECK(!kdeadline_passed(dl), "comm 30's message never came: it waits behind comm "
+		      "20's early ones in a full ring");
+		CHECK(env->tp->progress(env->ctx, 1, NULL, &e) == KHOR_SUCCESS, "%s", e.text);
+		CHECK(env->tp->test(r, &done, &e) == KHOR_SUCCESS, "%s", e.text);
+	}
+	CHECK(pair_check_fill(last, sizeof(last), 300), "comm 30's message corrupted");
+	for (int i = EARLY_LARGE - 1; i >= 0; i--) {
+		tp_tag t = { 20, 1, (uint32_t)i, 0 };
+		CHECK(env->tp->irecv(env->link, large, LARGE_LEN, t, NULL, &r, &e) == KHOR_SUCCESS,
+		      "%s", e.text);
+		CHECK(pair_wait(env, r, 0, &e) == KHOR_SUCCESS, "large %d: %s", i, e.text);
+		CHECK(pair_check_fill(large, LARGE_LEN, 200 + (uint32_t)i), "large %d corrupted", i);
+	}
+	for (int i = EARLY_SMALL - 1; i >= 0; i--) {
+		tp_tag t = { 20, 0, (uint32_t)i, 0 };
+		CHECK(env->tp->irecv(env->link, small, sizeof(small), t, NULL, &r, &e) ==
+		      KHOR_SUCCESS, "%s", e.text);
+		CHECK(pair_wait(env, r, 0, &e) == KHOR_SUCCESS, "small %d: %s", i, e.text);
+		CHECK(pair_check_fill(small, sizeof(small), 100 + (uint32_t)i), "small %d corrupted",
+		      i);
+	}
+}
+
+Test(shm, one_comm_running_ahead_does_not_block_another, .timeout = 60)
+{
+	for (int cma = 0; cma < 2; cma++) {
+		struct job j = pair_job(&shm_transport_ops, cma ? "1" : "0", early_sender,
+		                        early_receiver);
+		pair_run(&j);
+	}
+}
+
 /* ---- shm only: nothing left behind --------------------------------------------------- */
 
 static void list_dir(const char *path, char *out, size_t len)

@@ -55,9 +55,11 @@
  * The producer writes a record, then publishes it with a release store of tail. The
  * consumer looks at every published record in order and takes the ones whose tag has a
  * posted receive, marking them consumed in place; it moves head (release) over the consumed
- * prefix only. A record without a receive stays parked (never dropped, never copied aside)
- * and the ones behind it are still taken, so receives may be posted in any order; when the
- * ring is full of parked records the sender waits, as with a full socket. Waiting: the
+ * prefix only. A record without a receive stays parked (never dropped) and the ones behind
+ * it are still taken, so receives may be posted in any order. When parked records hold
+ * more than half the ring, the receiver copies them out to the heap (up to SHM_ASIDE_MAX
+ * bytes a link), so that another comm's records can still get in behind one comm's early
+ * ones; past that bound the sender waits for room, as with a full socket. Waiting: the
  * caller spins on progress(0); progress(timeout) raises sleeping[s], looks at the rings once
  * more and sleeps in poll() on the sockets. A side that published, released room or
  * finished a message checks the flag after a full fence and, if set, sends one byte.
@@ -68,9 +70,9 @@
  * that a thread which moved its bytes meanwhile can wake it. The ring is the link's bounded
  * queue of unexpected frames: records of one comm parked in it never hold up another
  * comm's records behind them, and a message whose receive is not posted yet sends at most
- * SHM_UNMATCHED_MAX bytes (two pieces) before the receiver takes its first, so one comm's
- * early large message cannot fill the ring for the others. A sender that fills it anyway
- * (many early messages) waits for room.
+ * SHM_UNMATCHED_MAX bytes (two pieces) before the receiver says, in the done[] slot the
+ * first piece named, that it met its receive, so one comm's early large message cannot
+ * fill the ring (or the copies aside) for the others. Many early messages are copied aside.
  *
  * Messages travel through the ring in pieces of up to 64 KiB: the receiver copies piece k
  * out while the sender writes piece k+1 (pipelining), and the sender takes turns between
@@ -250,6 +252,7 @@ static void hdr_for(const tp_req *r, struct rec_hdr *h, enum rec_kind kind)
 	h->step = r->tag.step;
 	h->msg_id = r->msg_id;
 	h->total_len = r->len;
+	h->slot = SHM_NO_SLOT;
 }
 
 /* Writes one record of r: an RTS, or its next eager piece. False when the ring is full. */
@@ -276,6 +279,11 @@ static bool tx_one(tp_link *l, tp_req *r)
 		rl_push(&l->cma_wait, r);
 		return true;
 	}
+	/* A message longer than its unmatched share needs a slot for the receiver's word that
+	 * it met its receive (unmatched_full): taken with its first piece. */
+	const bool long_msg = r->done == 0 && r->len > SHM_UNMATCHED_MAX;
+	if (long_msg && l->slots_used == ~(uint64_t)0)
+		return false;
 	uint64_t left = r->len - r->done, piece = left < SHM_PIECE_MAX ? left : SHM_PIECE_MAX;
 	uint64_t room = tx_room(l, rec_size(piece));
 	if (room < rec_size(piece)) {
@@ -289,14 +297,18 @@ static bool tx_one(tp_link *l, tp_req *r)
 	h.rec_len = rec_size(piece);
 	h.arg = r->done;
 	h.piece_len = (uint32_t)piece;
+	if (long_msg) {
+		int i;
+		for (i = 0; l->slots_used >> i & 1; i++)
+			;
+		l->slots_used |= (uint64_t)1 << i;
+		r->slot = (uint32_t)i;
+		h.slot = r->slot;
+	}
 	slot = tx_claim(l, h.rec_len);
 	if (piece > 0) /* an empty message may come with a NULL buffer */
 		memcpy((uint8_t *)slot + sizeof(h), r->buf + r->done, piece);
 	tx_publish(l, slot, &h);
-	if (r->done == 0) {
-		r->first_slot = slot;
-		r->first_pos = l->tx_tail - h.rec_len;
-	}
 	r->done += piece;
 	if (r->done == r->len)
 		req_finish(r); /* the bytes are in the ring: the caller may reuse its buffer */
@@ -307,16 +319,16 @@ static bool tx_one(tp_link *l, tp_req *r)
  * A message whose receive is not posted yet may hold SHM_UNMATCHED_MAX bytes of the ring,
  * no more: several comms share the link, and one comm's early message must not fill the
  * ring and stop another comm's messages behind it. Its further pieces wait until the
- * receiver has taken the first (its consumed flag, or head past it).
+ * receiver says, in the done[] slot its first piece named, that the message met its
+ * receive. (Not the ring's head: the receiver may have copied the piece aside unmatched.)
  */
 static bool unmatched_full(tp_link *l, tp_req *r)
 {
 	if (r->cma || r->matched || r->done < SHM_UNMATCHED_MAX)
 		return false;
-	uint64_t h = atomic_load_explicit(&l->tx->head, memory_order_acquire);
-	/* Head first: once it has passed the record, the slot may hold another one. */
-	if (h > r->first_pos || __atomic_load_n(&r->first_slot->consumed, __ATOMIC_ACQUIRE)) {
+	if (atomic_load_explicit(&l->tx->done[r->slot], memory_order_acquire) == r->msg_id) {
 		r->matched = true;
+		l->slots_used &= ~((uint64_t)1 << r->slot);
 		return false;
 	}
 	return true;
@@ -465,6 +477,13 @@ static int rx_record(tp_link *l, const struct rec_hdr *h, const uint8_t *payload
 		return 1;
 	case REC_DATA:
 		if (h->arg == 0) {
+			if (h->slot != SHM_NO_SLOT &&
+			    (h->slot >= SHM_CMA_SLOTS || h->total_len <= SHM_UNMATCHED_MAX)) {
+				shm_link_fail(l, KHOR_ERR_PROTOCOL,
+				              "malformed first piece (slot %u, %llu bytes); closing "
+				              "the link", h->slot, (unsigned long long)h->total_len);
+				return -1;
+			}
 			r = posted_take(l, h);
 			if (r == NULL)
 				return rx_conflict(l, h) ? -1 : 0;
@@ -473,6 +492,12 @@ static int rx_record(tp_link *l, const struct rec_hdr *h, const uint8_t *payload
 			r->msg_id = h->msg_id;
 			rl_remove(r);
 			rl_push(&l->active, r);
+			if (h->slot != SHM_NO_SLOT) {
+				/* The sender holds the rest back until it reads this. */
+				atomic_store_explicit(&l->rx->done[h->slot], h->msg_id,
+				                      memory_order_release);
+				l->notify = true;
+			}
 		} else {
 			r = NULL;
 			for (klist *n = l->active.next; n != &l->active && r == NULL; n = n->next)
@@ -504,16 +529,93 @@ static int rx_record(tp_link *l, const struct rec_hdr *h, const uint8_t *payload
 	}
 }
 
+/* Moves head over the consumed records at the front of the ring; true if it moved. */
+static bool rx_release(tp_link *l)
+{
+	uint64_t size = l->ring_bytes, head = l->rx_head;
+
+	while (head < l->rx_scan) {
+		const struct rec_hdr *p = (const struct rec_hdr *)(l->rx_ring + (head & (size - 1)));
+		if (!p->consumed)
+			break;
+		head += p->rec_len;
+	}
+	if (head == l->rx_head)
+		return false;
+	l->rx_head = head;
+	atomic_store_explicit(&l->rx->head, head, memory_order_release);
+	l->notify = true;
+	return true;
+}
+
+/*
+ * Parked records hold more than half the ring: copy them out, oldest first, while their
+ * payloads fit in SHM_ASIDE_MAX, and mark them consumed, so that head moves and the
+ * sender's records behind them (another comm's, which this rank may be waiting for) get
+ * in. Without it two comms could wait on each other for ever: one's early messages fill
+ * the ring, and the other's message, which the receiver needs first, cannot enter.
+ */
+static void rx_aside(tp_link *l)
+{
+	uint64_t size = l->ring_bytes, pos = l->rx_head;
+
+	while (pos < l->rx_scan) {
+		uint64_t off = pos & (size - 1);
+		uint8_t *at = l->rx_ring + off;
+		struct rec_hdr h;
+		memcpy(&h, at, sizeof(h));
+		/* The scan checked these, but the peer writes this memory: check them again. */
+		if (h.rec_len < sizeof(h) || h.rec_len % SHM_LINE != 0 || h.rec_len > size - off ||
+		    h.piece_len > h.rec_len - sizeof(h))
+			return;
+		if (!h.consumed) {
+			struct aside *a;
+			if (l->aside_bytes + h.piece_len > SHM_ASIDE_MAX ||
+			    (a = malloc(sizeof(*a) + h.piece_len)) == NULL)
+				return; /* parked it stays: the sender waits for room */
+			a->h = h;
+			memcpy(a->payload, at + sizeof(h), h.piece_len);
+			klist_add_tail(&l->aside, &a->node);
+			l->aside_bytes += h.piece_len;
+			__atomic_store_n(&((struct rec_hdr *)at)->consumed, 1, __ATOMIC_RELEASE);
+		}
+		pos += h.rec_len;
+	}
+}
+
+/* A receive was posted: the records copied aside, which are older than the ring's, get
+ * their look first. Returns 1 if one was taken, 0 if none, -1 if the link broke. */
+static int aside_drive(tp_link *l)
+{
+	klist *n, *next;
+	int moved = 0;
+
+	KLIST_FOREACH_SAFE(n, next, &l->aside) {
+		struct aside *a = KLIST_ENTRY(n, struct aside, node);
+		int rc = rx_record(l, &a->h, a->payload);
+		if (rc < 0)
+			return -1;
+		if (rc > 0) {
+			l->aside_bytes -= a->h.piece_len;
+			klist_del(&a->node);
+			free(a);
+			moved = 1;
+		}
+	}
+	return moved;
+}
+
 /*
  * Looks at the records the peer published, in order. A record whose tag has no receive
  * yet stays where it is (parked), and records behind it are still examined, so receives
  * can be posted in any order without copying anything aside. Space is released only up to
- * the first parked record; a sender that fills the ring with unmatched messages waits,
- * which is the same back-pressure a full socket gives.
+ * the first parked record; when parked records hold more than half the ring they are
+ * copied out (rx_aside, bounded), and past that bound a sender that fills the ring with
+ * unmatched messages waits, which is the same back-pressure a full socket gives.
  */
 static bool rx_drive(tp_link *l)
 {
-	uint64_t size = l->ring_bytes, tail, pos, head;
+	uint64_t size = l->ring_bytes, tail, pos;
 	bool moved = false;
 
 	tail = atomic_load_explicit(&l->rx->tail, memory_order_acquire);
@@ -523,6 +625,12 @@ static bool rx_drive(tp_link *l)
 		              "%llu, head %llu); the segment is corrupt, closing the link",
 		              (unsigned long long)tail, (unsigned long long)l->rx_head);
 		return false;
+	}
+	if (l->rescan && !klist_empty(&l->aside)) {
+		int rc = aside_drive(l);
+		if (rc < 0)
+			return true;
+		moved = rc > 0;
 	}
 	pos = l->rescan ? l->rx_head : l->rx_scan;
 	l->rescan = false;
@@ -554,17 +662,10 @@ static bool rx_drive(tp_link *l)
 		pos += h.rec_len;
 	}
 	l->rx_scan = pos;
-	head = l->rx_head;
-	while (head < l->rx_scan) {
-		const struct rec_hdr *p = (const struct rec_hdr *)(l->rx_ring + (head & (size - 1)));
-		if (!p->consumed)
-			break;
-		head += p->rec_len;
-	}
-	if (head != l->rx_head) {
-		l->rx_head = head;
-		atomic_store_explicit(&l->rx->head, head, memory_order_release);
-		l->notify = true;
+	rx_release(l);
+	if (tail - l->rx_head > size / 2 && l->aside_bytes < SHM_ASIDE_MAX) {
+		rx_aside(l);
+		rx_release(l);
 	}
 	return moved;
 }
@@ -694,6 +795,7 @@ static tp_link *link_new(tp_ctx *ctx, int peer, int side, int fd)
 	klist_init(&l->posted);
 	klist_init(&l->active);
 	klist_init(&l->cma_active);
+	klist_init(&l->aside);
 	klist_add_head(&ctx->all, &l->node_all);
 	return l;
 }
@@ -826,6 +928,11 @@ static bool poll_sockets(tp_ctx *ctx, int timeout_ms, bool sleeping, kerr *err)
 
 static void link_free(tp_link *l)
 {
+	while (!klist_empty(&l->aside)) {
+		struct aside *a = KLIST_ENTRY(l->aside.next, struct aside, node);
+		klist_del(&a->node);
+		free(a);
+	}
 	if (l->fd >= 0)
 		close(l->fd);
 	if (l->seg_fd >= 0)

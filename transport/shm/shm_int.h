@@ -33,7 +33,8 @@
 
 #define SHM_MAGIC 0x4d48534bu     /* "KSHM": the segment header */
 #define SHM_REC_MAGIC 0x43455253u /* "SREC": every ring record */
-#define SHM_VERSION 2             /* 2: the shared handshake of handshake.h */
+#define SHM_VERSION 3             /* 2: the shared handshake of handshake.h; 3: a long
+                                   * message's first piece names an ack slot */
 #define SHM_LINE 64
 /* Tunables; the -D overrides exist to measure other choices (see the numbers above). */
 #ifndef SHM_RING_BYTES
@@ -50,7 +51,14 @@
 #ifndef SHM_CMA_PIECE
 #define SHM_CMA_PIECE (2u << 20)    /* bytes read per process_vm_readv call */
 #endif
-#define SHM_CMA_SLOTS 64            /* CMA messages in flight per direction */
+#define SHM_CMA_SLOTS 64            /* CMA and long unmatched messages in flight per direction */
+#define SHM_NO_SLOT 0xffffffffu      /* a record that names no done[] slot */
+/* Payload bytes of parked records a link copies out of its ring (to the heap) when they
+ * hold more than half of it, so that records of other comms can get in behind them; past
+ * this, they stay parked and the sender waits for room. */
+#ifndef SHM_ASIDE_MAX
+#define SHM_ASIDE_MAX (8u << 20)
+#endif
 #define SHM_CHECK_NS 1000000ull     /* a busy link's socket is looked at once per ms */
 #define SHM_RETRY_NS 5000000ull     /* connect retry interval while the peer starts */
 #define SHM_HS_MSG_MAX 256
@@ -70,7 +78,9 @@ struct shm_line32 {
 struct shm_dir {
 	_Alignas(SHM_LINE) _Atomic uint64_t tail; /* producer: bytes ever written */
 	_Alignas(SHM_LINE) _Atomic uint64_t head; /* consumer: bytes ever released */
-	_Alignas(SHM_LINE) _Atomic uint64_t done[SHM_CMA_SLOTS]; /* consumer: msg id finished */
+	/* consumer: msg id of the CMA message finished, or of the long message whose first
+	 * piece met its receive, in the slot its record named */
+	_Alignas(SHM_LINE) _Atomic uint64_t done[SHM_CMA_SLOTS];
 };
 
 struct shm_seg {
@@ -99,7 +109,9 @@ struct rec_hdr {
 	uint32_t kind;
 	uint32_t meta;
 	uint32_t comm, seq, step;
-	uint32_t slot;      /* RTS: the done[] slot the receiver writes when finished */
+	uint32_t slot;      /* RTS: the done[] slot the receiver writes when finished; the
+	                     * first DATA piece of a message over SHM_UNMATCHED_MAX: the slot it
+	                     * writes when the message meets its receive; else SHM_NO_SLOT */
 	uint64_t msg_id;    /* per direction, from 1; ties the pieces of one message */
 	uint64_t total_len; /* length of the whole message */
 	uint64_t arg;       /* DATA: offset of this piece; RTS: the sender's buffer address */
@@ -123,8 +135,13 @@ struct tp_req {
 	uint32_t slot;
 	bool is_send, cma, finished;
 	bool matched;               /* send: the receiver took its first piece */
-	uint64_t first_pos;         /* send: ring position of its first piece */
-	struct rec_hdr *first_slot; /* ... and where it is, until head passes it */
+};
+
+/* A parked record copied out of the ring (rx_aside), waiting for its receive there. */
+struct aside {
+	klist node; /* on the link's aside list, in ring order */
+	struct rec_hdr h;
+	uint8_t payload[];
 };
 
 enum link_state { LS_CONNECTING, LS_HS, LS_READY, LS_DEAD };
@@ -164,6 +181,8 @@ struct tp_link {
 	uint64_t next_msg_id;
 	uint64_t slots_used;            /* bitmap of SHM_CMA_SLOTS */
 	klist sendq, cma_wait, posted, active, cma_active; /* of tp_req, in posting order */
+	klist aside;                    /* struct aside, older than anything in the ring */
+	uint64_t aside_bytes;           /* their payload bytes */
 	int nbusy;   /* requests posted and not finished */
 	int pending; /* requests posted and not yet released by test or cancel */
 	kerr err;
