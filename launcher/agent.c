@@ -452,6 +452,26 @@ static void check_heartbeats(struct agent *a, int64_t now)
 }
 
 /* Plans the next generation once there are slots for it (elastic.c's plan_next, over etcd). */
+/*
+ * Generation g's own keys (its workers' addresses, heartbeats, aborts: "<job>/<g>/"), once
+ * generation g + 2 is planned: every worker of g has moved on to g + 1 or gone by then, and
+ * a job that lives through many losses must not grow etcd by a generation each time. The
+ * agents' keys (under generation 0, "el/...") stay until the job's end.
+ */
+static void forget_gen(struct agent *a, int g)
+{
+	char prefix[200];
+	kerr err;
+
+	if (g < 1)
+		return;
+	snprintf(prefix, sizeof(prefix), "%s/%d/", a->job, g);
+	kerr_clear(&err);
+	if (etcd_del_prefix(a->e, prefix, kdeadline_in_ms(OP_MS), NULL, &err) != KHOR_SUCCESS)
+		KLOG_WARN("khorrun: agent %s: deleting generation %d's keys: %s", a->host, g,
+		          err.text);
+}
+
 static void plan_next(struct agent *a)
 {
 	int need = a->c.gen == 0 ? a->j->o.np : a->c.st.min_np;
@@ -499,6 +519,7 @@ static void plan_next(struct agent *a)
 	snprintf(num, sizeof(num), "%d", g);
 	if (!put(a, 0, key, text) || !put(a, 0, "el/gen", num))
 		goto out;
+	forget_gen(a, g - 2);
 	for (int r = 0; r < n; r++) {
 		snprintf(pr[r].id, sizeof(pr[r].id), "%s:%d", a->c.st.hosts[x.s[r].host].name,
 		         x.s[r].local_rank);
@@ -1145,12 +1166,46 @@ static bool prepare(struct agent *a)
 	return true;
 }
 
+/*
+ * The job is over and this agent has left: the last one out deletes every key the job
+ * wrote ("<job>/"), so that etcd keeps nothing of a finished job (and a job started again
+ * under the same id does not read the last one's result). An agent killed before it could
+ * leave keeps its registration until its lease runs out; then nobody is the last, and the
+ * keys stay: the README says how to delete them.
+ */
+static void forget_job(struct agent *a)
+{
+	char prefix[200];
+	struct etcd_kv *kvs;
+	int n;
+	int64_t deleted = 0;
+	kerr err;
+
+	snprintf(prefix, sizeof(prefix), "%s/0/el/agent/", a->job);
+	kerr_clear(&err);
+	if (etcd_list(a->e, prefix, kdeadline_in_ms(OP_MS), &kvs, &n, &err) != KHOR_SUCCESS)
+		return;
+	etcd_kvs_free(kvs, n);
+	if (n > 0)
+		return; /* not the last: that one deletes them */
+	snprintf(prefix, sizeof(prefix), "%s/", a->job);
+	if (etcd_del_prefix(a->e, prefix, kdeadline_in_ms(OP_MS), &deleted, &err) != KHOR_SUCCESS)
+		say("agent %s: cannot delete the job's keys from etcd (%s*): %s", a->host, prefix,
+		    err.text);
+	else
+		KLOG_INFO("khorrun: agent %s: the last agent out deleted the job's %lld keys",
+		          a->host, (long long)deleted);
+}
+
 static void agent_free(struct agent *a)
 {
 	kerr err;
 
-	if (a->e != NULL && a->lease != 0)
+	if (a->e != NULL && a->lease != 0) {
 		(void)etcd_lease_revoke(a->e, a->lease, kdeadline_in_ms(OP_MS), &err);
+		if (a->over)
+			forget_job(a);
+	}
 	if (a->leader)
 		ep_free(&a->c.st);
 	if (a->s != NULL)

@@ -477,6 +477,37 @@ khor_status etcd_del(etcd *e, const char *key, kdeadline dl, kerr *err)
 	return call(e, "delete", key, "/v3/kv/deleterange", &b, true, false, dl, &d, &root, err);
 }
 
+khor_status etcd_del_prefix(etcd *e, const char *prefix, kdeadline dl, int64_t *deleted_out,
+                            kerr *err)
+{
+	size_t pl = strlen(prefix);
+	struct jbuf b = { 0 };
+	char end[256];
+	json_doc d;
+	int root;
+	int64_t n = 0;
+	khor_status st;
+
+	/* As etcd_list's range: the prefix with its last byte one up. */
+	if (pl == 0 || pl >= sizeof(end) || (unsigned char)prefix[pl - 1] == 0xff)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s: delete '%s': not a prefix that can "
+		                "be deleted", e->where, prefix);
+	memcpy(end, prefix, pl);
+	end[pl - 1] = (char)((unsigned char)end[pl - 1] + 1);
+	jb_add(&b, "{");
+	jb_key(&b, prefix);
+	jb_add(&b, ",");
+	jb_b64(&b, "range_end", end, pl);
+	jb_add(&b, "}");
+	st = call(e, "delete", prefix, "/v3/kv/deleterange", &b, true, false, dl, &d, &root, err);
+	if (st != KHOR_SUCCESS)
+		return st;
+	(void)json_i64(&d, json_member(&d, root, "deleted"), &n); /* absent: none */
+	if (deleted_out != NULL)
+		*deleted_out = n;
+	return KHOR_SUCCESS;
+}
+
 /*
  * A transaction: if the compare (already in b, up to "compare":[...]) holds, put val;
  * else read the key, so a caller that lost the race learns what won in the same trip.

@@ -62,6 +62,9 @@ khor_status etcd_list(etcd *e, const char *prefix, kdeadline dl, struct etcd_kv 
 void etcd_kvs_free(struct etcd_kv *kvs, int n);
 /* Deletes a key; an absent key is not an error. */
 khor_status etcd_del(etcd *e, const char *key, kdeadline dl, kerr *err);
+/* Deletes every key that starts with prefix; *deleted_out (may be NULL) says how many. */
+khor_status etcd_del_prefix(etcd *e, const char *prefix, kdeadline dl, int64_t *deleted_out,
+                            kerr *err);
 
 /*
  * Compare-and-swap: puts val (bound to lease, 0: none) if the key is absent (expect NULL)

@@ -5,7 +5,8 @@
  * test worker (elastic_worker.c). The leader agent killed: another takes over and the job
  * goes on without that host. etcd killed and restarted within the agents' lease: the job
  * does not notice. A worker that exits 1: its host is blacklisted by the leader, its other
- * worker dropped, the job goes on. An agent that comes late: the job grows to its slots. Each case reads what the user reads: the agents' exit
+ * worker dropped, the job goes on. An agent that comes late: the job grows to its slots.
+ * Every job that ends leaves no key of its own in etcd. Each case reads what the user reads: the agents' exit
  * statuses and stderr, and the workers' own lines.
  */
 #include <criterion/criterion.h>
@@ -117,6 +118,32 @@ static void expect_status(const struct proc *p, int want)
 	             exit_code(p), want, p->b[0].data, p->b[1].data);
 }
 
+/* How many keys etcd holds under the job's prefix ("<job>/"). */
+static int job_keys(void)
+{
+	char prefix[80];
+	struct etcd_kv *kvs;
+	etcd *e;
+	int n = -1;
+	kerr err;
+
+	snprintf(prefix, sizeof(prefix), "%s/", job);
+	cr_assert_eq(etcd_open("127.0.0.1", server.port, kdeadline_in_ms(5000), &e, &err),
+	             KHOR_SUCCESS, "%s", err.text);
+	cr_assert_eq(etcd_list(e, prefix, kdeadline_in_ms(5000), &kvs, &n, &err), KHOR_SUCCESS,
+	             "%s", err.text);
+	etcd_kvs_free(kvs, n);
+	etcd_close(e);
+	return n;
+}
+
+/* The last agent out deleted every key of the finished job. */
+static void expect_no_keys_left(void)
+{
+	int n = job_keys();
+	cr_assert_eq(n, 0, "etcd still holds %d keys of the finished job %s", n, job);
+}
+
 /* Every rank finishes at the same step; each agent then exits with the job's status. */
 static void finish(struct proc *ps, int n)
 {
@@ -152,6 +179,7 @@ Test(elastic_etcd, leader_killed_another_leads_and_the_job_goes_on)
 	                 "lease expired)");
 	expect(&p[1], 1, "khorrun: elastic: generation 2: 2 ranks on 1 host (hB:2)\n");
 	expect(&p[1], 0, "done hB:0 gen 2 rank 0 size 2");
+	expect_no_keys_left();
 	proc_free(&p[0]);
 	proc_free(&p[1]);
 }
@@ -178,6 +206,7 @@ Test(elastic_etcd, etcd_restarted_within_the_lease_the_job_goes_on)
 	}
 	expect(&p[0], 0, "done hA:0 gen 1 rank 0 size 4");
 	expect(&p[1], 0, "done hB:1 gen 1 rank 3 size 4");
+	expect_no_keys_left();
 	proc_free(&p[0]);
 	proc_free(&p[1]);
 }
@@ -201,6 +230,7 @@ Test(elastic_etcd, a_failed_worker_blacklists_its_host)
 	expect(&p[0], 0, "lost hA:0 gen 1: ");
 	expect(&p[0], 0, "rank 3 on hB (worker hB:1) was lost in generation 1: exited with status 1");
 	expect(&p[0], 0, "done hA:0 gen 2 rank 0 size 2");
+	expect_no_keys_left();
 	proc_free(&p[0]);
 	proc_free(&p[1]);
 }
@@ -224,6 +254,7 @@ Test(elastic_etcd, a_late_agent_grows_the_job)
 	expect(&p[0], 1, "khorrun: elastic: hosts added during generation 1; the ranks go to a new "
 	                 "generation at their next commit\n");
 	expect(&p[0], 1, "khorrun: elastic: generation 2: 6 ranks on 3 hosts (hA:2, hB:2, hC:2)\n");
+	expect_no_keys_left();
 	for (int i = 0; i < 3; i++)
 		proc_free(&p[i]);
 }
