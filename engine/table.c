@@ -96,6 +96,22 @@ khor_status table_merge(eset *s, int r, const uint8_t *p, size_t len, kerr *err)
 			uint32_t dl = bget_u32(&b);
 			if (b.bad || b.off + dl > b.len)
 				break;
+			/*
+			 * Checked whole here, where the sender is known: one that only had a key
+			 * would reach the answer when every rank sent it alike (mismatch_find
+			 * compares bytes), and fail the coordinator (an allgather's dims) or every
+			 * rank's reading of the response, naming nobody.
+			 */
+			eitem it;
+			kerr derr;
+			if (desc_parse(p + b.off, dl, &it, &derr) != KHOR_SUCCESS) {
+				if (derr.status == KHOR_ERR_NO_MEMORY)
+					return kerr_set(err, KHOR_ERR_NO_MEMORY, "negotiation: out of memory");
+				return kerr_set(err, KHOR_ERR_PROTOCOL, "negotiation cycle %u: rank %d "
+				                "reports a malformed tensor descriptor (%u bytes)",
+				                s->cycle, r, dl);
+			}
+			desc_free_tensors(&it);
 			char *key = desc_key(p + b.off, dl);
 			if (key == NULL)
 				break;

@@ -229,6 +229,35 @@ Test(negotiate, malformed_reports_are_refused)
 	free(d);
 }
 
+/*
+ * A descriptor with a key but not a valid one (an allgather of no tensors; an unknown kind)
+ * is refused at the merge, naming its sender. Found by tests/engine/fuzz_negotiate.c: it
+ * used to be taken, and when every rank sent it alike (mismatch_find compares bytes) the
+ * coordinator's answer failed (the allgather's dims) or every rank's reading of the
+ * response did, naming nobody. The fuzzer's inputs are in tests/engine/fuzz_corpus.
+ */
+Test(negotiate, a_malformed_descriptor_is_refused_at_the_merge_naming_the_rank)
+{
+	uint8_t kinds[2] = { EK_ALLGATHER, EK_KINDS + 2 };
+
+	for (int i = 0; i < 2; i++) {
+		uint8_t d[24] = { kinds[i], 0, 0, 0 }; /* n = 0 tensors */
+		rec r = { .n = 0 };
+		eset *s = bare_set(4);
+		kerr err;
+		put_u8(&r, 'F');
+		put_u32(&r, sizeof(d));
+		put(&r, d, sizeof(d));
+		kerr_clear(&err);
+		cr_expect_eq(table_merge(s, 2, r.b, r.n, &err), KHOR_ERR_PROTOCOL,
+		             "a descriptor of kind %u and no tensors was taken", kinds[i]);
+		cr_expect(strstr(err.text, "rank 2") != NULL, "the error does not name rank 2: %s",
+		          err.text);
+		cr_expect_null(emap_get(&s->table, ""), "the table holds the malformed request");
+		bare_free(s);
+	}
+}
+
 Test(negotiate, malformed_responses_fail_the_set)
 {
 	size_t len;
