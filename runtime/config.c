@@ -443,6 +443,11 @@ static khor_status parse_elastic(const struct khor_config *cfg, settings *s, ker
 		kstrlcpy(s->worker_id, p, sizeof(s->worker_id));
 	else
 		snprintf(s->worker_id, sizeof(s->worker_id), "%s:%d", s->hostname, s->rank);
+	/* The id names this worker in the driver's plans and the store's keys. */
+	if (p == NULL && s->elastic && strpbrk(s->worker_id, " \t\n/") != NULL)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "this worker's elastic id '%.64s', made of "
+		                "the host name (KHOR_HOSTNAME) and the rank, holds a space or a '/': "
+		                "set KHOR_WORKER_ID", s->worker_id);
 	if ((st = get_duration(cfg, "KHOR_ELASTIC_TIMEOUT", config_default("KHOR_ELASTIC_TIMEOUT"),
 	                       &s->elastic_timeout_ms, err)) ||
 	    (st = get_duration(cfg, "KHOR_HEARTBEAT_TIMEOUT",

@@ -436,6 +436,31 @@ Test(config, caller_config_wins_and_bad_values_are_refused)
 	khor_config_destroy(c);
 }
 
+/*
+ * An elastic worker's id names it in the driver's plans and the store's keys: one made of
+ * a KHOR_HOSTNAME with a space or a '/' is refused as a given KHOR_WORKER_ID is, naming
+ * the fix; a job that is not elastic does not use it and runs. Found by
+ * tests/runtime/fuzz_settings.c (its input is in tests/runtime/fuzz_corpus/settings).
+ */
+Test(config, an_elastic_id_made_of_a_bad_host_name_is_refused)
+{
+	settings s;
+	kerr e;
+	khor_config *c;
+	khor_config_create(&c);
+	khor_config_set(c, "KHOR_HOSTNAME", "rack 1/node-3");
+	cr_assert_eq(config_parse(c, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	khor_config_set(c, "KHOR_ELASTIC", "1");
+	khor_config_set(c, "KHOR_STORE_ADDR", "h:1");
+	cr_assert_eq(config_parse(c, &s, &e), KHOR_ERR_INVALID_ARG);
+	cr_assert(strstr(e.text, "'rack 1/node-3:0'") && strstr(e.text, "KHOR_WORKER_ID"), "%s",
+	          e.text);
+	khor_config_set(c, "KHOR_WORKER_ID", "node-3:0");
+	cr_assert_eq(config_parse(c, &s, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert_str_eq(s.worker_id, "node-3:0");
+	khor_config_destroy(c);
+}
+
 Test(config, public_api_rejects_bad_arguments_without_poisoning)
 {
 	khor_comm *comm;
