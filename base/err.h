@@ -35,7 +35,8 @@ khor_status kerr_set(kerr *e, khor_status status, const char *fmt, ...)
 /* Puts "prefix: " in front of the existing text (used to add context on the way up). */
 void kerr_prefix(kerr *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* strerror_r that always returns a usable string. */
+/* strerror_r that always returns a usable string, with the limit that was hit for
+ * EMFILE, ENFILE and ENOMEM ("Too many open files: the limit is 64 (ulimit -n); ..."). */
 const char *kerr_errno_str(int errnum, char *buf, size_t len);
 
 /* Bounded string copy that always terminates (strlcpy semantics). */

@@ -1085,6 +1085,32 @@ fail:
 	if (st == KHOR_ERR_MEMBERSHIP)
 		el_left(err->text);
 	kerr_prefix(err, "rank %d on %s", x->rank, s->hostname);
+	/*
+	 * The others are in init too, waiting for this rank (to join, or in the first
+	 * collectives): tell them why it will not come, as a failed call does, so that they
+	 * fail now with this cause instead of judging it gone at KHOR_TIMEOUT. Not when the
+	 * abort is theirs (this rank read it), nor in an elastic job, whose driver decides.
+	 */
+	if (x->store != NULL && !s->elastic && strstr(err->text, "aborted by another rank") ==
+	    NULL && strstr(err->text, "ended before every rank joined") == NULL) {
+		int64_t n = 0;
+		kerr ignore;
+		void *v;
+		size_t vl;
+		/* A closed link is usually the echo of another rank's failure: its cause first. */
+		if (st == KHOR_ERR_REMOTE &&
+		    store_get(x->store, "abort", kdeadline_in_ms(300), &v, &vl, &ignore) ==
+		        KHOR_SUCCESS) {
+			char mine[KERR_TEXT_MAX];
+			kstrlcpy(mine, err->text, sizeof(mine));
+			kerr_set(err, KHOR_ERR_REMOTE, "the job was aborted by another rank: %s (seen "
+			         "here as: %s)", (char *)v, mine);
+			free(v);
+		} else if (store_add(x->store, "abort_count", 1, &n, &ignore) == KHOR_SUCCESS &&
+		           n == 1) {
+			store_set(x->store, "abort", err->text, strlen(err->text), &ignore);
+		}
+	}
 	if (c != NULL) {
 		x->world = NULL;
 		comm_destroy(c);

@@ -1067,12 +1067,13 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 		goto fail_free;
 	}
 	if (!read_host_key(ctx->host_key, sizeof(ctx->host_key))) {
+		int e = errno;
 		st = kerr_set(
 		    err, KHOR_ERR_SYSTEM,
 		    "shm transport: cannot read "
 		    "/proc/sys/kernel/random/boot_id or /proc/self/ns/net (%s), which tell "
-		    "whether two ranks can share memory; is /proc mounted?",
-		    shm_errstr(errno));
+		    "whether two ranks can share memory%s", shm_errstr(e),
+		    e == ENOENT ? "; is /proc mounted?" : "");
 		goto fail_free;
 	}
 	/*

@@ -14,7 +14,7 @@
 
 const char *shm_errstr(int e)
 {
-	static __thread char buf[128];
+	static __thread char buf[256];
 	return kerr_errno_str(e, buf, sizeof(buf));
 }
 

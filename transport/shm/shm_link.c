@@ -47,10 +47,13 @@ khor_status shm_seg_create(tp_link *l, kerr *err)
 	int fd;
 
 	fd = memfd_create("khor-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
-		return kerr_set(err, KHOR_ERR_SYSTEM, "shm link to peer rank %d: memfd_create: %s "
-		                "(the kernel must be 3.17 or newer; use KHOR_TRANSPORT=tcp otherwise)",
-		                l->peer, shm_errstr(errno));
+	if (fd < 0) {
+		int e = errno;
+		return kerr_set(err, KHOR_ERR_SYSTEM, "shm link to peer rank %d: memfd_create: %s%s",
+		                l->peer, shm_errstr(e), e == ENOSYS || e == EINVAL ?
+		                " (the kernel must be 3.17 or newer; use KHOR_TRANSPORT=tcp otherwise)"
+		                : "");
+	}
 	if (ftruncate(fd, (off_t)len) < 0) {
 		kerr_set(err, KHOR_ERR_SYSTEM, "shm link to peer rank %d: sizing the %zu-byte "
 		         "segment: %s", l->peer, len, shm_errstr(errno));
