@@ -4,6 +4,10 @@ target_link_libraries(test_khorrun PRIVATE khor_testproc)
 add_dependencies(test_khorrun khorrun khor-bench)
 set_tests_properties(test_khorrun PROPERTIES ENVIRONMENT
   "KHORRUN=$<TARGET_FILE:khorrun>;KHOR_BENCH=$<TARGET_FILE:khor-bench>")
+# The job secret in none of a job's output, logs, timelines and error texts.
+add_test(NAME test_secret COMMAND ${CMAKE_CURRENT_LIST_DIR}/test_secret.sh
+  $<TARGET_FILE:khorrun> $<TARGET_FILE:khor-bench>)
+set_tests_properties(test_secret PROPERTIES TIMEOUT 180)
 # khorrun -H over ssh on 4 network-namespace hosts, each with its own sshd (exit 77, a skip,
 # without root, sshd or network namespaces).
 add_test(NAME hosts_ssh COMMAND ${CMAKE_CURRENT_LIST_DIR}/../hosts/test_hosts.sh

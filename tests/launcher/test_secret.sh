@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# test_secret.sh -- the job secret shows up in none of what a job leaves for people to read:
+# its output and logs at KHOR_LOG=trace, the engine's timelines, the error texts of a job
+# that fails (a rank killed mid-allreduce, which every other rank reports), and khorrun's
+# own lines; nor in what a stranger that tries the store with a wrong secret is told. Each
+# job's ranks write the secret khorrun made into a file first, so the test knows what to
+# look for (khorrun makes a fresh one per job); every file is then searched for it, and for
+# its first half (a truncated copy would be a leak too).
+#
+#   test_secret.sh KHORRUN KHOR_BENCH
+set -u
+KR=${1:?usage: test_secret.sh KHORRUN KHOR_BENCH}
+KB=${2:?usage: test_secret.sh KHORRUN KHOR_BENCH}
+WORK=$(mktemp -d)
+trap '[ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
+failed=0
+pass() { echo "PASS: $*"; }
+fail() { echo "FAIL: $*"; failed=1; }
+
+# Rank command: note the secret, then run the rest.
+note='printf %s "$KHOR_SECRET" > "$0.secret.$KHOR_RANK"; shift; exec "$@"'
+
+# 1. An engine job at full logging, with a timeline per rank.
+timeout 120 "$KR" -np 2 -x KHOR_LOG=trace -x "KHOR_TIMELINE=$WORK/tl.%r.json" \
+	sh -c "$note" "$WORK/j1" x "$KB" step --set small -n 2 -w 1 \
+	>"$WORK/j1.out" 2>"$WORK/j1.err"
+rc=$?
+[ $rc -eq 0 ] || fail "the engine job exited $rc: $(tail -3 "$WORK/j1.err")"
+ls "$WORK"/tl.*.json >/dev/null 2>&1 || fail "the engine job wrote no timeline"
+
+# 2. A job that fails: rank 2's process is killed mid-allreduce (its shell lives on, so
+# khorrun does not stop the job first) and the others report it in their errors.
+timeout 120 "$KR" -np 3 -x KHOR_LOG=debug \
+	sh -c "$note" "$WORK/j2" x sh -c \
+	'if [ "$KHOR_RANK" = 2 ]; then "$0" allreduce -b 16M -e 16M -n 100000 -w 1 -c 0 & p=$!; sleep 1; kill -9 $p; sleep 20; exit 0; fi; exec "$0" allreduce -b 16M -e 16M -n 100000 -w 1 -c 0' \
+	"$KB" >"$WORK/j2.out" 2>"$WORK/j2.err"
+rc=$?
+[ $rc -ne 0 ] || fail "the job with a killed rank exited 0"
+grep -v " INFO \| DEBUG " "$WORK/j2.err" | grep -q "^\[[01]\] .*rank 2" ||
+	fail "the other ranks' errors do not name rank 2: $(tail -3 "$WORK/j2.err")"
+
+# 3. A stranger with a wrong secret at a job's store: what it is told, and what is logged.
+timeout 60 "$KR" -np 2 -x KHOR_LOG=debug sh -c "$note" "$WORK/j3" x sh -c \
+	'if [ "$KHOR_RANK" = 0 ]; then KHOR_SECRET=not-the-secret KHOR_RANK=1 KHOR_INIT_TIMEOUT=3s "$0" allreduce -b 8 -e 8 -n 1 -w 0 -c 0 > "$1.stranger" 2>&1; fi; exec "$0" allreduce -b 8 -e 8 -n 5 -w 1 -c 1' \
+	"$KB" "$WORK/j3" >"$WORK/j3.out" 2>"$WORK/j3.err"
+grep -qi "secret" "$WORK/j3.stranger" 2>/dev/null ||
+	fail "the stranger was not told its secret was refused: $(tail -2 "$WORK/j3.stranger" 2>/dev/null)"
+
+n=0
+for f in "$WORK"/j*.secret.*; do
+	s=$(cat "$f")
+	if [ ${#s} -lt 16 ]; then
+		fail "$f: no secret was handed to the rank (${#s} bytes)"
+		continue
+	fi
+	n=$((n + 1))
+	printf '%s\n%s\n' "$s" "${s:0:$((${#s} / 2))}" >"$WORK/pattern"
+	# Every file the jobs left but the secret notes themselves.
+	hits=$(find "$WORK" -type f ! -name '*.secret.*' ! -name pattern -print0 |
+		xargs -0 grep -laFf "$WORK/pattern" 2>/dev/null)
+	if [ -n "$hits" ]; then
+		fail "the secret of $(basename "$f") is in: $hits"
+	fi
+done
+files=$(find "$WORK" -type f ! -name '*.secret.*' ! -name pattern | wc -l)
+lines=$(cat "$WORK"/j*.out "$WORK"/j*.err "$WORK"/*.stranger 2>/dev/null | wc -l)
+[ $n -ge 7 ] || fail "only $n of the 7 ranks noted their secret"
+[ $failed -eq 0 ] && pass "$n ranks' secrets (3 jobs) are in none of $files files ($lines lines of output and logs, $(ls "$WORK"/tl.*.json | wc -l) timelines)"
+exit $failed
