@@ -93,7 +93,8 @@ static bool parse_line(const char *p, size_t n, int default_slots, struct ep_lis
 		memcpy(num, colon + 1, sl);
 		num[sl] = '\0';
 		slots = strtol(num, &end, 10);
-		if (*end != '\0' || !isdigit((unsigned char)num[0]) || slots > EP_SLOTS_MAX) {
+		/* All of it a number: a NUL in the script's output ends strtol's reading too. */
+		if (end != num + sl || !isdigit((unsigned char)num[0]) || slots > EP_SLOTS_MAX) {
 			snprintf(why, wlen,
 			         "'%.*s': the slots after ':' want a number from 0 to %d",
 			         (int)(n < 80 ? n : 80), p, EP_SLOTS_MAX);

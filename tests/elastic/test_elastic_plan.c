@@ -63,6 +63,29 @@ Test(elastic_plan, discovery_lines)
 	parse_bad("-oProxyCommand=x\n", "is not a host name");
 }
 
+/*
+ * A NUL in the script's output after a host's slots ("host1:0", NUL, NUL, "@") is junk
+ * after the number, refused as any other: strtol stopped at the NUL, so "4", NUL, "junk"
+ * was taken as 4. Found by tests/launcher/fuzz_config.c (its input is in
+ * tests/launcher/fuzz_corpus/config).
+ */
+Test(elastic_plan, a_nul_after_the_slots_is_refused)
+{
+	const char text[] = "host1:0\0\0@\nnode2:3\n";
+	struct ep_list l = { 0 };
+	char why[256] = "";
+
+	cr_assert_not(ep_parse_hosts(text, sizeof(text) - 1, 1, &l, why, sizeof(why)),
+	              "slots with a NUL in them were taken");
+	cr_assert_not_null(strstr(why, "want a number"), "%s", why);
+	cr_assert_eq(l.n, 0);
+	/* The same line without the junk is fine. */
+	cr_assert(ep_parse_hosts(text, 7, 1, &l, why, sizeof(why)), "%s", why);
+	cr_assert_eq(l.n, 1);
+	cr_assert_eq(l.h[0].slots, 0);
+	ep_list_free(&l);
+}
+
 static struct ep_state state(int min, int max, const char *hosts, int64_t now)
 {
 	struct ep_state st;
