@@ -48,7 +48,10 @@
 #define IB_SQ_DEPTH 256             /* send work requests in flight per QP */
 #define IB_RDV_MAX 64               /* rendezvous receives in flight per link */
 #define IB_MIN_STRIPE (256u << 10)  /* parts of a large message over the QPs */
-#define IB_UNEXPECTED_MAX (8u << 20)
+#define IB_UNEXPECTED_MAX (8u << 20) /* early messages copied aside, each with its record */
+/* CTSs kept for sends not posted yet: a peer has at most IB_RDV_MAX receives asking at once;
+ * one past this many fails the link (the tcp transport's TCP_UNEXPECTED_RTS_MAX). */
+#define IB_CTS_EARLY_MAX 1024
 #define IB_HS_BUF 512
 
 enum msg_kind { MSG_EAGER = 1, MSG_CTS = 2 };

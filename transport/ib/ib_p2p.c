@@ -331,6 +331,13 @@ static void on_cts(tp_link *l, const struct msg_hdr *h)
 			return;
 		}
 	}
+	if (l->ncts_early >= IB_CTS_EARLY_MAX) {
+		ib_link_fail(l, KHOR_ERR_PROTOCOL,
+		             "more than %d CTSs for sends this rank has not posted (the newest for "
+		             "comm %u call %u step %u): the ranks are not running the same calls",
+		             IB_CTS_EARLY_MAX, h->comm, h->seq, h->step);
+		return;
+	}
 	if (l->ncts_early == l->cts_early_cap) {
 		int cap = l->cts_early_cap ? 2 * l->cts_early_cap : 8;
 		struct msg_hdr *p = realloc(l->cts_early, (size_t)cap * sizeof(*p));
@@ -356,6 +363,9 @@ static void eager_deliver(tp_link *l, tp_req *r, const struct msg_hdr *h, const 
 		memcpy(r->buf, data, h->len);
 	ib_req_finish(r, KHOR_SUCCESS);
 }
+
+/* What an early message copied aside takes of IB_UNEXPECTED_MAX: its bytes and its record. */
+#define UNEXP_COST(len) ((len) + sizeof(struct unexp))
 
 static void on_eager(tp_link *l, struct slot *s, const struct msg_hdr *h, bool *keep_slot)
 {
@@ -387,10 +397,12 @@ static void on_eager(tp_link *l, struct slot *s, const struct msg_hdr *h, bool *
 		return;
 	}
 	u->hdr = *h;
-	if (l->ubytes + h->len <= IB_UNEXPECTED_MAX && (h->len == 0 || (u->data = malloc(h->len)))) {
+	/* Each copy counts with its record, so that empty messages are bounded too. */
+	if (l->ubytes + UNEXP_COST(h->len) <= IB_UNEXPECTED_MAX &&
+	    (h->len == 0 || (u->data = malloc(h->len)))) {
 		if (h->len > 0)
 			memcpy(u->data, s->mem + IB_HDR_BYTES, h->len);
-		l->ubytes += h->len;
+		l->ubytes += UNEXP_COST(h->len);
 	} else {
 		u->held = s; /* the slot stays ours until a receive takes it: back-pressure */
 		*keep_slot = true;
@@ -662,7 +674,7 @@ khor_status ib_irecv_locked(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr
 			if (live(l))
 				ib_post_recv_slot(l, u->held);
 		} else {
-			l->ubytes -= u->hdr.len;
+			l->ubytes -= UNEXP_COST(u->hdr.len);
 			free(u->data);
 		}
 		free(u);
