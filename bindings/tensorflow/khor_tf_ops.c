@@ -481,6 +481,28 @@ static int64_t scatter_rows(const struct kernel *k, int64_t d0)
 	return d0 / n + (k->set_rank < d0 % n ? 1 : 0);
 }
 
+/*
+ * An allreduce's output i: input i's own buffer when TensorFlow may hand it over (nothing
+ * else holds it: a gradient that only this op reads), so that the engine reduces in place,
+ * writing 1x the bytes instead of reading one buffer and writing another; else a new
+ * tensor. *in (which TF_GetInput made, holding a reference that would make the buffer look
+ * shared) is dropped first and taken again after.
+ */
+static TF_Tensor *forward_or_allocate(TF_OpKernelContext *ctx, int i, TF_Tensor **in,
+                                      const int64_t *d, int nd, TF_Status *s)
+{
+	int forwarded = -1;
+	TF_Tensor *out;
+
+	TF_DeleteTensor(*in);
+	*in = NULL;
+	out = TF_ForwardInputOrAllocateOutput(ctx, &i, 1, i, d, nd, &forwarded, s);
+	if (TF_GetCode(s) != TF_OK)
+		return out;
+	TF_GetInput(ctx, i, in, s);
+	return out;
+}
+
 static void compute(void *kernel, TF_OpKernelContext *ctx, TF_AsyncOpKernelDoneCallback *done)
 {
 	struct kernel *k = kernel;
@@ -554,6 +576,8 @@ static void compute(void *kernel, TF_OpKernelContext *ctx, TF_AsyncOpKernelDoneC
 				d[0] = rows;
 				p->out[i] = TF_AllocateOutput(ctx, i, p->type, d, nd, bytes, s);
 				d[0] = save;
+			} else if (k->kind == ALLREDUCE) {
+				p->out[i] = forward_or_allocate(ctx, i, &p->in[i], d, nd, s);
 			} else {
 				p->out[i] = TF_AllocateOutput(ctx, i, p->type, d, nd, bytes, s);
 			}
