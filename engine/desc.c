@@ -66,7 +66,9 @@ khor_status desc_parse(const uint8_t *d, size_t len, eitem *it, kerr *err)
 	it->root = bget_i32(&r);
 	it->prescale = bget_f64(&r);
 	it->postscale = bget_f64(&r);
-	if (r.bad || it->kind >= EK_KINDS || it->n < 1)
+	/* Bounded before allocating: each tensor takes at least 4 bytes (name length, dtype,
+	 * ndim), so a short descriptor cannot ask for 65535 tensors' worth of memory. */
+	if (r.bad || it->kind >= EK_KINDS || it->n < 1 || (size_t)it->n > (len - r.off) / 4)
 		goto bad;
 	it->t = calloc((size_t)it->n, sizeof(*it->t));
 	if (it->t == NULL)

@@ -132,6 +132,12 @@ bool response_parse(eset *s, const uint8_t *p, size_t len, eresp *out)
 			eitem *it = &items[n++];
 			if (it->kind == EK_ALLGATHER) {
 				size_t cnt = (size_t)it->n * (size_t)s->size;
+				/* Bounded before allocating: the dims must be in the bytes. */
+				if (cnt > (r.len - r.off) / 8) {
+					free(key);
+					r.bad = true;
+					break;
+				}
 				it->dim0 = malloc(sizeof(int64_t) * cnt);
 				if (it->dim0 == NULL) {
 					free(key);
