@@ -385,11 +385,30 @@ khor_status etcd_get(etcd *e, const char *key, kdeadline dl, struct etcd_kv *kv_
 	return read_range(e, &d, root, "get", key, kv_out, err);
 }
 
+/*
+ * {"key": prefix, "range_end": the prefix with its last byte one up} into b: every key that
+ * starts with prefix (a prefix ending in 0xff would need another end; never one of ours).
+ * False when prefix cannot be a range.
+ */
+static bool jb_prefix_range(struct jbuf *b, const char *prefix)
+{
+	size_t pl = strlen(prefix);
+	char *end;
+
+	if (pl == 0 || (unsigned char)prefix[pl - 1] == 0xff || (end = malloc(pl)) == NULL)
+		return false;
+	memcpy(end, prefix, pl);
+	end[pl - 1] = (char)((unsigned char)end[pl - 1] + 1);
+	jb_key(b, prefix);
+	jb_add(b, ",");
+	jb_b64(b, "range_end", end, pl);
+	free(end);
+	return true;
+}
+
 khor_status etcd_list(etcd *e, const char *prefix, kdeadline dl, struct etcd_kv **kvs_out,
                       int *n_out, kerr *err)
 {
-	size_t pl = strlen(prefix);
-	char *end = malloc(pl + 1);
 	struct jbuf b = { 0 };
 	struct etcd_kv *kvs;
 	bool more = false;
@@ -397,23 +416,14 @@ khor_status etcd_list(etcd *e, const char *prefix, kdeadline dl, struct etcd_kv 
 	int root, list, n = 0;
 	khor_status st;
 
-	/* The range's end: the prefix with its last byte one up (a prefix of 0xff bytes only
-	 * would need "\0", every key after it; never one of ours). */
-	if (end == NULL || pl == 0 || (unsigned char)prefix[pl - 1] == 0xff) {
-		free(end);
-		return kerr_set(err, end == NULL ? KHOR_ERR_NO_MEMORY : KHOR_ERR_INVALID_ARG,
-		                "%s: list '%s': %s", e->where, prefix,
-		                end == NULL ? "out of memory" : "not a prefix that can be listed");
-	}
-	memcpy(end, prefix, pl);
-	end[pl - 1] = (char)((unsigned char)end[pl - 1] + 1);
 	jb_add(&b, "{");
-	jb_key(&b, prefix);
-	jb_add(&b, ",");
-	jb_b64(&b, "range_end", end, pl);
+	if (!jb_prefix_range(&b, prefix)) {
+		free(b.p);
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s: list '%s': not a prefix that can be "
+		                "listed", e->where, prefix);
+	}
 	jb_add(&b, ",\"limit\":\"%d\",\"sort_order\":\"ASCEND\",\"sort_target\":\"CREATE\"}",
 	       ETCD_LIST_MAX + 1);
-	free(end);
 	st = call(e, "list", prefix, "/v3/kv/range", &b, true, false, dl, &d, &root, err);
 	if (st != KHOR_SUCCESS)
 		return st;
@@ -480,24 +490,18 @@ khor_status etcd_del(etcd *e, const char *key, kdeadline dl, kerr *err)
 khor_status etcd_del_prefix(etcd *e, const char *prefix, kdeadline dl, int64_t *deleted_out,
                             kerr *err)
 {
-	size_t pl = strlen(prefix);
 	struct jbuf b = { 0 };
-	char end[256];
 	json_doc d;
 	int root;
 	int64_t n = 0;
 	khor_status st;
 
-	/* As etcd_list's range: the prefix with its last byte one up. */
-	if (pl == 0 || pl >= sizeof(end) || (unsigned char)prefix[pl - 1] == 0xff)
+	jb_add(&b, "{");
+	if (!jb_prefix_range(&b, prefix)) {
+		free(b.p);
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "%s: delete '%s': not a prefix that can "
 		                "be deleted", e->where, prefix);
-	memcpy(end, prefix, pl);
-	end[pl - 1] = (char)((unsigned char)end[pl - 1] + 1);
-	jb_add(&b, "{");
-	jb_key(&b, prefix);
-	jb_add(&b, ",");
-	jb_b64(&b, "range_end", end, pl);
+	}
 	jb_add(&b, "}");
 	st = call(e, "delete", prefix, "/v3/kv/deleterange", &b, true, false, dl, &d, &root, err);
 	if (st != KHOR_SUCCESS)

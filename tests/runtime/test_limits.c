@@ -57,6 +57,19 @@ static int then_runs(struct shared *sh, int rank, int n, khor_config *cfg)
 	return 0;
 }
 
+/* After the refused init (err): keeps its message, checks that it left no fd open, then
+ * runs the job with the limit put back. */
+static int refused(struct shared *sh, int rank, int n, khor_config *cfg, const char *err,
+                   int fds_before)
+{
+	snprintf(sh->first[rank], TEXT, "%s", err);
+	int after = harness_count_fds();
+	if (after != fds_before)
+		return fail(sh, rank, 12, "%d fds open before the refused init and %d after",
+		            fds_before, after);
+	return then_runs(sh, rank, n, cfg);
+}
+
 static int body_nofile(int rank, int n, khor_config *cfg, void *arg)
 {
 	struct shared *sh = arg;
@@ -85,12 +98,7 @@ static int body_nofile(int rank, int n, khor_config *cfg, void *arg)
 			return fail(sh, rank, 11, "init and a call worked under ulimit -n %d",
 			            before + 2);
 	}
-	snprintf(sh->first[rank], TEXT, "%s", err);
-	int after = harness_count_fds();
-	if (after != before)
-		return fail(sh, rank, 12, "%d fds open before the refused init and %d after",
-		            before, after);
-	return then_runs(sh, rank, n, cfg);
+	return refused(sh, rank, n, cfg, err, before);
 }
 
 static int body_as(int rank, int n, khor_config *cfg, void *arg)
@@ -120,12 +128,7 @@ static int body_as(int rank, int n, khor_config *cfg, void *arg)
 		khor_finalize(world);
 		return fail(sh, rank, 11, "init worked with 4 MiB of address space to spare");
 	}
-	snprintf(sh->first[rank], TEXT, "%s", err);
-	int after = harness_count_fds();
-	if (after != before)
-		return fail(sh, rank, 12, "%d fds open before the refused init and %d after",
-		            before, after);
-	return then_runs(sh, rank, n, cfg);
+	return refused(sh, rank, n, cfg, err, before);
 }
 
 static void run(harness_body body, const char *tp, const char *want)
