@@ -2,11 +2,16 @@
 """Horovod's own test suite against khor's `horovod` alias, and against real Horovod in the
 same run, as a user moving a script would try it.
 
-    tests/horovod/conformance.py --horovod-src DIR [--suite test_torch] [--np 2,4]
-        [--mode file,each] [--peers khor,horovod] [--timeout 120] [--file-timeout 1800]
-        [-k EXPR] [--json OUT] [--khorrun build/khorrun] [--python /usr/bin/python3]
-        [--library build/libkhor.so]
-        [--horovodrun PATH] [--horovod-python PATH]
+    tests/horovod/conformance.py --horovod-src DIR [--suite test_torch | --test-file F]
+        [--np 2,4] [--mode file,each] [--peers khor,horovod] [--timeout 120]
+        [--file-timeout 1800] [-k EXPR] [--json OUT] [--khorrun build/khorrun]
+        [--python /usr/bin/python3] [--library build/libkhor.so]
+        [--tf-library build/libkhor_tf.so] [--env KEY=VALUE ...] [--horovodrun PATH]
+        [--horovod-python PATH]
+
+For Horovod's TensorFlow tests (--suite test_tensorflow or test_tensorflow2_keras, or
+--test-file test/parallel/test_tensorflow.py), give --python the interpreter libkhor_tf.so
+was built for (the TF venv) and --peers khor: real Horovod's TF extension is not built here.
 
 DIR is a Horovod checkout (not part of this repository: fetch one); its
 test/parallel/<suite>.py runs unchanged, from its own folder, so that its `common` helpers
@@ -38,22 +43,30 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 LIBRARY = os.path.join(ROOT, "build", "libkhor.so")
+TF_LIBRARY = os.path.join(ROOT, "build", "libkhor_tf.so")
 
 
 def khor_env(args):
     py = os.path.join(ROOT, "bindings", "python")
-    return {"PYTHONPATH": os.pathsep.join([HERE, py, os.path.join(py, "horovod_compat")]),
-            "KHOR_LIBRARY_PATH": os.path.abspath(args.library)}
+    env = {"PYTHONPATH": os.pathsep.join([HERE, py, os.path.join(py, "horovod_compat")]),
+           "KHOR_LIBRARY_PATH": os.path.abspath(args.library)}
+    if os.path.exists(args.tf_library):
+        # khor.tensorflow's ops; TensorFlow's start-up chatter kept out of the logs.
+        env.update(KHOR_TF_LIBRARY_PATH=os.path.abspath(args.tf_library),
+                   TF_CPP_MIN_LOG_LEVEL="3")
+    return env
 
 
 def launch_cmd(args, peer, np, pytest_args):
+    extra = ["%s" % kv for kv in args.env]
     if peer == "khor":
-        env = khor_env(args)
+        env = dict(khor_env(args), **dict(kv.split("=", 1) for kv in args.env))
         return [args.khorrun, "-np", str(np), "env"] + \
             ["%s=%s" % kv for kv in sorted(env.items())] + \
             [args.python, "-m", "pytest"] + pytest_args
     return [args.horovodrun, "--gloo", "-np", str(np), "-H", "localhost:%d" % np,
-            "env", "PYTHONPATH=" + HERE, args.horovod_python, "-m", "pytest"] + pytest_args
+            "env", "PYTHONPATH=" + HERE] + extra + [args.horovod_python, "-m", "pytest"] + \
+        pytest_args
 
 
 def run_job(cmd, cwd, out_dir, timeout):
@@ -120,11 +133,14 @@ def combine(test, per, np):
 
 def collect(args, test_file, cwd):
     env = dict(os.environ, **khor_env(args))
+    env.update(kv.split("=", 1) for kv in args.env)
     p = subprocess.run([args.python, "-m", "pytest", "--collect-only", "-q", "-p",
                         "no:cacheprovider", os.path.basename(test_file)] + (["-k", args.k] if args.k else []),
                        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, timeout=300)
-    ids = [l.strip() for l in p.stdout.splitlines() if "::" in l and not l.startswith(" ")]
+    # Test ids start with the file's name (TensorFlow's start-up lines also hold "::").
+    first = os.path.basename(test_file) + "::"
+    ids = [l.strip() for l in p.stdout.splitlines() if l.startswith(first)]
     if not ids:
         raise SystemExit("conformance: collecting %s found no tests:\n%s" %
                          (test_file, p.stdout[-3000:]))
@@ -177,24 +193,36 @@ def nodeid_of(t, per):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--horovod-src", required=True)
-    ap.add_argument("--suite", default="test_torch")
+    ap.add_argument("--suite", default="test_torch",
+                    help="test/parallel/<suite>.py of --horovod-src")
+    ap.add_argument("--test-file", default=None,
+                    help="a test file instead of --suite (relative to --horovod-src, or "
+                    "absolute); it runs from its own folder")
     ap.add_argument("--np", default="2")
     ap.add_argument("--mode", default="file,each")
     ap.add_argument("--peers", default="khor,horovod")
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--file-timeout", type=float, default=1800)
     ap.add_argument("-k", default=None)
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="set in every rank's environment (and when collecting), e.g. "
+                    "TF_USE_LEGACY_KERAS=1; repeatable")
     ap.add_argument("--json", default=None)
     ap.add_argument("--khorrun", default=os.path.join(ROOT, "build", "khorrun"))
     ap.add_argument("--python", default="/usr/bin/python3")
     ap.add_argument("--library", default=LIBRARY, help="the libkhor.so the alias loads")
+    ap.add_argument("--tf-library", default=TF_LIBRARY,
+                    help="the libkhor_tf.so khor.tensorflow loads (passed when it exists)")
     ap.add_argument("--horovodrun", default=shutil.which("horovodrun") or
                     "/tmp/hvd-venv/bin/horovodrun")
     ap.add_argument("--horovod-python", default="/tmp/hvd-venv/bin/python")
     args = ap.parse_args()
 
-    test_file = os.path.abspath(os.path.join(args.horovod_src, "test", "parallel",
-                                             args.suite + ".py"))
+    if args.test_file:
+        test_file = os.path.abspath(os.path.join(args.horovod_src, args.test_file))
+    else:
+        test_file = os.path.abspath(os.path.join(args.horovod_src, "test", "parallel",
+                                                 args.suite + ".py"))
     if not os.path.exists(test_file):
         print("conformance: no %s (is --horovod-src a Horovod checkout?)" % test_file)
         return 2
