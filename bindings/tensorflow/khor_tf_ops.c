@@ -103,6 +103,10 @@ static int khor_dtype_of(TF_DataType t, khor_dtype *out)
 	case TF_UINT8: *out = KHOR_UINT8; return 1;
 	case TF_INT16: *out = KHOR_INT16; return 1;
 	case TF_BOOL: *out = KHOR_BOOL; return 1;
+	/* Only the ops that move bytes without arithmetic take uint16 (MOVED_TYPES, as
+	 * Horovod's allgather, broadcast and alltoall do): the engine has no uint16, and its
+	 * int16 of the same width moves the same bytes. */
+	case TF_UINT16: *out = KHOR_INT16; return 1;
 	default: return 0;
 	}
 }
@@ -719,6 +723,8 @@ static void register_op(const struct opdef *o)
 }
 
 #define TYPES "T: {half, bfloat16, float, double, int8, uint8, int16, int32, int64, bool}"
+#define MOVED_TYPES "T: {half, bfloat16, float, double, int8, uint8, int16, uint16, int32, " \
+	"int64, bool}"
 #define NAMED "tensor_name: string = ''", "ignore_name_scope: bool = false"
 #define REDUCE "reduce_op: int = 1", "prescale_factor: float = 1.0", \
 	"postscale_factor: float = 1.0"
@@ -730,12 +736,12 @@ __attribute__((constructor)) static void register_ops(void)
 	static const char *const greduce[] = {TYPES, NAMED, REDUCE, "N: int >= 1", NULL};
 	static const char *const rscatter[] = {TYPES, NAMED, REDUCE, SET, NULL};
 	static const char *const grscatter[] = {TYPES, NAMED, REDUCE, SET, "N: int >= 1", NULL};
-	static const char *const plain[] = {TYPES, NAMED, NULL};
-	static const char *const gplain[] = {TYPES, NAMED, "N: int >= 1", NULL};
-	static const char *const bcast[] = {TYPES, NAMED, "root_rank: int = 0",
+	static const char *const plain[] = {MOVED_TYPES, NAMED, NULL};
+	static const char *const gplain[] = {MOVED_TYPES, NAMED, "N: int >= 1", NULL};
+	static const char *const bcast[] = {MOVED_TYPES, NAMED, "root_rank: int = 0",
 	                                    "set_root_rank: int = 0", NULL};
-	static const char *const a2a[] = {TYPES, NAMED, SET, "Tsplits: {int32, int64} = DT_INT32",
-	                                  NULL};
+	static const char *const a2a[] = {MOVED_TYPES, NAMED, SET,
+	                                  "Tsplits: {int32, int64} = DT_INT32", NULL};
 	static const char *const none[] = {NULL};
 	static const char *const one_in[] = {"tensor: T", NULL};
 	static const char *const n_in[] = {"tensors: N * T", NULL};

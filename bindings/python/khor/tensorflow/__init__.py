@@ -25,8 +25,11 @@ from .mpi_ops import (_allreduce, _grouped_allreduce, _reducescatter, _grouped_r
                       allgather, grouped_allgather, broadcast, alltoall, join, barrier,
                       size_op, rank_op, local_size_op, local_rank_op, process_set_included_op,
                       handle_average_backwards_compatibility)
-from .functions import allgather_object, broadcast_object, broadcast_variables
+from .functions import (allgather_object, broadcast_object, broadcast_object_fn,
+                        broadcast_variables, broadcast_, broadcast_global_variables)
 from .gradient_tape import DistributedGradientTape
+from . import util
+from .util import _executing_eagerly
 
 __version__ = _core._lib.text(_core._lib.khor_version())
 
