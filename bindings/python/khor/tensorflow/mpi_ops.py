@@ -303,6 +303,17 @@ def _alltoall_grad(op, grad, _grad_splits):
 
 # ---- reducescatter -----------------------------------------------------------------------
 
+def _check_not_scalar(tensors):
+    # Eagerly the engine refuses a scalar (InvalidArgumentError); a graph knows the shape
+    # when the op is made, and refuses it then with a ValueError (as Horovod's may).
+    if _eager():
+        return
+    for t in tensors:
+        if t.shape.rank == 0:
+            raise ValueError("reducescatter: a scalar cannot be scattered (the tensor needs "
+                             "at least one dimension)")
+
+
 def _scattered_shape(out, tensor, ps):
     if not _eager() and tensor.shape.rank is not None:
         d0 = tensor.shape[0]
@@ -319,6 +330,7 @@ def _reducescatter(tensor, name=None, op=Sum, ignore_name_scope=False,
     more)."""
     tensor = tf.convert_to_tensor(tensor)
     _check_device(tensor, "reducescatter")
+    _check_not_scalar([tensor])
     ps, sid = _set(process_set)
     (tensor,), op, pre, post, after = _int_scaled([tensor], op, prescale_factor,
                                                   postscale_factor, ps)
@@ -359,6 +371,7 @@ def _grouped_reducescatter(tensors, name=None, op=Sum, ignore_name_scope=False,
         return []
     for t in tensors:
         _check_device(t, "grouped_reducescatter")
+    _check_not_scalar(tensors)
     if len({t.dtype for t in tensors}) > 1:
         raise ValueError("grouped_reducescatter: the tensors of one group must share a dtype, "
                          "got %s" % sorted({t.dtype.name for t in tensors}))

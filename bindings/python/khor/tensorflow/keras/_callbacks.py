@@ -19,12 +19,18 @@ class BroadcastImpl:
     of training, and model and optimizer variables again after the first batch (tf-keras
     makes optimizer slots only on the first apply; Horovod broadcasts at that point too)."""
 
-    def __init__(self, root_rank, device=''):
+    def __init__(self, root_rank, device='', local_variables=None):
         super().__init__()
         self.root_rank = root_rank
         self.device = device
         self.broadcast_done = False
         self._local_vars = set()
+        # Horovod's local_variables: variables (a list, or one) left as each rank has them
+        if local_variables is not None:
+            if not isinstance(local_variables, (list, tuple, set)):
+                local_variables = [local_variables]
+            for v in local_variables:
+                self.register_local_var(v)
 
     def register_local_var(self, var):
         """var is worker-local: it is not broadcast."""
