@@ -2,12 +2,13 @@
 
 Same names, arguments and defaults as ``horovod.tensorflow``: init, size, rank, the
 collectives (allreduce with tf.IndexedSlices, grouped forms, allgather, broadcast, alltoall,
-reducescatter, join, barrier), broadcast_variables, broadcast_object, allgather_object,
-Compression, process sets, the timeline, DistributedGradientTape and DistributedOptimizer (for
-Keras optimizers, through khor.tensorflow.keras). They work eagerly and inside tf.function; the
-ops are khor's C kernels (libkhor_tf.so, bindings/tensorflow), CPU only. What is not here:
-TensorFlow 1's sessions and hooks, Adasum, GPU kernels, SyncBatchNormalization, elastic.
-"""
+reducescatter, join, barrier), broadcast_variables, broadcast_ (in place),
+broadcast_global_variables, broadcast_object, allgather_object, Compression, process sets,
+the timeline, DistributedGradientTape, PartialDistributedGradientTape, SyncBatchNormalization
+and DistributedOptimizer (for Keras optimizers, through khor.tensorflow.keras). They work
+eagerly, inside tf.function and in a TensorFlow 1 graph run by a session; the ops are khor's
+C kernels (libkhor_tf.so, bindings/tensorflow), CPU only. What is not here: TensorFlow 1's
+optimizers and hooks, Adasum, GPU kernels, elastic."""
 
 from .. import _core
 from .._core import (Average, Sum, Adasum, Min, Max, Product, ProcessSet, global_process_set,
@@ -27,7 +28,7 @@ from .mpi_ops import (_allreduce, _grouped_allreduce, _reducescatter, _grouped_r
                       handle_average_backwards_compatibility)
 from .functions import (allgather_object, broadcast_object, broadcast_object_fn,
                         broadcast_variables, broadcast_, broadcast_global_variables)
-from .gradient_tape import DistributedGradientTape
+from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from . import util
 from .util import _executing_eagerly
 
@@ -227,3 +228,12 @@ def rocm_built(verbose=False):
 
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in ("tf",)]
+
+
+def __getattr__(name):
+    # Made on first use, from the Keras that tf.keras is (importing Keras here would slow
+    # every `import khor.tensorflow`).
+    if name == "SyncBatchNormalization":
+        from .sync_batch_norm import sync_batch_normalization_class
+        return sync_batch_normalization_class()
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

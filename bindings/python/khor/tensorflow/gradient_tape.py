@@ -190,3 +190,26 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     tape._recording = False
     tape._khor_setup(fn, process_set, scale_local_gradients)
     return tape
+
+
+def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',
+                                   compression=Compression.none, sparse_as_dense=False,
+                                   op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=global_process_set,
+                                   local_layers=None, scale_local_gradients=True):
+    """DistributedGradientTape whose local_layers (a Keras layer or a list of them) keep
+    their trainable weights' gradients to this rank (each registered as a local source)."""
+    if local_layers is None:
+        local_layers = []
+    elif hasattr(local_layers, "trainable_weights"):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    if not all(hasattr(layer, "trainable_weights") for layer in local_layers):
+        raise ValueError("All local layers must be Keras layers (tf.keras.layers.Layer).")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for layer in local_layers:
+        for v in layer.trainable_weights:
+            tape.register_local_source(v)
+    return tape
