@@ -11,6 +11,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,15 +21,56 @@ void hostlist_free(struct hostlist *l)
 	for (int i = 0; i < l->n; i++)
 		free(l->h[i].name);
 	free(l->h);
+	free(l->index);
 	memset(l, 0, sizeof(*l));
+}
+
+static size_t name_hash(const char *name, size_t len)
+{
+	uint64_t h = 1469598103934665603ull; /* FNV-1a */
+
+	for (size_t i = 0; i < len; i++)
+		h = (h ^ (unsigned char)name[i]) * 1099511628211ull;
+	return (size_t)h;
+}
+
+/* Room in the index for one more name (at most half full); false when out of memory. */
+static bool index_room(struct hostlist *l)
+{
+	size_t cap = l->index_cap ? l->index_cap : 64;
+
+	if ((size_t)l->n + 1 <= l->index_cap / 2)
+		return true;
+	while ((size_t)l->n + 1 > cap / 2)
+		cap *= 2;
+	int *ix = calloc(cap, sizeof(*ix));
+	if (ix == NULL)
+		return false;
+	for (int i = 0; i < l->n; i++) {
+		size_t at = name_hash(l->h[i].name, strlen(l->h[i].name)) & (cap - 1);
+		while (ix[at] != 0)
+			at = (at + 1) & (cap - 1);
+		ix[at] = i + 1;
+	}
+	free(l->index);
+	l->index = ix;
+	l->index_cap = cap;
+	return true;
 }
 
 bool hostlist_add(struct hostlist *l, const char *name, size_t len, int slots)
 {
-	for (int i = 0; i < l->n; i++) {
-		if (strlen(l->h[i].name) == len && memcmp(l->h[i].name, name, len) == 0) {
-			l->h[i].slots = l->h[i].slots + slots > MAX_RANKS ? MAX_RANKS
-			                                                  : l->h[i].slots + slots;
+	if (!index_room(l)) {
+		say("out of memory for the host list");
+		return false;
+	}
+	/* The name as it would be kept (strndup stops at a NUL). */
+	len = strnlen(name, len);
+	size_t at = name_hash(name, len) & (l->index_cap - 1);
+	for (; l->index[at] != 0; at = (at + 1) & (l->index_cap - 1)) {
+		struct host *o = &l->h[l->index[at] - 1];
+		if (strlen(o->name) == len && memcmp(o->name, name, len) == 0) {
+			o->slots = o->slots + slots > MAX_RANKS ? MAX_RANKS : o->slots + slots;
 			return true;
 		}
 	}
@@ -54,6 +96,7 @@ bool hostlist_add(struct hostlist *l, const char *name, size_t len, int slots)
 		return false;
 	}
 	l->h[l->n].slots = slots;
+	l->index[at] = l->n + 1;
 	l->n++;
 	return true;
 }

@@ -13,6 +13,10 @@
 struct hostlist {
 	struct host *h;
 	int n, cap;
+	/* h's positions + 1 by name, open addressing (hostlist_add's merge: a Slurm list of
+	 * 65536 nodes took minutes to compare each name with all before it). */
+	int *index;
+	size_t index_cap;
 };
 
 void hostlist_free(struct hostlist *l);

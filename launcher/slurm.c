@@ -17,13 +17,21 @@
  * node02, node03, node07, gpu5; several brackets multiply ("r[1-2]n[1-2]"); a range keeps
  * the width of its first number ("[08-10]" is 08, 09, 10). Appends to out (1 slot each).
  */
-static bool slurm_expand_item(const char *item, struct hostlist *out, const char *var)
+static bool slurm_expand_item(const char *item, struct hostlist *out, const char *var,
+                              size_t *made)
 {
 	const char *lb = strchr(item, '['), *rb;
 	const char *p;
 
-	if (lb == NULL)
+	if (lb == NULL) {
+		/* Every name counts, a repeated one too: brackets multiply, and "[1,1,1][1,1,1]"
+		 * would otherwise make names without end that all merge into one host. */
+		if (++*made > MAX_HOSTS) {
+			say("%s: more than %d node names", var, MAX_HOSTS);
+			return false;
+		}
 		return hostlist_add(out, item, strlen(item), 1);
+	}
 	rb = strchr(lb, ']');
 	if (rb == NULL || rb == lb + 1) {
 		say("%s: '%s' has an unclosed or empty '['", var, item);
@@ -63,7 +71,7 @@ static bool slurm_expand_item(const char *item, struct hostlist *out, const char
 				say("out of memory expanding %s", var);
 				return false;
 			}
-			if (!slurm_expand_item(name, out, var)) {
+			if (!slurm_expand_item(name, out, var, made)) {
 				free(name);
 				return false;
 			}
@@ -81,6 +89,7 @@ bad:
 static bool slurm_expand_nodelist(const char *list, struct hostlist *out, const char *var)
 {
 	const char *p = list;
+	size_t made = 0;
 
 	while (*p != '\0') {
 		const char *q = p;
@@ -100,7 +109,7 @@ static bool slurm_expand_nodelist(const char *list, struct hostlist *out, const 
 		item = strndup(p, (size_t)(q - p));
 		if (item == NULL)
 			return false;
-		ok = slurm_expand_item(item, out, var);
+		ok = slurm_expand_item(item, out, var, &made);
 		free(item);
 		if (!ok)
 			return false;

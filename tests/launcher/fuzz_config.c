@@ -75,15 +75,26 @@ static void fuzz_config_file(const uint8_t *d, size_t n)
 	free(o.xvars);
 }
 
+static int by_name(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 static void check_hosts(const struct hostlist *l)
 {
-	CHECK(l->n >= 0 && l->n <= l->cap);
+	const char **names = malloc(sizeof(*names) * (size_t)(l->n + 1));
+
+	CHECK(names != NULL && l->n >= 0 && l->n <= l->cap && l->n <= MAX_HOSTS);
 	for (int i = 0; i < l->n; i++) {
 		CHECK(l->h[i].name != NULL && l->h[i].name[0] != '\0');
 		CHECK(l->h[i].slots >= 1);
-		for (int k = 0; k < i; k++)
-			CHECK(strcmp(l->h[i].name, l->h[k].name) != 0); /* merged */
+		names[i] = l->h[i].name;
 	}
+	/* A name given twice is one host (merged). */
+	qsort(names, (size_t)l->n, sizeof(*names), by_name);
+	for (int i = 1; i < l->n; i++)
+		CHECK(strcmp(names[i - 1], names[i]) != 0);
+	free(names);
 }
 
 static void fuzz_hosts(const uint8_t *d, size_t n)

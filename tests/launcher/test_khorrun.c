@@ -1056,6 +1056,37 @@ Test(khorrun, garbled_frames_from_a_remote_host_stop_it, .timeout = 60)
 	unlink(script);
 }
 
+/*
+ * Brackets that multiply into names without end, all the same ("[1,1,..]" twice: merged
+ * into one host, so no host bound was ever met), are refused at 65536 names instead of
+ * running on. Found by tests/launcher/fuzz_config.c (its inputs, with one of 28224 nodes
+ * that took over 100 s when each name was compared with all before it, are in
+ * tests/launcher/fuzz_corpus/config).
+ */
+Test(khorrun, slurm_names_without_end_are_refused, .timeout = 30)
+{
+	const char *args[] = { "-np", "1", "true", NULL };
+	static char repeat[2 * 2 * 512 + 64];
+	size_t o = (size_t)snprintf(repeat, sizeof(repeat), "SLURM_JOB_NODELIST=n");
+	for (int b = 0; b < 2; b++) {
+		repeat[o++] = '[';
+		for (int i = 0; i < 511; i++) {
+			repeat[o++] = '1';
+			repeat[o++] = ',';
+		}
+		repeat[o++] = '1';
+		repeat[o++] = ']';
+	}
+	repeat[o] = '\0';
+	const char *rep[] = { repeat, "SLURM_TASKS_PER_NODE=1", NULL };
+	struct proc p = dry_run(args, rep);
+
+	/* 512 x 512 names of one host. */
+	cr_assert_eq(exit_code(&p), 2, "stderr:\n%s", p.b[1].data);
+	cr_assert_not_null(strstr(p.b[1].data, "more than 65536 node names"), "%s", p.b[1].data);
+	proc_free(&p);
+}
+
 /* Inside a Slurm allocation (sbatch, salloc) and without -H: its nodes and tasks. */
 Test(khorrun, slurm_allocation_gives_the_hosts, .timeout = 30)
 {
