@@ -8,7 +8,8 @@ the timeline, DistributedGradientTape, PartialDistributedGradientTape, SyncBatch
 and DistributedOptimizer (for Keras optimizers, through khor.tensorflow.keras). They work
 eagerly, inside tf.function and in a TensorFlow 1 graph run by a session; the ops are khor's
 C kernels (libkhor_tf.so, bindings/tensorflow), CPU only. What is not here: TensorFlow 1's
-optimizers and hooks, Adasum, GPU kernels, elastic."""
+optimizers and hooks, Adasum, GPU kernels. hvd.elastic has TensorFlowState, KerasState and
+run (eager mode)."""
 
 from .. import _core
 from .._core import (Average, Sum, Adasum, Min, Max, Product, ProcessSet, global_process_set,
@@ -30,6 +31,7 @@ from .functions import (allgather_object, broadcast_object, broadcast_object_fn,
                         broadcast_variables, broadcast_, broadcast_global_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from . import util
+from . import elastic
 from .util import _executing_eagerly
 
 __version__ = _core._lib.text(_core._lib.khor_version())

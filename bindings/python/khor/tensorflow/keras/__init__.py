@@ -15,12 +15,13 @@ from khor.tensorflow import (Average, Sum, Adasum, Min, Max, Product, Compressio
                              broadcast_object, allgather_object)
 from . import _impl
 from . import callbacks  # noqa: F401
+from khor.tensorflow import elastic  # noqa: F401  (KerasState, run)
 
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "ProcessSet",
            "global_process_set", "init", "shutdown", "is_initialized", "size", "rank",
            "local_size", "local_rank", "cross_size", "cross_rank", "broadcast_object",
            "allgather_object", "DistributedOptimizer", "broadcast_global_variables",
-           "allreduce", "allgather", "broadcast", "reducescatter", "load_model", "callbacks"]
+           "allreduce", "allgather", "broadcast", "reducescatter", "load_model", "callbacks", "elastic"]
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
