@@ -149,3 +149,14 @@ def test_momentum_correction_on_a_legacy_optimizer():
     every = hvd.allgather_object([w.tolist() for w in m.get_weights()])
     for other in every:
         close(m.get_weights(), other, rtol=0, atol=0)
+
+
+def test_broadcast_variables_of_a_keras_model():
+    """hvd.broadcast_variables(model.variables, root), as Horovod's Keras examples call it:
+    under Keras 3 the model's variables are not tf.Variables (a tf.function traced them as
+    tensors without assign() before khor took their tf.Variable)."""
+    import khor.tensorflow as hvd_tf
+    root = hvd.size() - 1
+    m = model(seed=hvd.rank())
+    hvd_tf.broadcast_variables(m.variables, root_rank=root)
+    close([v.numpy() for v in m.variables], [v.numpy() for v in model(seed=root).variables])

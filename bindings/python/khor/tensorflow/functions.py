@@ -21,12 +21,20 @@ def _assign_broadcast(variables, root_rank, process_set):
         v.assign(broadcast(v, root_rank, process_set=process_set))
 
 
+def _tf_variable(v):
+    """The tf.Variable a variable is: a Keras 3 variable is not one, and a tf.function given
+    it would trace a tensor without assign(); its value under the TensorFlow backend is."""
+    if not isinstance(v, tf.Variable) and isinstance(getattr(v, "value", None), tf.Variable):
+        return v.value
+    return v
+
+
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
     """Sets every variable to root_rank's value (root_rank is a world rank). Eagerly this
     runs as one tf.function, so the broadcasts of all the variables are in flight at once;
     in a graph it returns the group of assign ops. inplace is accepted for Horovod's
     signature (the output goes into a new tensor that is then assigned)."""
-    variables = list(variables)
+    variables = [_tf_variable(v) for v in variables]
     if not tf.executing_eagerly():
         return tf.group(*[v.assign(broadcast(v, root_rank, process_set=process_set))
                           for v in variables])
@@ -41,7 +49,7 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
     order, tensors holding the values assigned (eagerly, the variables). khor broadcasts
     into a new tensor and assigns it (no aliasing op), which gives the same values."""
     out = []
-    for i, v in enumerate(variables):
+    for i, v in enumerate(_tf_variable(v) for v in variables):
         nm = None if name is None else "%s.%d" % (name, i)
         out.append(v.assign(broadcast(v, root_rank, name=nm, process_set=process_set)))
     return out
