@@ -32,6 +32,7 @@
 #include "engine/table.h"
 
 #include "base/log.h"
+#include "tests/support/fuzz_split.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -316,27 +317,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	uint8_t *copy;
+	static const fuzz_part parts[] = { fuzz_desc, fuzz_reports, fuzz_response };
 
 	klog_threshold = -1; /* a failed set logs at ERR: keep the fuzzer's output clean */
-	if (size == 0 || size > 65536)
-		return 0;
-	/* An exact-size heap copy, so ASan sees any read past the end of what arrived. */
-	copy = malloc(size - 1 ? size - 1 : 1);
-	if (copy == NULL)
-		return 0;
-	memcpy(copy, data + 1, size - 1);
-	switch (data[0] % 3) {
-	case 0:
-		fuzz_desc(copy, size - 1);
-		break;
-	case 1:
-		fuzz_reports(copy, size - 1);
-		break;
-	default:
-		fuzz_response(copy, size - 1);
-		break;
-	}
-	free(copy);
+	fuzz_split(data, size, 65536, parts, sizeof(parts) / sizeof(parts[0]));
 	return 0;
 }

@@ -17,6 +17,7 @@
 #include "launcher/job.h"
 #include "launcher/say.h"
 #include "launcher/tuning.h"
+#include "tests/support/fuzz_split.h"
 
 #include <ctype.h>
 #include <fcntl.h>
@@ -181,32 +182,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	uint8_t *copy;
+	static const fuzz_part parts[] = { fuzz_config_file, fuzz_hosts, fuzz_slurm,
+		                           fuzz_discovery };
 
 	if (path[0] == '\0')
 		setup();
-	if (size == 0 || size > 65536)
-		return 0;
-	/* An exact-size heap copy, so ASan sees any read past the end of what arrived. */
-	copy = malloc(size - 1 ? size - 1 : 1);
-	if (copy == NULL)
-		return 0;
-	memcpy(copy, data + 1, size - 1);
-	switch (data[0] % 4) {
-	case 0:
-		fuzz_config_file(copy, size - 1);
-		break;
-	case 1:
-		fuzz_hosts(copy, size - 1);
-		break;
-	case 2:
-		fuzz_slurm(copy, size - 1);
-		break;
-	default:
-		fuzz_discovery(copy, size - 1);
-		break;
-	}
-	free(copy);
+	fuzz_split(data, size, 65536, parts, sizeof(parts) / sizeof(parts[0]));
 	unlink(path);
 	return 0;
 }

@@ -18,6 +18,7 @@
 #include "launcher/frames.h"
 #include "launcher/helper.h"
 #include "launcher/job.h"
+#include "tests/support/fuzz_split.h"
 
 #include <fcntl.h>
 #include <stdint.h>
@@ -110,19 +111,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	uint8_t *copy;
+	static const fuzz_part parts[] = { fuzz_stream, fuzz_startup };
 
-	if (size == 0 || size > (512u << 10))
-		return 0;
-	/* An exact-size heap copy, so ASan sees any read past the end of what arrived. */
-	copy = malloc(size - 1 ? size - 1 : 1);
-	if (copy == NULL)
-		return 0;
-	memcpy(copy, data + 1, size - 1);
-	if (data[0] % 2 == 0)
-		fuzz_stream(copy, size - 1);
-	else
-		fuzz_startup(copy, size - 1);
-	free(copy);
+	fuzz_split(data, size, 512u << 10, parts, sizeof(parts) / sizeof(parts[0]));
 	return 0;
 }

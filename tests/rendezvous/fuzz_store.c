@@ -10,6 +10,7 @@
  *   ./fuzz_store -max_total_time=60
  */
 #include "rendezvous/store_proto.h"
+#include "tests/support/fuzz_split.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -89,26 +90,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	uint8_t *copy;
+	static const fuzz_part parts[] = { fuzz_requests, fuzz_hello, fuzz_int64 };
 
-	if (size == 0)
-		return 0;
-	/* An exact-size heap copy, so ASan sees any read past the end of what arrived. */
-	copy = malloc(size - 1 ? size - 1 : 1);
-	if (copy == NULL)
-		return 0;
-	memcpy(copy, data + 1, size - 1);
-	switch (data[0] % 3) {
-	case 0:
-		fuzz_requests(copy, size - 1);
-		break;
-	case 1:
-		fuzz_hello(copy, size - 1);
-		break;
-	default:
-		fuzz_int64(copy, size - 1);
-		break;
-	}
-	free(copy);
+	fuzz_split(data, size, 0, parts, sizeof(parts) / sizeof(parts[0]));
 	return 0;
 }
