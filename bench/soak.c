@@ -89,6 +89,16 @@ static int32_t val(int rank, uint64_t i, size_t k)
 	return (int32_t)((rank + 1) * 3 + (int)(i % 7) + (int)(k % 13));
 }
 
+/* The sum over every rank of val(rank, i, k): what a sum of the element k gives. */
+static int32_t val_sum(uint64_t i, size_t k)
+{
+	int32_t want = 0;
+
+	for (int r = 0; r < n; r++)
+		want += val(r, i, k);
+	return want;
+}
+
 static void check(bool ok, const char *what, uint64_t i)
 {
 	if (!ok) {
@@ -123,12 +133,8 @@ static void *collectives(void *arg)
 			for (size_t k = 0; k < c; k++)
 				a[k] = val(me, i, k);
 			st = khor_allreduce(world, a, b, c, KHOR_INT32, KHOR_SUM);
-			for (size_t k = 0; st == KHOR_SUCCESS && k < c; k++) {
-				int32_t want = 0;
-				for (int r = 0; r < n; r++)
-					want += val(r, i, k);
-				check(b[k] == want, what, i);
-			}
+			for (size_t k = 0; st == KHOR_SUCCESS && k < c; k++)
+				check(b[k] == val_sum(i, k), what, i);
 			bytes += c * 4;
 			break;
 		case 1: /* allgather of blk each */
@@ -167,12 +173,8 @@ static void *collectives(void *arg)
 			for (size_t k = 0; k < total; k++)
 				a[k] = val(me, i, k);
 			st = khor_reduce_scatter(world, a, b, total, KHOR_INT32, KHOR_SUM);
-			for (size_t k = 0; st == KHOR_SUCCESS && k < blk; k++) {
-				int32_t want = 0;
-				for (int r = 0; r < n; r++)
-					want += val(r, i, (size_t)me * blk + k);
-				check(b[k] == want, what, i);
-			}
+			for (size_t k = 0; st == KHOR_SUCCESS && k < blk; k++)
+				check(b[k] == val_sum(i, (size_t)me * blk + k), what, i);
 			bytes += total * 4;
 			break;
 		}
@@ -253,12 +255,8 @@ static void *engine_traffic(void *arg)
 			if (khor_handle_wait(h[t]) != KHOR_SUCCESS)
 				die("an engine allreduce", khor_handle_error(h[t]));
 			khor_handle_free(h[t]);
-			for (size_t k = 0; k < cnt[t]; k++) {
-				float want = 0;
-				for (int r = 0; r < n; r++)
-					want += (float)val(r, j, k);
-				check(out[t][k] == want, "an engine allreduce", j);
-			}
+			for (size_t k = 0; k < cnt[t]; k++)
+				check(out[t][k] == (float)val_sum(j, k), "an engine allreduce", j);
 			bytes += cnt[t] * 4;
 			calls++;
 		}
