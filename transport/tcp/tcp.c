@@ -385,10 +385,9 @@ static bool frame_fits(struct tsock *s, const struct frame_hdr *h, const struct 
 
 /*
  * The parked header's frame is read aside into the link's unexpected queue, so that the
- * socket can carry the frames behind it: a request-to-send as its header alone (while the
- * link holds fewer than TCP_UNEXPECTED_RTS_MAX, which recv_match enforces), other frames
- * while their payloads fit in TCP_UNEXPECTED_MAX. False when that bound or memory is
- * reached: it stays parked.
+ * socket can carry the frames behind it: a request-to-send as its header alone (recv_match
+ * holds those to TCP_UNEXPECTED_RTS_MAX first), other frames while their payloads fit in
+ * TCP_UNEXPECTED_MAX. False when that bound or memory is reached: it stays parked.
  */
 static bool spill(struct tsock *s)
 {
@@ -398,8 +397,7 @@ static bool spill(struct tsock *s)
 	const uint64_t len = rts ? 0 : h->chunk_len;
 	struct uframe *u;
 
-	if (l == NULL || (rts && l->urts >= TCP_UNEXPECTED_RTS_MAX) ||
-	    (!rts && l->ubytes + len > TCP_UNEXPECTED_MAX))
+	if (l == NULL || (!rts && l->ubytes + len > TCP_UNEXPECTED_MAX))
 		return false;
 	u = calloc(1, sizeof(*u));
 	if (u != NULL && (u->ch.buf = malloc(len ? len : 1)) == NULL) {
