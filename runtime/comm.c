@@ -963,6 +963,17 @@ static khor_status wait_ready(kctx *x, kdeadline dl, kerr *err)
 	}
 }
 
+/* The job's first failure, for the other ranks: "abort" is written by the first writer
+ * only ("abort_count" decides who that is). */
+static void publish_abort(kctx *x, const char *text)
+{
+	int64_t n = 0;
+	kerr ignore;
+
+	if (store_add(x->store, "abort_count", 1, &n, &ignore) == KHOR_SUCCESS && n == 1)
+		store_set(x->store, "abort", text, strlen(text), &ignore);
+}
+
 static khor_status comm_init_once(const struct khor_config *cfg, khor_comm **comm_out,
                                   kerr *err)
 {
@@ -1093,7 +1104,6 @@ fail:
 	 */
 	if (x->store != NULL && !s->elastic && strstr(err->text, "aborted by another rank") ==
 	    NULL && strstr(err->text, "ended before every rank joined") == NULL) {
-		int64_t n = 0;
 		kerr ignore;
 		void *v;
 		size_t vl;
@@ -1106,9 +1116,8 @@ fail:
 			kerr_set(err, KHOR_ERR_REMOTE, "the job was aborted by another rank: %s (seen "
 			         "here as: %s)", (char *)v, mine);
 			free(v);
-		} else if (store_add(x->store, "abort_count", 1, &n, &ignore) == KHOR_SUCCESS &&
-		           n == 1) {
-			store_set(x->store, "abort", err->text, strlen(err->text), &ignore);
+		} else {
+			publish_abort(x, err->text);
 		}
 	}
 	if (c != NULL) {
@@ -1422,8 +1431,6 @@ void comm_fail(khor_comm *c, const kerr *e)
 void comm_fail_tell(khor_comm *c, const kerr *e, bool tell)
 {
 	kctx *x = c->ctx;
-	int64_t n = 0;
-	kerr ignore;
 	char text[KERR_TEXT_MAX];
 
 	kerr verdict;
@@ -1447,9 +1454,8 @@ void comm_fail_tell(khor_comm *c, const kerr *e, bool tell)
 			el_left(text);
 		return;
 	}
-	if (x->store != NULL && tell &&
-	    store_add(x->store, "abort_count", 1, &n, &ignore) == KHOR_SUCCESS && n == 1)
-		store_set(x->store, "abort", text, strlen(text), &ignore);
+	if (x->store != NULL && tell)
+		publish_abort(x, text);
 }
 
 void comm_name_error(const khor_comm *c, const kerr *e, kerr *out)
