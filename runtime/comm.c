@@ -40,6 +40,7 @@
 #include "collectives/rd.h"
 #include "collectives/ring.h"
 #include "collectives/select.h"
+#include "transport/filter/filter.h"
 
 #include <sched.h>
 #include <stdatomic.h>
@@ -888,6 +889,11 @@ static khor_status start_transports(kctx *x, kerr *err)
 		const struct transport_ops *ops = all[i];
 		if (!any && strcmp(ops->name, s->transport) != 0)
 			continue;
+		/* Checksums or injected faults: the filter layer over the transport (and nothing
+		 * in between without them). */
+		if ((s->checksum || s->faults[0] != '\0') &&
+		    (st = filter_wrap(ops, s->faults, s->checksum, &ops, err)) != KHOR_SUCCESS)
+			return st;
 		coll_tp *t = &x->tps[x->ntps];
 		memset(t, 0, sizeof(*t));
 		st = ops->create(&o, &t->ctx, err);
@@ -964,14 +970,38 @@ static khor_status wait_ready(kctx *x, kdeadline dl, kerr *err)
 }
 
 /* The job's first failure, for the other ranks: "abort" is written by the first writer
- * only ("abort_count" decides who that is). */
-static void publish_abort(kctx *x, const char *text)
+ * only ("abort_count" decides who that is). False when another rank was first. */
+static bool publish_abort(kctx *x, const char *text)
 {
 	int64_t n = 0;
 	kerr ignore;
 
-	if (store_add(x->store, "abort_count", 1, &n, &ignore) == KHOR_SUCCESS && n == 1)
+	if (store_add(x->store, "abort_count", 1, &n, &ignore) != KHOR_SUCCESS)
+		return true; /* no store to tell: this rank's own words are all there is */
+	if (n == 1)
 		store_set(x->store, "abort", text, strlen(text), &ignore);
+	return n == 1;
+}
+
+/*
+ * Another rank failed first (publish_abort said so): e becomes the job's first failure,
+ * with this rank's own view after it, so that every rank reports the same cause even when
+ * two saw the break at once (the two ends of a cut link; a cycle, timed out on both). The
+ * first writer sets "abort" right after its count: a short wait finds it.
+ */
+static void adopt_abort(kctx *x, kerr *e)
+{
+	void *v;
+	size_t vl;
+	kerr ignore;
+	char mine[KERR_TEXT_MAX];
+
+	if (store_get(x->store, "abort", kdeadline_in_ms(300), &v, &vl, &ignore) != KHOR_SUCCESS)
+		return;
+	kstrlcpy(mine, e->text, sizeof(mine));
+	kerr_set(e, KHOR_ERR_REMOTE, "the job was aborted by another rank: %s (seen here as: %s)",
+	         (char *)v, mine);
+	free(v);
 }
 
 static khor_status comm_init_once(const struct khor_config *cfg, khor_comm **comm_out,
@@ -1116,8 +1146,8 @@ fail:
 			kerr_set(err, KHOR_ERR_REMOTE, "the job was aborted by another rank: %s (seen "
 			         "here as: %s)", (char *)v, mine);
 			free(v);
-		} else {
-			publish_abort(x, err->text);
+		} else if (!publish_abort(x, err->text)) {
+			adopt_abort(x, err);
 		}
 	}
 	if (c != NULL) {
@@ -1441,21 +1471,32 @@ void comm_fail_tell(khor_comm *c, const kerr *e, bool tell)
 		e = &verdict;
 	}
 	pthread_mutex_lock(&c->mu);
-	if (c->err.status != KHOR_SUCCESS) {
-		pthread_mutex_unlock(&c->mu);
-		return;
-	}
-	comm_name_error(c, e, &c->err);
-	memcpy(text, c->err.text, sizeof(text));
+	bool first = c->err.status == KHOR_SUCCESS;
 	pthread_mutex_unlock(&c->mu);
-	KLOG_ERR("%s", text);
-	if (x->cfg.elastic) {
-		if (tell)
-			el_left(text);
+	if (!first)
 		return;
+	kerr named;
+	comm_name_error(c, e, &named);
+	/* Told before it is kept: a rank that lost the race to be first keeps the winner's
+	 * cause, with its own view after it (adopt_abort). */
+	if (!x->cfg.elastic && x->store != NULL && tell && !publish_abort(x, named.text) &&
+	    strstr(e->text, "aborted by another rank") == NULL) {
+		kerr adopted = *e;
+		adopt_abort(x, &adopted);
+		if (adopted.status != e->status || strcmp(adopted.text, e->text) != 0)
+			comm_name_error(c, &adopted, &named);
 	}
-	if (x->store != NULL && tell)
-		publish_abort(x, text);
+	pthread_mutex_lock(&c->mu);
+	first = c->err.status == KHOR_SUCCESS;
+	if (first)
+		c->err = named;
+	memcpy(text, named.text, sizeof(text));
+	pthread_mutex_unlock(&c->mu);
+	if (!first)
+		return;
+	KLOG_ERR("%s", text);
+	if (x->cfg.elastic && tell)
+		el_left(text);
 }
 
 void comm_name_error(const khor_comm *c, const kerr *e, kerr *out)

@@ -54,6 +54,8 @@ const struct config_var config_vars[] = {
 	{ "KHOR_SPIN_US", "300", "Busy-poll this many microseconds before sleeping in a wait (0 = sleep at once)", NULL, NULL },
 	{ "KHOR_TRANSPORT", "auto", "Links: ib (verbs, every peer), tcp, shm (same-host peers only) or auto (shm within a host; ib across where both ranks have it, else tcp)", NULL, NULL },
 	{ "KHOR_SHM_CMA", "0", "shm: 1 = the receiver reads messages over 16 MiB straight from the sender's memory with process_vm_readv (one copy; where ptrace rules allow it, else the ring); 0 = every message goes through the shared ring, which measured faster", NULL, NULL },
+	{ "KHOR_CHECKSUM", "0", "1 = every frame carries a 64-bit checksum of its payload, checked on arrival: a frame damaged anywhere between the two processes' memories fails the call naming the peer (shm and RDMA have no check of their own; tcp's covers only the wire); costs one pass over the data each way (docs/PERFORMANCE.md)", NULL, NULL },
+	{ "KHOR_FAULTS", NULL, "Tests only: faults to inject under the transports, as rules FROM>TO:KIND[=VALUE][@AT] (drop, trunc, hdr=FIELD, data, delay=MS, stall=MS, regfail, fail; transport/filter/filter.h has the grammar); unset = none, and nothing between the collectives and the transports", NULL, NULL },
 	{ "KHOR_IB_HCA", NULL, "ib: devices and ports to use, as NCCL_IB_HCA: name prefixes (mlx5), =exact names, ^excluded, :port (mlx5_0:1); unset = the first active port", NULL, NULL },
 	{ "KHOR_IB_GID_INDEX", NULL, "ib: GID table index (RoCE); unset = the RoCE v2 GID of the interface KHOR_SOCKET_IFNAME (or the store's route) selects", NULL, NULL },
 	{ "KHOR_IB_QPS_PER_CONN", "2", "ib: reliable-connected queue pairs per link; large messages are split over them (1-8)", NULL, NULL },
@@ -696,6 +698,17 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	    strcmp(s->transport, "shm") != 0 && strcmp(s->transport, "auto") != 0)
 		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_TRANSPORT='%s': expected ib, tcp, shm "
 		                "or auto", s->transport);
+	p = config_lookup(cfg, "KHOR_CHECKSUM");
+	s->checksum = false;
+	if (p != NULL && !kparse_bool(p, &s->checksum))
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_CHECKSUM='%.32s': expected 0 or 1", p);
+	p = config_lookup(cfg, "KHOR_FAULTS");
+	s->faults[0] = '\0';
+	if (p != NULL && strlen(p) >= sizeof(s->faults))
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_FAULTS: %zu characters, more than "
+		                "the %zu it takes", strlen(p), sizeof(s->faults) - 1);
+	if (p != NULL)
+		kstrlcpy(s->faults, p, sizeof(s->faults));
 	p = config_lookup(cfg, "KHOR_SHM_CMA");
 	s->shm_cma = false;
 	if (p != NULL && !kparse_bool(p, &s->shm_cma))

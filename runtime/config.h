@@ -78,6 +78,8 @@ typedef struct settings {
 	uint32_t ib_max_wr;     /* 0 = the ports' limit */
 	bool ib_flush_always;
 	bool shm_cma;           /* KHOR_SHM_CMA=1 */
+	bool checksum;          /* KHOR_CHECKSUM=1 (transport/filter) */
+	char faults[1024];      /* KHOR_FAULTS, "" = none (transport/filter, tests only) */
 	bool elastic;           /* KHOR_ELASTIC=1 (docs/ELASTIC.md) */
 	char worker_id[128];    /* KHOR_WORKER_ID, else "<hostname>:<rank>" */
 	int64_t elastic_timeout_ms;

@@ -7,7 +7,7 @@
  * tells a thread another one finished its transfers, the pool of free requests, the
  * prologue and epilogue of progress(), wake, and the ops that only take the lock around a
  * body of the transport's own (connect, accept, link_ready, describe, isend, irecv, test,
- * cancel, link_error). A transport puts a tp_skel first in its struct tp_ctx, writes those
+ * cancel, link_error, sever). A transport puts a tp_skel first in its struct tp_ctx, writes those
  * bodies as static <tp>_<op>_locked functions, and gets the ops from TP_SKEL_LOCKED_OPS.
  *
  * The wrappers are made by a macro and not called through a table of the transport's
@@ -159,9 +159,9 @@ bool tp_skel_vfail(kerr *err, khor_status st, const char *who, const char *fmt, 
 
 /*
  * The ops that take the lock around the transport's body, for transport tp: defines
- * tp_connect, tp_accept, tp_link_ready, tp_describe, tp_isend, tp_irecv, tp_test, tp_cancel
- * and tp_link_error on top of the static tp_connect_locked ... tp_cancel_locked written
- * above it. Needs l->ctx, ctx->sk and l->err (the link's first error).
+ * tp_connect, tp_accept, tp_link_ready, tp_describe, tp_isend, tp_irecv, tp_test, tp_cancel,
+ * tp_link_error and tp_sever on top of the static tp_connect_locked ... tp_sever_locked
+ * written above it (sever also wakes the instance's sleeper, which has a link to report). Needs l->ctx, ctx->sk and l->err (the link's first error).
  */
 #define TP_SKEL_LOCKED_OPS(tp)                                                                    \
 	static khor_status tp##_connect(tp_ctx *ctx, int peer, const char *peer_addr,             \
@@ -231,6 +231,13 @@ bool tp_skel_vfail(kerr *err, khor_status st, const char *who, const char *fmt, 
 			*err_out = l->err;                                                         \
 		kmutex_unlock(&l->ctx->sk.mu);                                                     \
 		return st;                                                                         \
+	}                                                                                          \
+	static void tp##_sever(tp_link *l, const char *why)                                        \
+	{                                                                                          \
+		kmutex_lock(&l->ctx->sk.mu);                                                       \
+		tp##_sever_locked(l, why);                                                         \
+		kmutex_unlock(&l->ctx->sk.mu);                                                     \
+		tp_skel_wake(l->ctx);                                                              \
 	}
 
 #endif

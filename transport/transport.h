@@ -58,7 +58,7 @@
 #include <stdio.h>
 
 #define TP_ADDR_MAX 256
-#define TP_VERSION 2 /* of this table; transports compiled against another are refused */
+#define TP_VERSION 3 /* of this table; transports compiled against another are refused */
 
 typedef struct tp_ctx tp_ctx;
 typedef struct tp_link tp_link;
@@ -181,7 +181,7 @@ typedef struct tp_options {
 } tp_options;
 
 /*
- * The table. "Lock" below is the instance's own lock, which each op takes itself; none is
+ * The table (version 3 added sever). "Lock" below is the instance's own lock, which each op takes itself; none is
  * held by the caller. Ownership is stated where it moves.
  */
 struct transport_ops {
@@ -273,6 +273,14 @@ struct transport_ops {
 	 * progress() (transport/skel.h says why no wake is lost).
 	 */
 	void (*wake)(tp_ctx *ctx);
+	/*
+	 * Breaks the link as a lost connection would: its requests fail with why (a sentence,
+	 * copied), and the peer finds its end broken the way it finds a real failure (tcp: the
+	 * sockets close; shm: the segment's broken flag and the socket; ib: the queue pairs go
+	 * to the error state and the bootstrap socket closes). For the fault injector of
+	 * transport/filter (KHOR_FAULTS); NULL in a transport that cannot. Lock: taken.
+	 */
+	void (*sever)(tp_link *link, const char *why);
 	/* Releases every resource: links, requests, mrs still registered. Pending requests on
 	 * the ctx's links must be finished first. Called once, by the owner, with no other
 	 * thread inside any op. */

@@ -3,6 +3,8 @@ khor_test(test_config runtime/test_config.c 60)
 target_compile_definitions(test_config PRIVATE KHOR_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 khor_test(test_comms runtime/test_comms.c 600)
 khor_test(test_faults runtime/test_faults.c 300)
+# Injected faults (KHOR_FAULTS) under every collective, n = 2, 4, 8, tcp and shm.
+khor_test(test_fault_matrix runtime/test_fault_matrix.c 1800)
 khor_test(test_limits runtime/test_limits.c 120)
 khor_test(test_elastic runtime/test_elastic.c 180)
 # The two-threads-per-rank workload of test_comms without Criterion, for a

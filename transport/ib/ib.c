@@ -266,6 +266,13 @@ static khor_status ib_accept_locked(tp_ctx *ctx, int peer, tp_link **link_out, k
 	return KHOR_SUCCESS;
 }
 
+/* A lost connection, on command (transport.h: sever): the link fails as on any error here
+ * (ib_common.c: the peer is told, the queue pairs go to the error state). */
+static void ib_sever_locked(tp_link *l, const char *why)
+{
+	ib_link_fail(l, KHOR_ERR_REMOTE, "%s", why);
+}
+
 /* The ops that take the lock around the bodies above and in ib_connect.c and ib_p2p.c. */
 TP_SKEL_LOCKED_OPS(ib)
 
@@ -480,5 +487,6 @@ const struct transport_ops ib_transport_ops = {
 	.cancel = ib_cancel,
 	.link_error = ib_link_error,
 	.wake = tp_skel_wake,
+	.sever = ib_sever,
 	.destroy = ib_destroy,
 };

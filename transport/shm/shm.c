@@ -1365,6 +1365,13 @@ static khor_status shm_progress_locked(tp_ctx *ctx, int timeout_ms, bool *moved_
 	return KHOR_SUCCESS;
 }
 
+/* A lost connection, on command (transport.h: sever): the link fails as on any error here
+ * (shm_fail.c: the segment's broken flag with why, then the socket's shutdown). */
+static void shm_sever_locked(tp_link *l, const char *why)
+{
+	shm_link_fail_text(l, KHOR_ERR_REMOTE, why);
+}
+
 /* ---- the ops: the skeleton's lock around the _locked bodies above ------------------- */
 
 TP_SKEL_LOCKED_OPS(shm)
@@ -1427,5 +1434,6 @@ const struct transport_ops shm_transport_ops = {
 	.cancel = shm_cancel,
 	.link_error = shm_link_error,
 	.wake = tp_skel_wake,
+	.sever = shm_sever,
 	.destroy = shm_destroy,
 };

@@ -1127,6 +1127,16 @@ static void tcp_cancel_locked(tp_req *r)
 	tp_skel_req_put(&l->ctx->sk, r);
 }
 
+/* A lost connection, on command (transport.h: sever): the link fails with why and its
+ * sockets close, so the peer reads the end of its streams as it would after a reset. */
+static void tcp_sever_locked(tp_link *l, const char *why)
+{
+	tcp_link_fail(l, KHOR_ERR_REMOTE, "%s", why);
+	for (int k = 0; k < l->nsocks; k++)
+		if (l->socks[k] != NULL)
+			tcp_sock_close_fd(l->socks[k]);
+}
+
 TP_SKEL_LOCKED_OPS(tcp)
 
 static void accept_new(tp_ctx *ctx)
@@ -1302,5 +1312,6 @@ const struct transport_ops tcp_transport_ops = {
 	.cancel = tcp_cancel,
 	.link_error = tcp_link_error,
 	.wake = tp_skel_wake,
+	.sever = tcp_sever,
 	.destroy = tcp_destroy,
 };
