@@ -655,8 +655,8 @@ static bool on_wire(const coll_xfer *x)
 	       x->stage != STAGE_FLUSH;
 }
 
-khor_status coll_wait_alive(coll_comm *cc, const char *what, const coll_xfer *xs, int nxs,
-                            uint64_t started_ns, kdeadline *dl, kerr *err)
+static khor_status wait_alive(coll_comm *cc, const char *what, bool quiet, const coll_xfer *xs,
+                              int nxs, uint64_t started_ns, kdeadline *dl, kerr *err)
 {
 	int few[32], *peers = few, n = 0;
 	int64_t again;
@@ -679,7 +679,7 @@ khor_status coll_wait_alive(coll_comm *cc, const char *what, const coll_xfer *xs
 	if (n > 0) {
 		coll_alive_ask q = { .what = what, .peers = peers, .n = n,
 		                     .waited_ms = (int64_t)((kclock_ns() - started_ns) / 1000000),
-		                     .progress = cc->completed };
+		                     .progress = cc->completed, .quiet = quiet };
 		st = cc->check_alive(cc->owner, &q, &again, err);
 		if (st == KHOR_SUCCESS)
 			*dl = kdeadline_in_ms(again);
@@ -687,6 +687,18 @@ khor_status coll_wait_alive(coll_comm *cc, const char *what, const coll_xfer *xs
 	if (peers != few)
 		free(peers);
 	return st;
+}
+
+khor_status coll_wait_alive(coll_comm *cc, const char *what, const coll_xfer *xs, int nxs,
+                            uint64_t started_ns, kdeadline *dl, kerr *err)
+{
+	return wait_alive(cc, what, false, xs, nxs, started_ns, dl, err);
+}
+
+khor_status coll_wait_alive_quiet(coll_comm *cc, const char *what, const coll_xfer *xs,
+                                  int nxs, uint64_t started_ns, kdeadline *dl, kerr *err)
+{
+	return wait_alive(cc, what, true, xs, nxs, started_ns, dl, err);
 }
 
 void coll_drain(coll_comm *cc, coll_xfer *xs, int nxs)

@@ -119,6 +119,9 @@ typedef struct coll_alive_ask {
 	int64_t waited_ms; /* since the wait began */
 	uint64_t progress; /* moves whenever the wait gets on (completed transfers); the same
 	                    * value while it is stuck */
+	bool quiet;        /* judge, publish the wait and look for deadlocks, but warn not: a
+	                    * wait that may last as long as the application likes (an engine
+	                    * worker's for its coordinator's answer) */
 } coll_alive_ask;
 
 typedef struct coll_comm {
@@ -310,6 +313,9 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
  */
 khor_status coll_wait_alive(coll_comm *cc, const char *what, const coll_xfer *xs, int nxs,
                             uint64_t started_ns, kdeadline *dl, kerr *err);
+/* The same, without the warning (coll_alive_ask.quiet). */
+khor_status coll_wait_alive_quiet(coll_comm *cc, const char *what, const coll_xfer *xs,
+                                  int nxs, uint64_t started_ns, kdeadline *dl, kerr *err);
 /*
  * One blocking exchange inside a collective: sends slen bytes to send_peer and receives
  * rlen bytes from recv_peer (either may be -1 for none; they may be the same rank), with

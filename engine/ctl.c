@@ -16,7 +16,7 @@
  * for are alive (coll_wait_alive); else the error, or "timed out" for the caller to say
  * what was late.
  */
-static khor_status alive_or_timeout(eset *s, coll_xfer *xs, int nxs, uint64_t t0,
+static khor_status alive_or_timeout(eset *s, coll_xfer *xs, int nxs, uint64_t t0, bool quiet,
                                     kdeadline *dl, kerr *err)
 {
 	char what[64];
@@ -24,7 +24,8 @@ static khor_status alive_or_timeout(eset *s, coll_xfer *xs, int nxs, uint64_t t0
 
 	k = (size_t)snprintf(what, sizeof(what), "engine set %d, negotiation cycle %u", s->id,
 	                     s->cycle);
-	khor_status st = coll_wait_alive(&s->ctl->cc, what, xs, nxs, t0, dl, err);
+	khor_status st = quiet ? coll_wait_alive_quiet(&s->ctl->cc, what, xs, nxs, t0, dl, err)
+	                       : coll_wait_alive(&s->ctl->cc, what, xs, nxs, t0, dl, err);
 	if (st == KHOR_ERR_TIMEOUT)
 		return kerr_set(err, KHOR_ERR_TIMEOUT, "timed out");
 	/* The callers name the set and cycle themselves. */
@@ -65,7 +66,7 @@ khor_status ctl_wait(eset *s, coll_xfer *xs, int nxs, bool wake_ok, kdeadline dl
 		}
 		uint64_t now = kclock_ns();
 		if (kdeadline_passed(dl)) {
-			khor_status st = alive_or_timeout(s, xs, nxs, t0, &dl, err);
+			khor_status st = alive_or_timeout(s, xs, nxs, t0, false, &dl, err);
 			if (st != KHOR_SUCCESS)
 				return st;
 		}
@@ -98,6 +99,19 @@ khor_status ctl_wait(eset *s, coll_xfer *xs, int nxs, bool wake_ok, kdeadline dl
 		if (fast)
 			sched_yield();
 	}
+}
+
+khor_status ctl_look(eset *s, coll_xfer *xs, int nxs, uint64_t t0, kdeadline *next, kerr *err)
+{
+	if (!kdeadline_passed(*next))
+		return KHOR_SUCCESS;
+	khor_status st = alive_or_timeout(s, xs, nxs, t0, true, next, err);
+	if (st == KHOR_ERR_TIMEOUT) {
+		/* Nothing to judge by (no heartbeats): the wait stays as it was, open-ended. */
+		*next = kdeadline_in_ms(-1);
+		return KHOR_SUCCESS;
+	}
+	return st;
 }
 
 tp_tag ctl_tag(const eset *s, uint32_t step)

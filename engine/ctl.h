@@ -30,6 +30,14 @@ typedef struct msg_hdr {
  */
 khor_status ctl_wait(eset *s, coll_xfer *xs, int nxs, bool wake_ok, kdeadline dl, bool spin,
                      int idle_ms, int *which, kerr *err);
+/*
+ * For a wait with no deadline of its own (a worker's for the coordinator's answer, which
+ * comes when every rank has asked for the same tensors, however late): once *next passed,
+ * judges its peers quietly (coll_wait_alive_quiet): the wait is published, so that a peer
+ * waiting for this rank in turn finds the deadlock (a lost or misdirected message), and a
+ * dead peer fails it; *next is when to look again. t0: when the wait began.
+ */
+khor_status ctl_look(eset *s, coll_xfer *xs, int nxs, uint64_t t0, kdeadline *next, kerr *err);
 /* The tag of this cycle's message at step. */
 tp_tag ctl_tag(const eset *s, uint32_t step);
 /* Sends a header (+ payload frame) to peer; the transfers go into xs[0..1]. */

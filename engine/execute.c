@@ -567,9 +567,21 @@ static void finish(eset *s, eitem *it, khor_status st, const kerr *err)
 /* A collective failed: the set fails, and so does every item of this cycle not done yet. */
 static void fail_rest(eset *s, eitem *items, int n, const kerr *cause)
 {
+	kerr verdict = *cause;
+
+	/* The job's words for it: the comm's sticky error when the collective failed there
+	 * (another rank's cause, when that rank was first: runtime/comm.c, adopt_abort), else
+	 * this one, told to the other ranks. */
+	if (s->data != NULL && cause->status != KHOR_ERR_INVALID_ARG) {
+		pthread_mutex_lock(&s->data->mu);
+		if (s->data->err.status != KHOR_SUCCESS)
+			verdict = s->data->err;
+		pthread_mutex_unlock(&s->data->mu);
+		comm_job_failure(s->data->ctx, &verdict);
+	}
 	for (int i = 0; i < n; i++)
-		finish(s, &items[i], cause->status, cause);
-	queue_fail_set(s, cause);
+		finish(s, &items[i], verdict.status, &verdict);
+	queue_fail_set(s, &verdict);
 }
 
 static void execute_all(eset *s, eitem *items, int n)

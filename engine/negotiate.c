@@ -144,12 +144,14 @@ bool negotiate_worker_cycle(eset *s, eresp *resp_out)
 	}
 	/* Until the coordinator speaks: report news as soon as there is some. */
 	bool spin = true;
+	kdeadline look = never; /* when to judge the coordinator, once this rank has asked */
 	for (;;) {
 		if (!sent && report_has_news(s)) {
 			if ((st = send_report(s, &rep, &out, tx, &err)) != KHOR_SUCCESS)
 				goto fail;
 			sent = true;
 			t_neg = kclock_ns();
+			look = kdeadline_in_ms(cc->timeout_ms);
 		}
 		/*
 		 * Once this rank has asked to stop, the others have KHOR_TIMEOUT to do the same:
@@ -169,6 +171,8 @@ bool negotiate_worker_cycle(eset *s, eresp *resp_out)
 		              &err);
 		if (st == KHOR_ERR_TIMEOUT)
 			st = stop_late(s, &err);
+		if (st == KHOR_SUCCESS && which != 0 && sent)
+			st = ctl_look(s, &rx, 1, t_neg, &look, &err);
 		if (st != KHOR_SUCCESS)
 			goto fail;
 		spin = false;

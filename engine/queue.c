@@ -179,6 +179,13 @@ void queue_fail_set(eset *s, const kerr *cause)
 		comm_elastic_verdict(x, &verdict);
 		cause = &verdict;
 	}
+	/* Fixed jobs: the other ranks are told, or this rank takes the first failure's words
+	 * (a negotiation message is not a collective: no comm told them). */
+	if (x != NULL && !x->cfg.elastic && cause->status != KHOR_ERR_INVALID_ARG) {
+		verdict = *cause;
+		comm_job_failure(x, &verdict);
+		cause = &verdict;
+	}
 	pthread_mutex_lock(&e->mu);
 	if (!s->failed) {
 		s->failed = true;

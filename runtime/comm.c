@@ -978,30 +978,59 @@ static bool publish_abort(kctx *x, const char *text)
 
 	if (store_add(x->store, "abort_count", 1, &n, &ignore) != KHOR_SUCCESS)
 		return true; /* no store to tell: this rank's own words are all there is */
-	if (n == 1)
+	if (n == 1) {
+		atomic_store(&x->abort_mine, true);
 		store_set(x->store, "abort", text, strlen(text), &ignore);
+	}
 	return n == 1;
 }
 
 /*
- * Another rank failed first (publish_abort said so): e becomes the job's first failure,
- * with this rank's own view after it, so that every rank reports the same cause even when
- * two saw the break at once (the two ends of a cut link; a cycle, timed out on both). The
- * first writer sets "abort" right after its count: a short wait finds it.
+ * The job's first failure, when another rank wrote it within wait_ms: e becomes it, with this
+ * rank's own view after it, so that every rank reports the same cause. True when it did.
  */
-static void adopt_abort(kctx *x, kerr *e)
+static bool adopt_abort(kctx *x, kerr *e, int wait_ms)
 {
 	void *v;
 	size_t vl;
 	kerr ignore;
 	char mine[KERR_TEXT_MAX];
 
-	if (store_get(x->store, "abort", kdeadline_in_ms(300), &v, &vl, &ignore) != KHOR_SUCCESS)
-		return;
+	if (store_get(x->store, "abort", kdeadline_in_ms(wait_ms), &v, &vl, &ignore) !=
+	    KHOR_SUCCESS)
+		return false;
 	kstrlcpy(mine, e->text, sizeof(mine));
 	kerr_set(e, KHOR_ERR_REMOTE, "the job was aborted by another rank: %s (seen here as: %s)",
 	         (char *)v, mine);
 	free(v);
+	return true;
+}
+
+/*
+ * A fixed job's failure seen here: told to the others (mine: e's text as they are to read
+ * it), or, when another rank was first, e becomes that rank's cause. A closed or reset link
+ * (KHOR_ERR_REMOTE) is usually the echo of the far end's own failure, which that end is
+ * about to write: it waits for that first, so that the cause and not its echo is what every
+ * rank reports. Two ranks that fail at once of their own (the two halves of a cycle) are
+ * settled by the count: the second takes the first's words. True when e was rewritten.
+ */
+static bool job_verdict(kctx *x, const char *mine, kerr *e)
+{
+	if (e->status == KHOR_ERR_REMOTE && adopt_abort(x, e, 300))
+		return true;
+	if (publish_abort(x, mine))
+		return false;
+	return adopt_abort(x, e, 300);
+}
+
+void comm_job_failure(kctx *x, kerr *e)
+{
+	if (x == NULL || x->store == NULL || x->cfg.elastic || atomic_load(&x->abort_mine) ||
+	    e->status == KHOR_ERR_INVALID_ARG || strstr(e->text, "aborted by another rank") != NULL)
+		return;
+	char mine[KERR_TEXT_MAX];
+	kstrlcpy(mine, e->text, sizeof(mine));
+	job_verdict(x, mine, e);
 }
 
 static khor_status comm_init_once(const struct khor_config *cfg, khor_comm **comm_out,
@@ -1134,21 +1163,9 @@ fail:
 	 */
 	if (x->store != NULL && !s->elastic && strstr(err->text, "aborted by another rank") ==
 	    NULL && strstr(err->text, "ended before every rank joined") == NULL) {
-		kerr ignore;
-		void *v;
-		size_t vl;
-		/* A closed link is usually the echo of another rank's failure: its cause first. */
-		if (st == KHOR_ERR_REMOTE &&
-		    store_get(x->store, "abort", kdeadline_in_ms(300), &v, &vl, &ignore) ==
-		        KHOR_SUCCESS) {
-			char mine[KERR_TEXT_MAX];
-			kstrlcpy(mine, err->text, sizeof(mine));
-			kerr_set(err, KHOR_ERR_REMOTE, "the job was aborted by another rank: %s (seen "
-			         "here as: %s)", (char *)v, mine);
-			free(v);
-		} else if (!publish_abort(x, err->text)) {
-			adopt_abort(x, err);
-		}
+		char mine[KERR_TEXT_MAX];
+		kstrlcpy(mine, err->text, sizeof(mine));
+		job_verdict(x, mine, err);
 	}
 	if (c != NULL) {
 		x->world = NULL;
@@ -1479,11 +1496,10 @@ void comm_fail_tell(khor_comm *c, const kerr *e, bool tell)
 	comm_name_error(c, e, &named);
 	/* Told before it is kept: a rank that lost the race to be first keeps the winner's
 	 * cause, with its own view after it (adopt_abort). */
-	if (!x->cfg.elastic && x->store != NULL && tell && !publish_abort(x, named.text) &&
+	if (!x->cfg.elastic && x->store != NULL && tell && !atomic_load(&x->abort_mine) &&
 	    strstr(e->text, "aborted by another rank") == NULL) {
 		kerr adopted = *e;
-		adopt_abort(x, &adopted);
-		if (adopted.status != e->status || strcmp(adopted.text, e->text) != 0)
+		if (job_verdict(x, named.text, &adopted))
 			comm_name_error(c, &adopted, &named);
 	}
 	pthread_mutex_lock(&c->mu);

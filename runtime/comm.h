@@ -88,6 +88,7 @@ typedef struct kctx {
 	int ncg, cg_cap;
 	struct alive *alive;  /* the heartbeat thread (alive.h), once started */
 	_Atomic bool aborted; /* the generation's abort key was seen; then abort_text is set */
+	_Atomic bool abort_mine; /* this rank wrote the abort key: its failure is the job's */
 	char abort_text[KERR_TEXT_MAX];
 	_Atomic int hosts_updated; /* elastic: the driver's host change (bits: 1 added, 2 removed) */
 	char tp_job[80];      /* the transports' job id: "g<generation>/<job>" when elastic */
@@ -192,6 +193,14 @@ void comm_fail_tell(khor_comm *c, const kerr *e, bool tell);
  * loss when it comes within a second (docs/ELASTIC.md); returns KHOR_ERR_MEMBERSHIP.
  */
 khor_status comm_elastic_verdict(kctx *x, kerr *e);
+/*
+ * A fixed job's failure seen here (e already names this rank): the other ranks are told
+ * (the store's abort key) when this rank is the first to fail; when another was first, e
+ * becomes that rank's cause with this rank's view after it, so that every rank reports the
+ * same one. Nothing for an elastic job (the driver decides), a remote abort, a rank that
+ * already wrote the key, or a job without a store.
+ */
+void comm_job_failure(kctx *x, kerr *e);
 /* e as this comm's error text: "rank R on HOST, comm 8 (world ranks ...): cause". */
 void comm_name_error(const khor_comm *c, const kerr *e, kerr *out);
 /* Records a bad call (not sticky) in c->last, under the comm's lock. */

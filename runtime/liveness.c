@@ -455,7 +455,7 @@ static khor_status check_locked(kctx *x, struct liveness *l, const coll_alive_as
 	    (st = look_for_deadlock(x, l, q, &mutual, err)) != KHOR_SUCCESS)
 		return st;
 	*again_ms = mutual ? x->cfg.hb_interval_ms : x->cfg.timeout_ms;
-	if (q->what != NULL &&
+	if (q->what != NULL && !q->quiet &&
 	    (q->waited_ms < l->warned_ms || q->waited_ms - l->warned_ms >= x->cfg.timeout_ms)) {
 		char names[400];
 		l->warned_ms = q->waited_ms;

@@ -275,9 +275,10 @@ struct transport_ops {
 	void (*wake)(tp_ctx *ctx);
 	/*
 	 * Breaks the link as a lost connection would: its requests fail with why (a sentence,
-	 * copied), and the peer finds its end broken the way it finds a real failure (tcp: the
-	 * sockets close; shm: the segment's broken flag and the socket; ib: the queue pairs go
-	 * to the error state and the bootstrap socket closes). For the fault injector of
+	 * copied; KHOR_ERR_SYSTEM, this end's own failure), and the peer finds its end broken
+	 * the way it finds a real failure (tcp: the sockets close; shm: the segment's broken
+	 * flag and the socket; ib: the queue pairs go to the error state and the bootstrap
+	 * socket closes). For the fault injector of
 	 * transport/filter (KHOR_FAULTS); NULL in a transport that cannot. Lock: taken.
 	 */
 	void (*sever)(tp_link *link, const char *why);

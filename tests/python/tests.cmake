@@ -14,6 +14,15 @@ if(KHOR_PYTHON AND NOT KHOR_SANITIZE)
       set_tests_properties(pytest_n${n} PROPERTIES TIMEOUT 900 ENVIRONMENT
         "PYTHONPATH=${PROJECT_SOURCE_DIR}/bindings/python;KHOR_LIBRARY_PATH=$<TARGET_FILE:khor>;PYTHONDONTWRITEBYTECODE=1")
     endforeach()
+    # The fault matrix of tests/runtime/test_fault_matrix.c through khor.torch and its engine
+    # (test_fault_matrix.py): plain pytest, not under khorrun; it launches the jobs itself
+    # (one per n, every case of tcp and shm in it, and two cases as jobs of their own), and
+    # skips with the reason without torch. --noconftest: conftest.py is the ranks' (it joins
+    # a job for every test); here pytest is no rank.
+    add_test(NAME pytest_fault_matrix COMMAND ${KHOR_PYTHON} -m pytest -v -s -p no:cacheprovider
+      --noconftest ${CMAKE_CURRENT_LIST_DIR}/test_fault_matrix.py)
+    set_tests_properties(pytest_fault_matrix PROPERTIES TIMEOUT 1200 ENVIRONMENT
+      "PYTHONPATH=${PROJECT_SOURCE_DIR}/bindings/python;KHOR_LIBRARY_PATH=$<TARGET_FILE:khor>;KHORRUN=$<TARGET_FILE:khorrun>;PYTHONDONTWRITEBYTECODE=1")
     add_test(NAME example_train_cnn_n2 COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_example.sh
       $<TARGET_FILE:khorrun> ${KHOR_PYTHON} ${PROJECT_SOURCE_DIR}/examples/python/train_cnn.py)
     set_tests_properties(example_train_cnn_n2 PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 ENVIRONMENT

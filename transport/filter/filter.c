@@ -538,7 +538,7 @@ static khor_status finish_checks(tp_link *l, tp_req *r, kerr *err)
 		         r->kind == RK_SEND ? "send" : "receive", r->user_len, l->peer, i,
 		         (unsigned long long)k);
 		c->in->sever(l->il, why);
-		return kerr_set(err, KHOR_ERR_REMOTE, "%s", why);
+		return kerr_set(err, KHOR_ERR_SYSTEM, "%s", why);
 	}
 	return KHOR_SUCCESS;
 }

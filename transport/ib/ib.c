@@ -270,7 +270,7 @@ static khor_status ib_accept_locked(tp_ctx *ctx, int peer, tp_link **link_out, k
  * (ib_common.c: the peer is told, the queue pairs go to the error state). */
 static void ib_sever_locked(tp_link *l, const char *why)
 {
-	ib_link_fail(l, KHOR_ERR_REMOTE, "%s", why);
+	ib_link_fail(l, KHOR_ERR_SYSTEM, "%s", why);
 }
 
 /* The ops that take the lock around the bodies above and in ib_connect.c and ib_p2p.c. */

@@ -1369,7 +1369,7 @@ static khor_status shm_progress_locked(tp_ctx *ctx, int timeout_ms, bool *moved_
  * (shm_fail.c: the segment's broken flag with why, then the socket's shutdown). */
 static void shm_sever_locked(tp_link *l, const char *why)
 {
-	shm_link_fail_text(l, KHOR_ERR_REMOTE, why);
+	shm_link_fail_text(l, KHOR_ERR_SYSTEM, why);
 }
 
 /* ---- the ops: the skeleton's lock around the _locked bodies above ------------------- */

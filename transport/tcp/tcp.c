@@ -1131,7 +1131,7 @@ static void tcp_cancel_locked(tp_req *r)
  * sockets close, so the peer reads the end of its streams as it would after a reset. */
 static void tcp_sever_locked(tp_link *l, const char *why)
 {
-	tcp_link_fail(l, KHOR_ERR_REMOTE, "%s", why);
+	tcp_link_fail(l, KHOR_ERR_SYSTEM, "%s", why);
 	for (int k = 0; k < l->nsocks; k++)
 		if (l->socks[k] != NULL)
 			tcp_sock_close_fd(l->socks[k]);
