@@ -7,7 +7,10 @@
 #   bench/ab_allreduce.sh OLD_BUILD NEW_BUILD [ROUNDS] [CSV]
 #
 # Each build directory needs khorrun and khor-bench. ROUNDS defaults to 5; CSV (default
-# ab_allreduce.csv) gets every run's row.
+# ab_allreduce.csv) gets every run's row. AB_OLD_ENV and AB_NEW_ENV (space-separated
+# VAR=VALUE) go to the ranks of each side, so that one build can be set against itself:
+#   AB_NEW_ENV=KHOR_CHECKSUM=1 bench/ab_allreduce.sh build build
+# AB_NRANKS (default "2 4") and AB_TRANSPORTS (default "tcp shm") narrow the matrix.
 set -euo pipefail
 old=${1:?usage: ab_allreduce.sh OLD_BUILD NEW_BUILD [ROUNDS] [CSV]}
 new=${2:?usage: ab_allreduce.sh OLD_BUILD NEW_BUILD [ROUNDS] [CSV]}
@@ -20,16 +23,24 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "build,round,transport,nranks,size,time_us" > "$csv"
 # 8 B: many calls, latency; 64 MiB: a few, bandwidth.
+read -r -a old_env <<< "${AB_OLD_ENV:-}"
+read -r -a new_env <<< "${AB_NEW_ENV:-}"
 run() { # build label transport n size iters
-  "$1/khorrun" -np "$4" "$1/khor-bench" allreduce -b "$5" -e "$5" -n "$6" -w 10 -c 1 -q --progress 0 \
+  local xs=() e
+  if [ "$2" = old ]; then
+    for e in ${old_env[@]+"${old_env[@]}"}; do xs+=(-x "$e"); done
+  else
+    for e in ${new_env[@]+"${new_env[@]}"}; do xs+=(-x "$e"); done
+  fi
+  "$1/khorrun" -np "$4" ${xs[@]+"${xs[@]}"} "$1/khor-bench" allreduce -b "$5" -e "$5" -n "$6" -w 10 -c 1 -q --progress 0 \
     --transport "$3" --csv "$tmp/one.csv" > /dev/null
   t=$(tail -1 "$tmp/one.csv" | cut -d, -f10)
   echo "$2,$r,$3,$4,$5,$t" >> "$csv"
 }
 for r in $(seq 1 "$rounds"); do
   echo "round $r of $rounds" >&2
-  for tp in tcp shm; do
-    for n in 2 4; do
+  for tp in ${AB_TRANSPORTS:-tcp shm}; do
+    for n in ${AB_NRANKS:-2 4}; do
       for sz in 8:2000 64M:10; do
         size=${sz%%:*} iters=${sz#*:}
         # Alternate which build goes first, so neither always runs on a warmer machine.

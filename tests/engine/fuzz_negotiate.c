@@ -55,6 +55,14 @@ khor_status comm_elastic_verdict(kctx *x, kerr *e)
 	__builtin_trap();
 }
 
+/* The runtime's telling of a fixed job's failure: likewise only for a set with a context. */
+void comm_job_failure(kctx *x, kerr *e)
+{
+	(void)x;
+	(void)e;
+	__builtin_trap();
+}
+
 /* A set of NRANKS seen from rank `rank`, an empty cache of capacity 4, no links. */
 static eset *bare_set(int rank)
 {

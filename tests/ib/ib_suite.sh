@@ -6,7 +6,9 @@
 # ib, the cases every transport meets: tag matching in any order, length mismatches, a dead
 # peer named, data sent before an exit delivered, strangers refused), every collective at
 # n = 2 and 4 (test_collectives), the allreduce schedules at n = 2 and 4 (test_allreduce),
-# and kill -9 of a rank (test_faults). "quick" leaves out test_collectives' n = 4 cases and
+# kill -9 of a rank (test_faults), and the fault matrices of the collectives and the engine
+# at n = 2 (test_fault_matrix: injected faults over ib, registration refused among them).
+# "quick" leaves out test_collectives' n = 4 cases and
 # test_allreduce (for a short CI). Every suite runs even when one fails; the exit status is
 # the number of failed suites.
 set -u
@@ -37,5 +39,6 @@ fi
 # Under emulation (and more so with ASan) init of 6 ranks can take over the 2 s after
 # which test_faults kills its victim; give the ranks time to be inside the loop.
 KHOR_TEST_KILL_AFTER_S=${KHOR_TEST_KILL_AFTER_S:-6} run "$t/test_faults" --jobs 1
+run "$t/test_fault_matrix" --jobs 1 --filter '*/ib_n2'
 echo "== ib suite: $failed suite(s) failed"
 exit "$failed"

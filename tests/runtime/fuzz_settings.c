@@ -3,7 +3,8 @@
  * as the runtime reads them (config_parse: the caller's khor_config, then the environment,
  * then torchrun's, an MPI launcher's, an srun step's and a Kubernetes Job's variables), the
  * engine's (settings_read, with Horovod's aliases), the log level (klog_init_from_env), the
- * interface spec (ksock_pick_address) and the strict number parsers of base/parse.c.
+ * interface spec (ksock_pick_address), KHOR_FAULTS' rules (filter_parse) and the strict
+ * number parsers of base/parse.c.
  *
  * The input is lines "<n><d><value>\n": byte n picks a variable (mod the list below: the
  * table's names, their Horovod aliases and the other launchers' names), byte d whether it
@@ -21,6 +22,7 @@
  */
 #include "runtime/config.h"
 #include "engine/settings.h"
+#include "transport/filter/filter.h"
 
 #include "base/log.h"
 #include "base/parse.h"
@@ -161,6 +163,18 @@ static void fuzz_value(const char *v)
 	uint16_t port;
 	if (ksock_split_hostport(v, host, sizeof(host), &port))
 		CHECK(terminated(host, sizeof(host)));
+	/* KHOR_FAULTS: at most the table's rules, each of a known kind and field. */
+	filter_rule rules[FILTER_RULES_MAX];
+	int nr = -1;
+	if (filter_parse(v, rules, &nr, &err) == KHOR_SUCCESS) {
+		CHECK(nr >= 0 && nr <= FILTER_RULES_MAX);
+		for (int k = 0; k < nr; k++)
+			CHECK(rules[k].kind >= FK_DROP && rules[k].kind <= FK_FAIL &&
+			      rules[k].field >= FF_COMM && rules[k].field <= FF_LEN &&
+			      rules[k].from >= -1 && rules[k].to >= -1 && rules[k].ms >= 0);
+	} else {
+		CHECK(err.status == KHOR_ERR_INVALID_ARG && terminated(err.text, sizeof(err.text)));
+	}
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
