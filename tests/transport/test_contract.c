@@ -286,6 +286,7 @@ static void cancel_a(struct rank_env *env)
 	CHECK(pair_wait(env, r2, 2, &e) == KHOR_SUCCESS, "%s", e.text);
 	CHECK(pair_check_fill(buf, 32, 5), "payload after cancel corrupted");
 	CHECK(pair_link_error(env->tp, env->link)->status == KHOR_SUCCESS, "link broke");
+	atomic_store(&env->b->phase[1], 1);
 }
 
 static void cancel_b(struct rank_env *env)
@@ -298,6 +299,10 @@ static void cancel_b(struct rank_env *env)
 	pair_fill(buf, 32, 5);
 	CHECK(env->tp->isend(env->link, buf, 32, t, NULL, &s, &e) == KHOR_SUCCESS, "%s", e.text);
 	CHECK(pair_wait(env, s, 2, &e) == KHOR_SUCCESS, "%s", e.text);
+	/* Stay until the receiver has looked at its link: an exit here breaks it, which on a
+	 * slow machine (the soft-RoCE VM under load) it saw before its look. */
+	while (atomic_load(&env->b->phase[1]) == 0)
+		env->tp->progress(env->ctx, 2, NULL, &e);
 }
 
 TRANSPORT_TEST(cancelled_unmatched_receive_leaves_link_healthy, 30)
