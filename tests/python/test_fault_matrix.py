@@ -84,7 +84,9 @@ CASES = [
     ("0>1:stall=2500ms@512K", True, OK, None),
 ]
 TRANSPORTS = ("tcp", "shm")
-SIZES = (2, 4, 8)
+# KHOR_FAULT_MATRIX_NS: the sizes ("2,4,8" by hand); CTest passes "2,4" (the C matrices run
+# n = 8 in CI; eight ranks importing torch cost this one 70 s of CI's time).
+SIZES = tuple(int(v) for v in os.environ.get("KHOR_FAULT_MATRIX_NS", "2,4,8").split(",") if v)
 
 # The cases test_fault_alone runs as jobs of their own at n=2: (transport, rule).
 ALONE = [("tcp", "0>1:drop@512K"), ("shm", "0>1:hdr=seq@512K")]

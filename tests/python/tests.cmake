@@ -22,7 +22,7 @@ if(KHOR_PYTHON AND NOT KHOR_SANITIZE)
     add_test(NAME pytest_fault_matrix COMMAND ${KHOR_PYTHON} -m pytest -v -s -p no:cacheprovider
       --noconftest ${CMAKE_CURRENT_LIST_DIR}/test_fault_matrix.py)
     set_tests_properties(pytest_fault_matrix PROPERTIES TIMEOUT 1200 ENVIRONMENT
-      "PYTHONPATH=${PROJECT_SOURCE_DIR}/bindings/python;KHOR_LIBRARY_PATH=$<TARGET_FILE:khor>;KHORRUN=$<TARGET_FILE:khorrun>;PYTHONDONTWRITEBYTECODE=1")
+      "PYTHONPATH=${PROJECT_SOURCE_DIR}/bindings/python;KHOR_LIBRARY_PATH=$<TARGET_FILE:khor>;KHORRUN=$<TARGET_FILE:khorrun>;PYTHONDONTWRITEBYTECODE=1;KHOR_FAULT_MATRIX_NS=2,4")
     add_test(NAME example_train_cnn_n2 COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_example.sh
       $<TARGET_FILE:khorrun> ${KHOR_PYTHON} ${PROJECT_SOURCE_DIR}/examples/python/train_cnn.py)
     set_tests_properties(example_train_cnn_n2 PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 ENVIRONMENT

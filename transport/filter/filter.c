@@ -384,6 +384,26 @@ static void f_dereg_mr(tp_ctx *c, tp_mr *mr)
 
 static void f_mr_key(const tp_mr *mr, tp_rkey *out);
 
+/* A collective's transfer of len bytes at buf with tag, as posted; NULL without memory. */
+static tp_req *req_new(tp_link *l, enum req_kind kind, void *buf, size_t len, tp_tag tag,
+                       tp_mr *mr, kerr *err)
+{
+	tp_req *r = calloc(1, sizeof(*r));
+	if (r == NULL) {
+		kerr_set(err, KHOR_ERR_NO_MEMORY, "out of memory for a %s rank %d",
+		         kind == RK_SEND ? "send to" : "receive from", l->peer);
+		return NULL;
+	}
+	r->l = l;
+	r->kind = kind;
+	r->counted = true;
+	r->buf = buf;
+	r->len = r->user_len = len;
+	r->tag = r->user_tag = tag;
+	r->mr = mr;
+	return r;
+}
+
 static khor_status f_isend(tp_link *l, const void *buf, size_t len, tp_tag tag, tp_mr *mr,
                            tp_req **req_out, kerr *err)
 {
@@ -394,17 +414,9 @@ static khor_status f_isend(tp_link *l, const void *buf, size_t len, tp_tag tag, 
 	if (c->checksum && (tag.step & TRAILER_STEP) != 0)
 		return kerr_set(err, KHOR_ERR_INTERNAL, "send to rank %d: step 0x%08x has the bit "
 		                "KHOR_CHECKSUM's trailers use", l->peer, tag.step);
-	tp_req *r = calloc(1, sizeof(*r));
+	tp_req *r = req_new(l, RK_SEND, (void *)buf, len, tag, mr, err);
 	if (r == NULL)
-		return kerr_set(err, KHOR_ERR_NO_MEMORY, "out of memory for a send to rank %d",
-		                l->peer);
-	r->l = l;
-	r->kind = RK_SEND;
-	r->counted = true;
-	r->buf = (void *)buf;
-	r->len = r->user_len = len;
-	r->tag = r->user_tag = tag;
-	r->mr = mr;
+		return KHOR_ERR_NO_MEMORY;
 	if (c->checksum) {
 		r->tr.sum = kchecksum(buf, len); /* of the bytes as the caller meant them */
 		r->tr.len = len;
@@ -444,16 +456,9 @@ static khor_status f_irecv(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr 
 	tp_ctx *c = l->ctx;
 	khor_status st;
 
-	tp_req *r = calloc(1, sizeof(*r));
+	tp_req *r = req_new(l, RK_RECV, buf, len, tag, mr, err);
 	if (r == NULL)
-		return kerr_set(err, KHOR_ERR_NO_MEMORY, "out of memory for a receive from rank %d",
-		                l->peer);
-	r->l = l;
-	r->kind = RK_RECV;
-	r->counted = true;
-	r->buf = buf;
-	r->len = r->user_len = len;
-	r->tag = r->user_tag = tag;
+		return KHOR_ERR_NO_MEMORY;
 	kmutex_lock(&c->mu);
 	st = c->in->irecv(l->il, buf, len, tag, mr, &r->ir, err);
 	if (st == KHOR_SUCCESS && c->checksum) {
@@ -493,6 +498,18 @@ static khor_status f_flush(tp_link *l, void *buf, size_t len, tp_mr *mr, tp_req 
 	r->ir = ir;
 	*req_out = r;
 	return KHOR_SUCCESS;
+}
+
+/* Gives up what of r is still with the inner transport and frees r; the lock is held and
+ * let go here. */
+static void req_abandon(tp_ctx *c, tp_req *r)
+{
+	if (r->ir != NULL)
+		c->in->cancel(r->ir);
+	if (r->itr != NULL)
+		c->in->cancel(r->itr);
+	kmutex_unlock(&c->mu);
+	req_free(c, r);
 }
 
 /* Tests one inner request; *ir becomes NULL when it finished (well or not). */
@@ -572,12 +589,7 @@ static khor_status f_test(tp_req *r, bool *done_out, kerr *err)
 	if (st == KHOR_SUCCESS)
 		st = finish_checks(l, r, err);
 	/* On an error, the half still out is abandoned (which breaks the link if it started). */
-	if (r->ir != NULL)
-		c->in->cancel(r->ir);
-	if (r->itr != NULL)
-		c->in->cancel(r->itr);
-	kmutex_unlock(&c->mu);
-	req_free(c, r);
+	req_abandon(c, r);
 	*done_out = true;
 	return st;
 }
@@ -617,12 +629,7 @@ static void f_cancel(tp_req *r)
 	kmutex_lock(&c->mu);
 	if (r->queued)
 		klist_del(&r->node);
-	if (r->ir != NULL)
-		c->in->cancel(r->ir);
-	if (r->itr != NULL)
-		c->in->cancel(r->itr);
-	kmutex_unlock(&c->mu);
-	req_free(c, r);
+	req_abandon(c, r);
 }
 
 static khor_status f_link_error(tp_link *l, kerr *err_out)
