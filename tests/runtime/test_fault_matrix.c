@@ -52,7 +52,7 @@ static const fault_case cases[] = {
 	{ "0>1:data@512K", true, FAILS, "KHOR_CHECKSUM", false, false },
 	{ "0>1:fail@12", false, FAILS, "KHOR_FAULTS rule 0|closed|connection|reset", false, false },
 	{ "0>1:delay=20ms@512K", false, OK, NULL, false, false },
-	{ "0>1:stall=2500ms@512K", true, OK, NULL, false, true },
+	{ "0>1:stall=1500ms@512K", true, OK, NULL, false, true },
 	{ "0>*:regfail@0", false, FAILS, "KHOR_FAULTS rule 0", true, false },
 };
 #define NCASES (sizeof(cases) / sizeof(cases[0]))
