@@ -21,6 +21,16 @@
 
 #define HARNESS_MAX_RANKS 16
 
+/* UNDER_ASAN: defined in an AddressSanitizer build (gcc's macro, clang's feature test), for
+ * tests that skip or check what only such a build can. */
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+
 typedef int (*harness_body)(int rank, int n, khor_config *cfg, void *arg);
 
 typedef struct harness_result {

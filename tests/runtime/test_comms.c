@@ -25,13 +25,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
 #ifdef UNDER_ASAN
 #include <sanitizer/lsan_interface.h>
 #endif

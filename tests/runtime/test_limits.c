@@ -19,13 +19,6 @@
 
 #define TEXT 1024
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
 
 struct shared {
 	char err[HARNESS_MAX_RANKS][TEXT];
