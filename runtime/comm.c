@@ -1023,10 +1023,17 @@ static bool job_verdict(kctx *x, const char *mine, kerr *e)
 	return adopt_abort(x, e, 300);
 }
 
+/* Whether a failure seen here is for job_verdict: a fixed job with a store, whose first
+ * failure this rank has not written already and which is not another rank's already. */
+static bool job_may_tell(kctx *x, const kerr *e)
+{
+	return x != NULL && x->store != NULL && !x->cfg.elastic && !atomic_load(&x->abort_mine) &&
+	       strstr(e->text, "aborted by another rank") == NULL;
+}
+
 void comm_job_failure(kctx *x, kerr *e)
 {
-	if (x == NULL || x->store == NULL || x->cfg.elastic || atomic_load(&x->abort_mine) ||
-	    e->status == KHOR_ERR_INVALID_ARG || strstr(e->text, "aborted by another rank") != NULL)
+	if (e->status == KHOR_ERR_INVALID_ARG || !job_may_tell(x, e))
 		return;
 	char mine[KERR_TEXT_MAX];
 	kstrlcpy(mine, e->text, sizeof(mine));
@@ -1496,8 +1503,7 @@ void comm_fail_tell(khor_comm *c, const kerr *e, bool tell)
 	comm_name_error(c, e, &named);
 	/* Told before it is kept: a rank that lost the race to be first keeps the winner's
 	 * cause, with its own view after it (adopt_abort). */
-	if (!x->cfg.elastic && x->store != NULL && tell && !atomic_load(&x->abort_mine) &&
-	    strstr(e->text, "aborted by another rank") == NULL) {
+	if (tell && job_may_tell(x, e)) {
 		kerr adopted = *e;
 		if (job_verdict(x, named.text, &adopted))
 			comm_name_error(c, &adopted, &named);
