@@ -512,6 +512,7 @@ void coll_wait_init(coll_comm *cc, coll_wait *w, const char *what)
 	w->dl = kdeadline_in_ms(cc->timeout_ms);
 	w->started_ns = kclock_ns();
 	w->last_abort_check_ns = w->started_ns;
+	w->moves = 0;
 	w->what = what;
 	w->fmt = NULL;
 }
@@ -574,9 +575,10 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 	if (device) {
 		/* No sleep in a transport: nothing would wake it when the copy is done. */
 		st = coll_progress(cc, 0, mask, &moved, err);
-		if (st != KHOR_SUCCESS || moved)
+		if (st != KHOR_SUCCESS || (moved && (++w->moves & 15) != 0))
 			return st;
-		sched_yield();
+		if (!moved)
+			sched_yield();
 		goto deadline;
 	}
 	/* Take a spinner's place if one is free (coll.h: max_spinners); else go to sleep. */
@@ -608,8 +610,15 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 	}
 	if (cc->spinning != NULL)
 		atomic_fetch_sub(cc->spinning, 1); /* our place, or the one we found taken */
-	if (st != KHOR_SUCCESS || moved)
+	/*
+	 * Progress of the transport is not this wait's: another comm's traffic on the same
+	 * links, or a transport that reports movement it did not make, would otherwise keep
+	 * a wait whose own transfers never complete from ever looking at its deadline.
+	 */
+	if (st != KHOR_SUCCESS || (moved && (++w->moves & 15) != 0))
 		return st;
+	if (moved)
+		goto deadline;
 	st = coll_progress(cc, kdeadline_left_ms(w->dl, 200), mask, NULL, err);
 	if (st != KHOR_SUCCESS)
 		return st;

@@ -277,6 +277,7 @@ typedef struct coll_wait {
 	kdeadline dl;
 	uint64_t started_ns;
 	uint64_t last_abort_check_ns;
+	unsigned moves;   /* steps that returned on progress: every 16th looks at the deadline */
 	const char *what; /* "allreduce seq 12" for messages, made on first use */
 	const char *fmt;  /* printf format of what: takes seq (%u) then root (%d) */
 	uint32_t seq;

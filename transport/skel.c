@@ -45,8 +45,11 @@ void tp_skel_destroy(tp_skel *sk)
  * A wake counts as a completion, so that kseen_changed reports it to every thread once.
  * The eventfd is written only while a thread sleeps in the kernel; skel.h says why none is
  * lost. The flag goes up after the write: a sleeper that finds it drains a count that is
- * surely there (the other order could leave the eventfd readable with nobody to drain it,
- * and every later kernel wait would return at once).
+ * surely there. A sleeper that leaves between the write and the flag leaves the count
+ * behind; the next one finds the eventfd readable and drains it (saw_wake), and until then
+ * the spinning threads' polls see it and count it as nothing (tcp, ib and shm alike: once
+ * tcp counted it as progress, and a collective's wait spun on it for ever, never reaching
+ * its deadline).
  */
 void tp_skel_wake(tp_ctx *ctx)
 {
@@ -60,12 +63,14 @@ void tp_skel_wake(tp_ctx *ctx)
 		atomic_store(&sk->rung, true);
 }
 
-void tp_skel_sleep_end(tp_skel *sk)
+void tp_skel_sleep_end(tp_skel *sk, bool saw_wake)
 {
 	uint64_t v;
 
 	atomic_store(&sk->in_kernel, false);
-	if (atomic_exchange(&sk->rung, false) && !sk->sl.rung)
+	/* Not "rung || saw_wake": the exchange must happen whatever saw_wake is. */
+	bool rung = atomic_exchange(&sk->rung, false);
+	if ((rung || saw_wake) && !sk->sl.rung)
 		(void)!read(sk->sl.wake_fd, &v, sizeof(v)); /* if it failed, the next one retries */
 	ksleeper_leave(&sk->sl);
 }

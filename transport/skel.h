@@ -143,8 +143,13 @@ static inline bool tp_skel_sleep_begin(tp_skel *sk, int timeout_ms)
 	return true;
 }
 
-/* The kernel wait is over (lock held): drains the wakes and lets the waiting threads go. */
-void tp_skel_sleep_end(tp_skel *sk);
+/*
+ * The kernel wait is over (lock held): drains the wakes and lets the waiting threads go.
+ * saw_wake: the wait reported the eventfd readable. It is drained then even when the waker
+ * has not raised its flag yet (it writes first): a count left in it would make every
+ * spinning thread's poll of it return at once, and a wake-up is never anyone's progress.
+ */
+void tp_skel_sleep_end(tp_skel *sk, bool saw_wake);
 
 /*
  * Records a link's first error in err, as "who: what" (who NULL: "what"), and logs it at

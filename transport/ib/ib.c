@@ -133,8 +133,11 @@ static khor_status ib_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ker
 	n = epoll_wait(ctx->epfd, evs, 64, moved ? 0 : timeout_ms);
 	e = errno;
 	if (sleeper) {
+		bool woke = false;
+		for (int i = 0; i < n; i++)
+			woke |= evs[i].data.ptr == (void *)&sk->sl;
 		kmutex_lock(&sk->mu);
-		tp_skel_sleep_end(sk);
+		tp_skel_sleep_end(sk, woke);
 	}
 	if (n < 0) {
 		kmutex_unlock(&sk->mu);
@@ -146,20 +149,23 @@ static khor_status ib_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ker
 	}
 	for (int i = 0; i < n; i++) {
 		void *p = evs[i].data.ptr;
+		/* A wake-up is nobody's progress: the sleeper drained it, a spinner leaves it
+		 * (tp_skel_sleep_end). Every other event may have moved something. */
+		if (p == (void *)&sk->sl)
+			continue;
+		moved = true;
 		if (p == NULL)
 			ib_conn_accept(ctx);
-		else if (p == (void *)&sk->sl)
-			continue; /* a wake-up: tp_skel_sleep_end drained it */
 		else if (p == (void *)ctx->ch)
 			drain_cq_events(ctx);
 		else if (p == (void *)ctx->dev)
 			ib_dev_events(ctx);
 		else
-			moved |= ib_conn_drive(p);
+			ib_conn_drive(p);
 	}
 	moved |= drive_all(ctx);
 	ib_conn_sweep(ctx);
-	tp_skel_progress_end(sk, moved || n > 0, moved_out);
+	tp_skel_progress_end(sk, moved, moved_out);
 	return KHOR_SUCCESS;
 }
 

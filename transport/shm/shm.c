@@ -879,7 +879,7 @@ static bool poll_grow(struct pollset *ps, size_t n)
  * One poll() over the listener, every live link's socket and the wake-up fd. The sleeper
  * (sleeping) lets go of the lock inside poll(), on arrays of its own.
  */
-static bool poll_sockets(tp_ctx *ctx, int timeout_ms, bool sleeping, kerr *err)
+static bool poll_sockets(tp_ctx *ctx, int timeout_ms, bool sleeping, bool *woke, kerr *err)
 {
 	struct pollset *ps = sleeping ? &ctx->sleep : &ctx->busy;
 	size_t n = 2;
@@ -912,9 +912,10 @@ static bool poll_sockets(tp_ctx *ctx, int timeout_ms, bool sleeping, kerr *err)
 		kmutex_lock(&ctx->sk.mu);
 	if (rc <= 0)
 		return false;
+	*woke = ps->pfds[1].revents != 0;
 	for (size_t i = 0; i < n; i++) {
 		short re = ps->pfds[i].revents;
-		if (re == 0 || i == 1) /* 1: a wake-up, drained by tp_skel_sleep_end */
+		if (re == 0 || i == 1) /* 1: a wake-up, nobody's progress (tp_skel_sleep_end) */
 			continue;
 		/* A link that failed while we slept keeps its fd until sweep, which waits for us. */
 		if (ps->plinks[i] == NULL)
@@ -1335,7 +1336,8 @@ static khor_status shm_progress_locked(tp_ctx *ctx, int timeout_ms, bool *moved_
 		 * fast path of a spinning caller stays free of system calls. */
 		if (handshaking || now >= ctx->next_check_ns) {
 			ctx->next_check_ns = now + SHM_CHECK_NS;
-			if (poll_sockets(ctx, 0, false, err)) {
+			bool woke = false;
+			if (poll_sockets(ctx, 0, false, &woke, err)) {
 				moved = true;
 				drive_links(ctx);
 			}
@@ -1347,15 +1349,16 @@ static khor_status shm_progress_locked(tp_ctx *ctx, int timeout_ms, bool *moved_
 		if (handshaking && wait_ms > (int)(SHM_RETRY_NS / 1000000))
 			wait_ms = (int)(SHM_RETRY_NS / 1000000);
 		if (tp_skel_sleep_begin(&ctx->sk, wait_ms)) {
+			bool woke = false;
 			set_sleeping(ctx, 1);
 			moved = drive_links(ctx);
 			moved |=
 			    tp_skel_seen(&ctx->sk); /* a wake since our last look: don't sleep */
 			if (!moved)
-				moved = poll_sockets(ctx, wait_ms, true, err);
+				moved = poll_sockets(ctx, wait_ms, true, &woke, err);
 			ctx->next_check_ns = kclock_ns() + SHM_CHECK_NS;
 			set_sleeping(ctx, 0);
-			tp_skel_sleep_end(&ctx->sk);
+			tp_skel_sleep_end(&ctx->sk, woke);
 		}
 		moved |= drive_links(ctx);
 		moved |= sweep(ctx, &handshaking);

@@ -1234,8 +1234,11 @@ static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ke
 	n = epoll_wait(ctx->epfd, evs, 64, moved ? 0 : timeout_ms);
 	e = errno;
 	if (sleeper) {
+		bool woke = false;
+		for (int i = 0; i < n; i++)
+			woke |= evs[i].data.ptr == (void *)&sk->sl;
 		kmutex_lock(&sk->mu);
-		tp_skel_sleep_end(sk);
+		tp_skel_sleep_end(sk, woke);
 	}
 	if (n < 0) {
 		kmutex_unlock(&sk->mu);
@@ -1249,19 +1252,21 @@ static khor_status tcp_progress(tp_ctx *ctx, int timeout_ms, bool *moved_out, ke
 		struct tsock *s = evs[i].data.ptr;
 		if (s == NULL) {
 			accept_new(ctx);
+			moved = true;
 			continue;
 		}
+		/* A wake-up is nobody's progress: the sleeper drained it, a spinner leaves it. */
 		if ((void *)s == (void *)&sk->sl)
-			continue; /* a wake-up: tp_skel_sleep_end drained it */
+			continue;
 		if (evs[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
 			s->rd_ready = true;
 		if (evs[i].events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
 			s->wr_ready = true;
-		sock_drive(s);
+		moved |= sock_drive(s);
 	}
 	sweep(ctx);
 	/* What we moved may be what a thread asleep (in the kernel or on the cv) waits for. */
-	tp_skel_progress_end(sk, moved || n > 0, moved_out);
+	tp_skel_progress_end(sk, moved, moved_out);
 	return KHOR_SUCCESS;
 }
 
