@@ -250,6 +250,39 @@ fail:
 	return false;
 }
 
+/*
+ * The coordinator idles while tensors wait for ranks that have not submitted them: a real
+ * wait for those ranks, with no deadline of its own (a rank may compute for as long as it
+ * likes). Once *next passed, it judges them quietly, as a worker judges the coordinator
+ * (ctl_look): its wait is published, so that a missing rank that waits for this one in
+ * turn finds the deadlock (a collective of this set that this rank finished and that one
+ * cannot: a lost frame), and a dead one fails it. rx: the posted receives, one per worker.
+ */
+static khor_status look_at_missing(eset *s, coll_xfer *rx, kdeadline *next, kerr *err)
+{
+	if (!kdeadline_passed(*next))
+		return KHOR_SUCCESS;
+	const centry *c = KLIST_ENTRY(s->arrivals.next, centry, link);
+	int *miss = malloc(sizeof(int) * (size_t)s->size);
+	coll_xfer *sub = malloc(sizeof(coll_xfer) * (size_t)s->size);
+	int nm, nsub = 0;
+	khor_status st = KHOR_SUCCESS;
+
+	if (miss != NULL && sub != NULL) {
+		nm = table_missing(s, c, miss);
+		for (int i = 0; i < nm; i++)
+			if (miss[i] > 0 && rx[miss[i] - 1].req != NULL)
+				sub[nsub++] = rx[miss[i] - 1];
+	}
+	if (nsub > 0)
+		st = ctl_look(s, sub, nsub, c->first_ns, next, err);
+	else
+		*next = kdeadline_in_ms(s->ctl->cc.timeout_ms);
+	free(miss);
+	free(sub);
+	return st;
+}
+
 bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 {
 	struct khor_engine *e = s->e;
@@ -284,6 +317,7 @@ bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 	}
 	/* Idle until there is news: ours, a worker's report, or a stall to look at. */
 	bool spin = true;
+	kdeadline look = kdeadline_in_ms(cc->timeout_ms); /* when to judge the missing ranks */
 	for (;;) {
 		if (report_has_news(s) || ngot > 0)
 			break;
@@ -291,6 +325,13 @@ bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 		if (!klist_empty(&s->arrivals) && e->s.stall_check_s > 0) {
 			int64_t left = (int64_t)(s->next_stall_check_ns - kclock_ns()) / 1000000;
 			idle = left < 1 ? 1 : left > 1000 ? 1000 : (int)left;
+		}
+		if (!klist_empty(&s->arrivals)) {
+			if ((st = look_at_missing(s, rx, &look, &err)) != KHOR_SUCCESS)
+				goto fail;
+			int left = kdeadline_left_ms(look, 1000) + 1;
+			if (idle == 0 || left < idle)
+				idle = left;
 		}
 		/* The stop's hard deadline, by the clock (see the worker's loop). */
 		bool stop = stopping(s);
