@@ -78,6 +78,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -176,6 +177,31 @@ static void chunk_finished(struct tsock *s, struct chunk *c)
 		uframe_deliver(s, u);
 }
 
+/*
+ * A read-aside payload's memory. Those of ASIDE_MAP_MIN bytes and more are pages of their
+ * own, given back to the kernel when freed: from the heap, payloads of every size up to
+ * TCP_EAGER_MAX came and went between the heap's other blocks, and a 2-hour soak's tcp
+ * ranks grew 1-3% in RSS while the heap's bytes in use stayed flat (glibc keeps freed heap
+ * pages, and after the first large free it stops mapping blocks under that size itself).
+ */
+#define ASIDE_MAP_MIN (128u << 10)
+
+static void *aside_alloc(uint64_t len)
+{
+	if (len < ASIDE_MAP_MIN)
+		return malloc(len ? len : 1);
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static void aside_free(void *p, uint64_t len)
+{
+	if (len < ASIDE_MAP_MIN)
+		free(p);
+	else if (p != NULL)
+		munmap(p, len);
+}
+
 /* Takes u off its socket's queue and frees it. */
 static void uframe_drop(struct tsock *s, struct uframe *u)
 {
@@ -185,7 +211,7 @@ static void uframe_drop(struct tsock *s, struct uframe *u)
 		if (u->ch.hdr.kind == FRAME_RTS)
 			s->link->urts--;
 	}
-	free(u->ch.buf);
+	aside_free(u->ch.buf, u->ch.len);
 	free(u);
 }
 
@@ -400,7 +426,7 @@ static bool spill(struct tsock *s)
 	if (l == NULL || (!rts && l->ubytes + len > TCP_UNEXPECTED_MAX))
 		return false;
 	u = calloc(1, sizeof(*u));
-	if (u != NULL && (u->ch.buf = malloc(len ? len : 1)) == NULL) {
+	if (u != NULL && (u->ch.buf = aside_alloc(len)) == NULL) {
 		free(u);
 		u = NULL;
 	}
