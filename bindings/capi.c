@@ -9,6 +9,7 @@
 
 #include "base/dtype.h"
 #include "base/err.h"
+#include "base/secret.h"
 #include "collectives/algos.h"
 #include "collectives/coll.h"
 #include "collectives/reduce.h"
@@ -73,6 +74,16 @@ KHOR_API khor_status khor_config_set(khor_config *cfg, const char *key, const ch
 {
 	if (cfg == NULL || key == NULL || value == NULL || !config_known(key))
 		return KHOR_ERR_INVALID_ARG;
+	if (strcmp(key, "KHOR_SECRET") == 0) {
+		/* Not a copy on the heap: the kept one, which core dumps leave out. */
+		if (strlen(value) > KSECRET_MAX)
+			return KHOR_ERR_INVALID_ARG;
+		const char *k = ksecret_keep(value);
+		if (k == NULL)
+			return KHOR_ERR_NO_MEMORY;
+		cfg->secret = k;
+		return KHOR_SUCCESS;
+	}
 	for (int i = 0; i < cfg->n; i++) {
 		if (strcmp(cfg->keys[i], key) == 0) {
 			char *v = strdup(value);

@@ -29,6 +29,7 @@
 #include "store_proto.h"
 
 #include "base/auth.h"
+#include "base/secret.h"
 #include "base/log.h"
 #include "base/sock.h"
 
@@ -263,7 +264,7 @@ struct store_server {
 	pthread_t thread;
 	int epfd, listen_fd, stop_fd;
 	uint16_t port;
-	uint8_t *secret;
+	const char *secret; /* the kept copy (base/secret.h) */
 	size_t secret_len;
 	char job_id[STORE_JOB_ID_MAX + 1];
 	size_t job_len;
@@ -1153,9 +1154,6 @@ static void server_free(store_server *srv)
 		close(srv->stop_fd);
 	if (srv->listen_fd >= 0)
 		close(srv->listen_fd);
-	if (srv->secret != NULL)
-		memset(srv->secret, 0, srv->secret_len);
-	free(srv->secret);
 	free(srv);
 }
 
@@ -1182,8 +1180,8 @@ khor_status store_server_start(const char *bind_host, uint16_t port, const char 
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "store server: out of memory");
 	srv->epfd = srv->listen_fd = srv->stop_fd = -1;
 	srv->job_len = kstrlcpy(srv->job_id, job_id, sizeof(srv->job_id));
-	srv->secret_len = strlen(secret);
-	srv->secret = malloc(srv->secret_len + 1);
+	srv->secret = ksecret_keep(secret); /* not a copy of its own: base/secret.h */
+	srv->secret_len = srv->secret != NULL ? strlen(srv->secret) : 0;
 	srv->nbuckets = 1024;
 	srv->buckets = calloc(srv->nbuckets, sizeof(*srv->buckets));
 	srv->handshake_ms = store_server_handshake_ms;
@@ -1192,7 +1190,6 @@ khor_status store_server_start(const char *bind_host, uint16_t port, const char 
 		st = kerr_set(err, KHOR_ERR_NO_MEMORY, "store server: out of memory");
 		goto fail_free_server;
 	}
-	memcpy(srv->secret, secret, srv->secret_len + 1);
 
 	if (bind_host == NULL)
 		bind_host = "0.0.0.0";

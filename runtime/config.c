@@ -3,6 +3,7 @@
 
 #include "base/log.h"
 #include "base/parse.h"
+#include "base/secret.h"
 #include "collectives/select.h"
 #include "base/sock.h"
 #include "rendezvous/store.h"
@@ -648,11 +649,16 @@ khor_status config_parse(const struct khor_config *cfg, settings *s, kerr *err)
 	}
 	s->serve_store = s->serve_store && s->rank == 0;
 
-	p = config_lookup(cfg, "KHOR_SECRET");
-	if (p != NULL && strlen(p) >= sizeof(s->secret))
-		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_SECRET is longer than %zu bytes",
-		                sizeof(s->secret) - 1);
-	kstrlcpy(s->secret, p ? p : "", sizeof(s->secret));
+	/* The config object's value, else the environment's, which is wiped once read: the
+	 * one copy is the kept one (base/secret.h), left out of core dumps. */
+	p = cfg != NULL ? cfg->secret : NULL;
+	if (p == NULL || *p == '\0')
+		p = ksecret_env("KHOR_SECRET");
+	if (p != NULL && strlen(p) > KSECRET_MAX)
+		return kerr_set(err, KHOR_ERR_INVALID_ARG, "KHOR_SECRET is longer than %d bytes",
+		                KSECRET_MAX);
+	if ((s->secret = ksecret_keep(p)) == NULL)
+		return kerr_set(err, KHOR_ERR_NO_MEMORY, "no page to keep KHOR_SECRET in");
 	/* Each srun step and each indexed Job a job of its own, by default. */
 	char job_id[128];
 	p = config_lookup(cfg, "KHOR_JOB_ID");

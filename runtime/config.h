@@ -34,6 +34,7 @@ struct khor_config {
 	int n;
 	char *keys[64];
 	char *values[64];
+	const char *secret; /* KHOR_SECRET, kept apart (base/secret.h); NULL: not set here */
 };
 
 /* The settings a comm runs with, after parsing and checking. */
@@ -45,7 +46,7 @@ typedef struct settings {
 	uint16_t store_port;
 	bool serve_store;       /* this process (rank 0) runs the store */
 	bool store_etcd;        /* the store is an etcd server (KHOR_STORE_ADDR=etcd://...) */
-	char secret[256];
+	const char *secret; /* "" or the kept copy (base/secret.h): never a copy of its own */
 	char job_id[64];
 	char hostname[256];
 	char ifname[256];

@@ -5,7 +5,9 @@
 # own lines; nor in what a stranger that tries the store with a wrong secret is told. Each
 # job's ranks write the secret khorrun made into a file first, so the test knows what to
 # look for (khorrun makes a fresh one per job); every file is then searched for it, and for
-# its first half (a truncated copy would be a leak too).
+# its first half (a truncated copy would be a leak too). Last, the core dumps (gcore) and
+# /proc/<pid>/environ of a running job's ranks: the secret lives in one page that dumps
+# leave out, and the environment's copy is wiped once init has read it.
 #
 #   test_secret.sh KHORRUN KHOR_BENCH
 set -u
@@ -46,6 +48,41 @@ timeout 60 "$KR" -np 2 -x KHOR_LOG=debug sh -c "$note" "$WORK/j3" x sh -c \
 grep -qi "secret" "$WORK/j3.stranger" 2>/dev/null ||
 	fail "the stranger was not told its secret was refused: $(tail -2 "$WORK/j3.stranger" 2>/dev/null)"
 
+# 4. Core dumps and /proc of live ranks: gcore (gdb's, which leaves out what the kernel's
+# dump would: madvise(MADV_DONTDUMP)) of each rank of a running job, after its init, and
+# each one's /proc/<pid>/environ. The ranks' environments carried the secret until init
+# read it.
+if command -v gcore >/dev/null 2>&1; then
+	pidnote='printf %s "$$" > "$0.pid.$KHOR_RANK"; '"$note"
+	timeout 120 "$KR" -np 2 sh -c "$pidnote" "$WORK/j4" x "$KB" allreduce -b 1M -e 1M \
+		-n 1000000 -w 1 -c 0 >"$WORK/j4.out" 2>"$WORK/j4.err" &
+	job=$!
+	# Both ranks started, then time for their init (under a second here; 5 s under ASan).
+	for _ in $(seq 1 300); do
+		[ -s "$WORK/j4.pid.0" ] && [ -s "$WORK/j4.pid.1" ] && break
+		sleep 0.1
+	done
+	sleep 5
+	for r in 0 1; do
+		pid=$(cat "$WORK/j4.pid.$r" 2>/dev/null)
+		if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+			fail "rank $r of the core-dump job is not running: $(tail -2 "$WORK/j4.err")"
+			continue
+		fi
+		timeout 60 gcore -o "$WORK/core.$r" "$pid" >/dev/null 2>&1 ||
+			fail "gcore of rank $r (pid $pid) failed"
+		ls "$WORK/core.$r".* >/dev/null 2>&1 || fail "gcore left no core of rank $r"
+		tr '\0' '\n' < "/proc/$pid/environ" > "$WORK/j4.environ.$r" 2>/dev/null ||
+			fail "cannot read rank $r's /proc/$pid/environ"
+	done
+	kill "$job" 2>/dev/null
+	wait "$job" 2>/dev/null
+	cores=$(ls "$WORK"/core.* 2>/dev/null | wc -l)
+else
+	echo "SKIP: core dumps (no gcore: apt-get install gdb)"
+	cores=0
+fi
+
 n=0
 for f in "$WORK"/j*.secret.*; do
 	s=$(cat "$f")
@@ -64,6 +101,7 @@ for f in "$WORK"/j*.secret.*; do
 done
 files=$(find "$WORK" -type f ! -name '*.secret.*' ! -name pattern | wc -l)
 lines=$(cat "$WORK"/j*.out "$WORK"/j*.err "$WORK"/*.stranger 2>/dev/null | wc -l)
-[ $n -ge 7 ] || fail "only $n of the 7 ranks noted their secret"
-[ $failed -eq 0 ] && pass "$n ranks' secrets (3 jobs) are in none of $files files ($lines lines of output and logs, $(ls "$WORK"/tl.*.json | wc -l) timelines)"
+want=$((7 + (cores > 0 ? 2 : 0)))
+[ $n -ge $want ] || fail "only $n of the $want ranks noted their secret"
+[ $failed -eq 0 ] && pass "$n ranks' secrets ($(( want > 7 ? 4 : 3 )) jobs) are in none of $files files ($lines lines of output and logs, $(ls "$WORK"/tl.*.json | wc -l) timelines, $cores core dumps of live ranks and their /proc environments)"
 exit $failed

@@ -51,6 +51,7 @@
 #include "ib_int.h"
 
 #include "base/log.h"
+#include "base/secret.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -347,7 +348,6 @@ static void ib_destroy(tp_ctx *ctx)
 	tp_skel_destroy(&ctx->sk);
 	free(ctx->incoming);
 	free(ctx->outgoing);
-	free(ctx->secret);
 	free(ctx);
 }
 
@@ -370,7 +370,7 @@ static khor_status ib_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err)
 	ctx->meta = opt->meta;
 	ctx->listen_fd = ctx->epfd = -1;
 	ctx->hs_timeout_ms = opt->handshake_timeout_ms > 0 ? opt->handshake_timeout_ms : 30000;
-	ctx->secret = strdup(opt->secret ? opt->secret : "");
+	ctx->secret = ksecret_keep(opt->secret); /* not a copy of its own: base/secret.h */
 	ctx->self = (hs_self){ .transport = HS_TP_IB, .version = IB_PROTO, .rank = opt->rank,
 	                       .size = opt->size, .name = "ib", .secret = ctx->secret,
 	                       .secret_len = ctx->secret ? strlen(ctx->secret) : 0 };

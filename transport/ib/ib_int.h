@@ -212,7 +212,7 @@ struct tp_ctx {
 	tp_skel sk;             /* first: the lock, the sleeper, the request pool (skel.h) */
 	int rank, size;
 	hs_self self;
-	char *secret;
+	const char *secret;   /* the kept copy (base/secret.h): never freed */
 	const tp_meta_rules *meta;
 	int64_t hs_timeout_ms;
 	const struct ib_api *api;

@@ -106,6 +106,7 @@
  */#include "shm_int.h"
 
 #include "base/log.h"
+#include "base/secret.h"
 #include "base/sleeper.h"
 
 #include <errno.h>
@@ -1045,7 +1046,7 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	ctx->rank = opt->rank;
 	ctx->size = opt->size;
 	ctx->listen_fd = -1;
-	ctx->secret = strdup(opt->secret ? opt->secret : "");
+	ctx->secret = ksecret_keep(opt->secret); /* not a copy of its own: base/secret.h */
 	ctx->hs = (hs_self){ .transport = HS_TP_SHM, .version = SHM_VERSION, .rank = opt->rank,
 	                     .size = opt->size, .name = "shm", .secret = ctx->secret,
 	                     .secret_len = ctx->secret ? strlen(ctx->secret) : 0 };
@@ -1053,7 +1054,6 @@ static khor_status shm_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	ctx->hs_timeout_ms = opt->handshake_timeout_ms > 0 ? opt->handshake_timeout_ms : 30000;
 	ctx->meta = opt->meta;
 	if ((st = tp_skel_init(&ctx->sk, err)) != KHOR_SUCCESS) {
-		free(ctx->secret);
 		free(ctx);
 		return st;
 	}
@@ -1115,7 +1115,6 @@ fail_free:
 	tp_skel_destroy(&ctx->sk);
 	free(ctx->incoming);
 	free(ctx->outgoing);
-	free(ctx->secret);
 	free(ctx);
 	return st;
 }
@@ -1412,7 +1411,6 @@ static void shm_destroy(tp_ctx *ctx)
 	tp_skel_destroy(&ctx->sk);
 	free(ctx->incoming);
 	free(ctx->outgoing);
-	free(ctx->secret);
 	free(ctx);
 }
 

@@ -199,7 +199,7 @@ struct tp_ctx {
 	tp_skel sk;         /* first: the lock, the sleeper, the request pool (skel.h) */
 	int rank, size;
 	hs_self hs;         /* who we are in handshakes; its secret is ours below */
-	char *secret;
+	const char *secret;   /* the kept copy (base/secret.h): never freed */
 	int64_t hs_timeout_ms;
 	bool cma_enabled;
 	int listen_fd;

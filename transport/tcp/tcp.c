@@ -68,6 +68,7 @@
 #include "tcp_int.h"
 
 #include "base/log.h"
+#include "base/secret.h"
 #include "base/sleeper.h"
 
 #include <errno.h>
@@ -743,7 +744,7 @@ static khor_status tcp_create(const tp_options *opt, tp_ctx **ctx_out, kerr *err
 	klist_init(&ctx->dialing);
 	ctx->rank = opt->rank;
 	ctx->size = opt->size;
-	ctx->secret = strdup(opt->secret ? opt->secret : "");
+	ctx->secret = ksecret_keep(opt->secret); /* not a copy of its own: base/secret.h */
 	ctx->hs = (hs_self){ .transport = HS_TP_TCP, .version = TCP_VERSION, .rank = opt->rank,
 	                     .size = opt->size, .name = "tcp", .secret = ctx->secret,
 	                     .secret_len = ctx->secret ? strlen(ctx->secret) : 0 };
@@ -833,7 +834,6 @@ fail_free:
 	tp_skel_destroy(&ctx->sk);
 	free(ctx->incoming);
 	free(ctx->outgoing);
-	free(ctx->secret);
 	free(ctx);
 	return st;
 }
@@ -1318,7 +1318,6 @@ static void tcp_destroy(tp_ctx *ctx)
 	tp_skel_destroy(&ctx->sk);
 	free(ctx->incoming);
 	free(ctx->outgoing);
-	free(ctx->secret);
 	free(ctx);
 }
 

@@ -187,7 +187,7 @@ struct tp_ctx {
 	tp_skel sk;           /* first: the lock, the sleeper, the request pool (skel.h) */
 	int rank, size;
 	hs_self hs;           /* who we are in handshakes; its secret is ours below */
-	char *secret;
+	const char *secret;   /* the kept copy (base/secret.h): never freed */
 	int nsocks;
 	uint64_t min_stripe;
 	int bufsize;
