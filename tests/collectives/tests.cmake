@@ -8,6 +8,10 @@ khor_test(test_mem collectives/test_mem.c 300)
 target_link_libraries(test_mem PRIVATE khor_mem_emu)
 khor_test(test_device collectives/test_device.c 600)
 target_link_libraries(test_device PRIVATE khor_mem_emu)
+# Under the sanitizers, the jobs of up to 2 ranks (4 minutes under ASan with all of them).
+if(KHOR_SANITIZE)
+  set_tests_properties(test_device PROPERTIES ENVIRONMENT KHOR_TEST_DEVICE_MAX_N=2)
+endif()
 # The same on a real GPU (KHOR_TEST_DEVICE=cuda; label gpu: skips with the reason where no
 # GPU is usable).
 if(KHOR_HAVE_CUDA_KERNELS)

@@ -14,7 +14,7 @@ khor_test(test_regcache transport/test_regcache.c 120)
 # checked; the VM below runs them on soft-RoCE.
 khor_test(test_ib transport/test_ib.c 900)
 # The ib tests on soft-RoCE, in a qemu VM with Debian's kernel (tests/ib/vm.sh; exit 77, a
-# skip, where qemu or that kernel can't be had): the whole of tests/ib/ib_suite.sh, about
+# skip, where qemu or that kernel can't be had): tests/ib/ib_suite.sh's full suite, about
 # 2-3 minutes under TCG. The build tree is the VM's writable share.
 # The suite is copied into the build tree, since the guest sees only the share and the
 # host's root (not a source tree under /tmp, where the guest has a tmpfs of its own).
