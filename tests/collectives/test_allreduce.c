@@ -562,7 +562,11 @@ static int body_algo_env(int rank, int n, khor_config *cfg, void *arg)
 	khor_status st = khor_init(cfg, err, sizeof(err), &comm);
 	if (st == KHOR_SUCCESS)
 		return 20;
-	if (st != KHOR_ERR_INVALID_ARG || strstr(err, "KHOR_ALGO") == NULL) {
+	/* Rank 2 finds it, or a rank comparing the settings finds it itself; a rank that
+	 * learns of rank 2's failure first carries it as the job's abort. */
+	bool own = st == KHOR_ERR_INVALID_ARG,
+	     told = st == KHOR_ERR_REMOTE && strstr(err, "aborted by another rank") != NULL;
+	if (!(own || told) || strstr(err, "KHOR_ALGO") == NULL) {
 		fprintf(stderr, "rank %d: status %d: %s\n", rank, (int)st, err);
 		return 21;
 	}
