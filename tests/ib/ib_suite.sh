@@ -5,14 +5,13 @@
 # Runs, over ib: the ib-only tests (test_ib), the transport contract (test_contract's suite
 # ib, the cases every transport meets: tag matching in any order, length mismatches, a dead
 # peer named, data sent before an exit delivered, strangers refused), every collective at
-# n = 2 and 4 (test_collectives), every allreduce schedule at n = 2 (test_allreduce), kill -9
-# of a rank (test_faults), and the fault matrices of the collectives and the engine at n = 2
-# (test_fault_matrix: injected faults over ib, registration refused among them). "full" is
-# the default (CTest's ib_softroce); "all" adds the allreduce schedules at n = 4 (about a minute more
-# of the VM's time, which CI's 30 minutes could not spare: at n = 4 each schedule meets
-# ib as test_collectives' n = 4 cases do); "quick" leaves out test_collectives' n = 4 cases
-# and test_allreduce. Every suite runs even when one fails; the exit status is the number of
-# failed suites.
+# n = 2 (test_collectives), every allreduce schedule at n = 2 (test_allreduce), kill -9 of a
+# rank (test_faults), and the fault matrices of the collectives and the engine at n = 2
+# (test_fault_matrix: injected faults over ib, registration refused among them).
+# "full" is the default (CTest's ib_softroce); "all" adds every collective and allreduce
+# schedule at n = 4 (about two minutes more of the VM's time, which CI's 30 minutes could
+# not spare: a clean-clone CI took 1855 s with them); "quick" leaves out test_allreduce.
+# Every suite runs even when one fails; the exit status is the number of failed suites.
 set -u
 b=${1:?usage: ib_suite.sh BUILD_DIR [quick|full|all]}
 mode=${2:-full}
@@ -38,7 +37,7 @@ elif [ "$mode" = all ]; then
   run "$t/test_collectives" --jobs 1 --filter 'collectives/*_n@(2|4)'
   run "$t/test_allreduce" --jobs 1 --filter 'allreduce/*_n@(2|4)'
 else
-  run "$t/test_collectives" --jobs 1 --filter 'collectives/*_n@(2|4)'
+  run "$t/test_collectives" --jobs 1 --filter 'collectives/*_n2'
   run "$t/test_allreduce" --jobs 1 --filter 'allreduce/*_n2'
 fi
 # Under emulation (and more so with ASan) init of 6 ranks can take over the 2 s after
