@@ -878,7 +878,8 @@ static bool poll_grow(struct pollset *ps, size_t n)
 
 /*
  * One poll() over the listener, every live link's socket and the wake-up fd. The sleeper
- * (sleeping) lets go of the lock inside poll(), on arrays of its own.
+ * (sleeping) lets go of the lock inside poll(), on arrays of its own. *woke (if not NULL):
+ * whether the wake-up fd was readable, for tp_skel_sleep_end.
  */
 static bool poll_sockets(tp_ctx *ctx, int timeout_ms, bool sleeping, bool *woke, kerr *err)
 {
@@ -913,7 +914,8 @@ static bool poll_sockets(tp_ctx *ctx, int timeout_ms, bool sleeping, bool *woke,
 		kmutex_lock(&ctx->sk.mu);
 	if (rc <= 0)
 		return false;
-	*woke = ps->pfds[1].revents != 0;
+	if (woke != NULL)
+		*woke = ps->pfds[1].revents != 0;
 	for (size_t i = 0; i < n; i++) {
 		short re = ps->pfds[i].revents;
 		if (re == 0 || i == 1) /* 1: a wake-up, nobody's progress (tp_skel_sleep_end) */
@@ -1335,8 +1337,7 @@ static khor_status shm_progress_locked(tp_ctx *ctx, int timeout_ms, bool *moved_
 		 * fast path of a spinning caller stays free of system calls. */
 		if (handshaking || now >= ctx->next_check_ns) {
 			ctx->next_check_ns = now + SHM_CHECK_NS;
-			bool woke = false;
-			if (poll_sockets(ctx, 0, false, &woke, err)) {
+			if (poll_sockets(ctx, 0, false, NULL, err)) {
 				moved = true;
 				drive_links(ctx);
 			}
