@@ -458,9 +458,13 @@ static khor_status agree_settings(khor_comm *c, const struct khor_config *cfg, k
 
 
 /*
- * Host names of every rank give the topology. "host/<rank>" is "<name>\t<boot id>": the
- * name (KHOR_HOSTNAME may pretend) groups ranks into hosts, numbered by their lowest rank;
- * the boot id tells which ranks really share this machine's cores. Read once, at init.
+ * Host names of every rank give the topology. "host/<rank>" is "<name>\t<boot id>\t<sum>":
+ * the name (KHOR_HOSTNAME may pretend) groups ranks into hosts, numbered by their lowest
+ * rank; the boot id tells which ranks really share this machine's cores; sum is
+ * KHOR_CHECKSUM (0 or 1), which changes every frame a rank sends and expects: ranks that
+ * differ would meet in no frame, and the first collective would wait out its deadline, so
+ * every rank names the first rank whose sum differs from rank 0's (the same words
+ * everywhere). Read once, at init.
  */
 static khor_status read_hosts(kctx *x, kdeadline dl, kerr *err)
 {
@@ -473,6 +477,7 @@ static khor_status read_hosts(kctx *x, kdeadline dl, kerr *err)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "init: out of memory for %d host names",
 		                x->size);
 	}
+	char sum0 = '0';
 	for (int r = 0; r < x->size && st == KHOR_SUCCESS; r++) {
 		char key[32];
 		void *v;
@@ -481,12 +486,22 @@ static khor_status read_hosts(kctx *x, kdeadline dl, kerr *err)
 		st = store_get(x->store, key, dl, &v, &vl, err);
 		if (st != KHOR_SUCCESS)
 			break;
-		char *tab = strchr(v, '\t');
-		if (tab != NULL) {
-			*tab = '\0';
-			if (strcmp(tab + 1, machine_id()) == 0)
+		char *boot = strchr(v, '\t'), *sum = NULL;
+		if (boot != NULL) {
+			*boot++ = '\0';
+			if ((sum = strchr(boot, '\t')) != NULL)
+				*sum++ = '\0';
+			if (strcmp(boot, machine_id()) == 0)
 				x->on_machine++;
 		}
+		const char mine = sum != NULL && strcmp(sum, "1") == 0 ? '1' : '0';
+		if (r == 0)
+			sum0 = mine;
+		else if (mine != sum0 && st == KHOR_SUCCESS)
+			st = kerr_set(err, KHOR_ERR_INVALID_ARG, "init: KHOR_CHECKSUM is %c on rank 0 "
+			              "on %s but %c on rank %d on %s: set it alike on every rank (or on "
+			              "none), since it changes every frame a rank sends and expects",
+			              sum0, hosts[0], mine, r, (char *)v);
 		kstrlcpy(hosts[r], v, sizeof(hosts[r]));
 		free(v);
 		int h = -1;
@@ -1087,11 +1102,11 @@ static khor_status comm_init_once(const struct khor_config *cfg, khor_comm **com
 	if ((st = start_transports(x, err)) != KHOR_SUCCESS)
 		goto fail;
 	/*
-	 * "host/<rank>" = "<host name>\t<boot id>": the name (KHOR_HOSTNAME may pretend) groups
-	 * ranks into nodes; the boot id tells which ranks really share this machine's cores.
+	 * "host/<rank>" = "<host name>\t<boot id>\t<KHOR_CHECKSUM>" (read_hosts).
 	 */
 	char hostval[320];
-	snprintf(hostval, sizeof(hostval), "%s\t%s", s->hostname, machine_id());
+	snprintf(hostval, sizeof(hostval), "%s\t%s\t%d", s->hostname, machine_id(),
+	         s->checksum ? 1 : 0);
 	snprintf(key, sizeof(key), "host/%d", x->rank);
 	if ((st = store_set(x->store, key, hostval, strlen(hostval), err)))
 		goto fail;

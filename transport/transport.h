@@ -58,7 +58,7 @@
 #include <stdio.h>
 
 #define TP_ADDR_MAX 256
-#define TP_VERSION 3 /* of this table; transports compiled against another are refused */
+#define TP_VERSION 4 /* of this table; transports compiled against another are refused */
 
 typedef struct tp_ctx tp_ctx;
 typedef struct tp_link tp_link;
@@ -144,6 +144,12 @@ static inline const char *tp_meta_describe(const tp_meta_rules *r, uint32_t meta
 	return buf;
 }
 
+/* The sum a received frame carried (isend_sum/irecv_sum below). */
+typedef struct tp_sum {
+	uint64_t value;
+	bool carried; /* false: the sender's frame carried none */
+} tp_sum;
+
 static inline bool tp_tag_eq(tp_tag a, tp_tag b)
 {
 	return a.comm == b.comm && a.seq == b.seq && a.step == b.step;
@@ -181,7 +187,7 @@ typedef struct tp_options {
 } tp_options;
 
 /*
- * The table (version 3 added sever). "Lock" below is the instance's own lock, which each op takes itself; none is
+ * The table (version 3 added sever, 4 isend_sum and irecv_sum). "Lock" below is the instance's own lock, which each op takes itself; none is
  * held by the caller. Ownership is stated where it moves.
  */
 struct transport_ops {
@@ -235,6 +241,18 @@ struct transport_ops {
 	                     tp_req **req_out, kerr *err);
 	khor_status (*irecv)(tp_link *link, void *buf, size_t len, tp_tag tag, tp_mr *mr,
 	                     tp_req **req_out, kerr *err);
+	/*
+	 * KHOR_CHECKSUM's sums carried in the transport's own frame headers (transport/filter
+	 * computes and compares them): isend_sum sends as isend does, with sum in the header
+	 * of every frame of the message; irecv_sum receives as irecv does and, before test()
+	 * says done, stores in *sum_out (the caller's until then) what the sender's frame
+	 * carried. NULL in a transport whose frames have no room: the layer then sends each
+	 * sum in a frame of its own, after the payload's. Lock: taken.
+	 */
+	khor_status (*isend_sum)(tp_link *link, const void *buf, size_t len, tp_tag tag,
+	                         tp_mr *mr, uint64_t sum, tp_req **req_out, kerr *err);
+	khor_status (*irecv_sum)(tp_link *link, void *buf, size_t len, tp_tag tag, tp_mr *mr,
+	                         tp_sum *sum_out, tp_req **req_out, kerr *err);
 	/*
 	 * After a receive into device memory completed: makes the data visible to the GPU
 	 * (GPUDirect writes may still sit in the PCIe path). *req_out = NULL when nothing

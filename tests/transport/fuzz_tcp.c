@@ -86,8 +86,12 @@ static void fuzz_frames(const uint8_t *d, size_t n, int sv[2])
 	l->nready = 1;
 	memset(a, 0xa5, sizeof(a));
 	memset(b, 0xa5, sizeof(b));
-	CHECK(post(l, a, 64, (tp_tag){ 0, 1, 0, 7 }, false, &ra, &e) == KHOR_SUCCESS);
-	CHECK(post(l, b, 300, (tp_tag){ 0, 1, 1, 7 }, false, &rb, &e) == KHOR_SUCCESS);
+	/* The second receive takes a sum (irecv_sum), when a header carries one. */
+	tp_sum sum;
+	CHECK(post(l, a, 64, (tp_tag){ 0, 1, 0, 7 }, false, false, 0, NULL, &ra, &e) ==
+	      KHOR_SUCCESS);
+	CHECK(post(l, b, 300, (tp_tag){ 0, 1, 1, 7 }, false, false, 0, &sum, &rb, &e) ==
+	      KHOR_SUCCESS);
 	if (n > 0 && write(sv[1], d, n) < 0)
 		return;
 	shutdown(sv[1], SHUT_WR);

@@ -1,6 +1,7 @@
 /*
  * test_tcp_frames.c -- the TCP frame reader on hand-made bytes: the rendezvous kinds of
- * protocol version 3 (RTS, CTS, DATA) and headers that break the rules. The transport is
+ * protocol version 3 (RTS, CTS, DATA), KHOR_CHECKSUM's sums in the headers, and headers that
+ * break the rules. The transport is
  * included whole, as in fuzz_tcp.c, so a socketpair's end can be made an established link
  * and fed frames the real sender would never write.
  */
@@ -71,7 +72,8 @@ static tp_req *expect(struct rig *g, void *buf, uint64_t len, uint32_t step)
 	tp_req *r;
 	kerr e;
 
-	cr_assert_eq(post(g->l, buf, len, (tp_tag){ 3, 1, step, 0 }, false, &r, &e),
+	cr_assert_eq(post(g->l, buf, len, (tp_tag){ 3, 1, step, 0 }, false, false, 0, NULL, &r,
+	                  &e),
 	             KHOR_SUCCESS);
 	g->reqs[g->nreqs++] = r;
 	return r;
@@ -135,5 +137,69 @@ Test(tcp_frames, early_request_to_send_waits_and_is_answered_when_posted)
 	feed(&g, FRAME_DATA, 4, len / 2);
 	cr_assert_eq(g.l->err.status, KHOR_ERR_PROTOCOL);
 	free(big);
+	rig_down(&g);
+}
+
+/* An eager frame of 64 bytes with its payload, carrying sum when flags say so. */
+static void feed_eager(struct rig *g, uint32_t step, uint32_t flags, uint64_t sum)
+{
+	struct {
+		struct frame_hdr h;
+		uint8_t payload[64];
+	} f = { .h = { .magic = TCP_FRAME_MAGIC, .comm = 3, .seq = 1, .step = step,
+	               .kind = FRAME_EAGER, .total_len = 64, .chunk_len = 64, .sum = sum,
+	               .flags = flags } };
+	memset(f.payload, (int)step, sizeof(f.payload));
+	cr_assert_eq(write(g->peer_fd, &f, sizeof(f)), (ssize_t)sizeof(f));
+	for (int i = 0; i < 8 && g->s->state != SS_DEAD; i++) {
+		g->s->rd_ready = true;
+		sock_drive(g->s);
+	}
+}
+
+static tp_req *expect_sum(struct rig *g, void *buf, uint32_t step, tp_sum *sum)
+{
+	tp_req *r;
+	kerr e;
+
+	cr_assert_eq(tcp_irecv_sum(g->l, buf, 64, (tp_tag){ 3, 1, step, 0 }, NULL, sum, &r, &e),
+	             KHOR_SUCCESS, "%s", e.text);
+	return r;
+}
+
+static void finished(tp_req *r)
+{
+	bool done = false;
+	kerr e;
+	cr_assert_eq(tcp_test(r, &done, &e), KHOR_SUCCESS, "%s", e.text);
+	cr_assert(done);
+}
+
+Test(tcp_frames, sums_in_the_headers_reach_irecv_sum_posted_before_or_after)
+{
+	struct rig g = rig_up();
+	uint8_t a[64], b[64], c[64], other[64];
+	tp_sum sa, sb, sc;
+
+	/* Posted first: read straight into a. */
+	tp_req *ra = expect_sum(&g, a, 1, &sa);
+	feed_eager(&g, 1, TCP_HDR_SUM, 0x1122334455667788ull);
+	finished(ra);
+	cr_assert(sa.carried && sa.value == 0x1122334455667788ull);
+	cr_assert_eq(a[0], 1);
+	/* Arrived first and read aside (another receive waits on the socket), then posted. */
+	expect(&g, other, sizeof(other), 9);
+	feed_eager(&g, 2, TCP_HDR_SUM, 42);
+	cr_assert(!klist_empty(&g.s->uq), "the early frame was read aside");
+	tp_req *rb = expect_sum(&g, b, 2, &sb);
+	finished(rb);
+	cr_assert(sb.carried && sb.value == 42);
+	cr_assert_eq(b[63], 2);
+	/* A frame that carries none says so. */
+	tp_req *rc = expect_sum(&g, c, 3, &sc);
+	feed_eager(&g, 3, 0, 7);
+	finished(rc);
+	cr_assert(!sc.carried);
+	cr_assert_eq(g.l->err.status, KHOR_SUCCESS, "%s", g.l->err.text);
 	rig_down(&g);
 }

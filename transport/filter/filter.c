@@ -8,8 +8,9 @@
  * progress(), which sleeps: the order is always this lock, then the inner one, and the
  * inner transport never calls back. A stall rule sleeps with no lock held.
  *
- * Requests: each of ours holds the inner requests of its payload and, with checksums, of
- * its trailer, and finishes when both have. A send that a delay rule holds sits on its
+ * Requests: each of ours holds the inner requests of its payload and, with checksums over a
+ * transport whose frames cannot carry the sum (no isend_sum), of its trailer, and finishes
+ * when both have. A send that a delay rule holds sits on its
  * link's queue, oldest first, until its time comes (test and progress post what is due,
  * in order, so frames never overtake each other).
  */
@@ -56,6 +57,7 @@ struct tp_ctx {
 	kmutex mu;
 	int rank;
 	bool checksum;
+	bool in_frames; /* checksum, carried by the inner transport's headers: no trailers */
 	tp_caps caps;
 	filter_rule rules[FILTER_RULES_MAX];
 	bool fired[FILTER_RULES_MAX];
@@ -93,6 +95,7 @@ struct tp_req {
 	void *copy;            /* data: the damaged copy of a send's payload */
 	tp_mr *copy_mr;
 	struct trailer tr;
+	tp_sum carried;        /* a receive's sum, from the inner transport (in_frames) */
 	uint64_t due_ns;
 	klist node;            /* on l->delayed */
 };
@@ -141,8 +144,10 @@ static void req_free(tp_ctx *c, tp_req *r)
 static khor_status post_send(tp_link *l, tp_req *r, kerr *err)
 {
 	tp_ctx *c = l->ctx;
-	khor_status st = c->in->isend(l->il, r->buf, r->len, r->tag,
-	                              r->copy != NULL ? r->copy_mr : r->mr, &r->ir, err);
+	tp_mr *mr = r->copy != NULL ? r->copy_mr : r->mr;
+	if (c->in_frames)
+		return c->in->isend_sum(l->il, r->buf, r->len, r->tag, mr, r->tr.sum, &r->ir, err);
+	khor_status st = c->in->isend(l->il, r->buf, r->len, r->tag, mr, &r->ir, err);
 	if (st != KHOR_SUCCESS)
 		return st;
 	if (c->checksum) {
@@ -260,6 +265,7 @@ static khor_status f_create(int slot, const tp_options *opt, tp_ctx **ctx_out, k
 	const struct slot *s = &slots[slot];
 	c->in = s->inner;
 	c->checksum = s->checksum;
+	c->in_frames = s->checksum && s->inner->isend_sum != NULL && s->inner->irecv_sum != NULL;
 	c->nrules = s->nrules;
 	memcpy(c->rules, s->rules, sizeof(c->rules));
 	pthread_mutex_unlock(&slots_mu);
@@ -460,8 +466,11 @@ static khor_status f_irecv(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr 
 	if (r == NULL)
 		return KHOR_ERR_NO_MEMORY;
 	kmutex_lock(&c->mu);
-	st = c->in->irecv(l->il, buf, len, tag, mr, &r->ir, err);
-	if (st == KHOR_SUCCESS && c->checksum) {
+	if (c->in_frames)
+		st = c->in->irecv_sum(l->il, buf, len, tag, mr, &r->carried, &r->ir, err);
+	else
+		st = c->in->irecv(l->il, buf, len, tag, mr, &r->ir, err);
+	if (st == KHOR_SUCCESS && c->checksum && !c->in_frames) {
 		tp_tag t = tag;
 		t.step |= TRAILER_STEP;
 		if ((st = c->in->irecv(l->il, &r->tr, sizeof(r->tr), t, NULL, &r->itr, err))) {
@@ -532,6 +541,18 @@ static khor_status finish_checks(tp_link *l, tp_req *r, kerr *err)
 
 	if (r->kind == RK_RECV && c->checksum) {
 		uint64_t sum = kchecksum(r->buf, r->user_len);
+		if (c->in_frames && !r->carried.carried) {
+			snprintf(why, sizeof(why), "KHOR_CHECKSUM: the frame from rank %d (comm %u seq "
+			         "%u step %u, %zu bytes) carried no sum: set KHOR_CHECKSUM=1 on every "
+			         "rank or on none", l->peer, r->user_tag.comm, r->user_tag.seq,
+			         r->user_tag.step, r->user_len);
+			c->in->sever(l->il, why);
+			return kerr_set(err, KHOR_ERR_PROTOCOL, "%s", why);
+		}
+		if (c->in_frames) {
+			r->tr.sum = r->carried.value;
+			r->tr.len = r->user_len; /* the inner transport checked the lengths */
+		}
 		if (sum != r->tr.sum || r->tr.len != r->user_len) {
 			snprintf(why, sizeof(why), "KHOR_CHECKSUM: the frame from rank %d (comm %u seq "
 			         "%u step %u, %zu bytes) arrived damaged: its sum is 0x%016llx, the "

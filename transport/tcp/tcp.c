@@ -8,7 +8,11 @@
  * frame header and followed by zeros up to a multiple of 64 bytes:
  *
  *     magic u32 | comm u32 | seq u32 | step u32 | meta u32 | kind u32 | total_len u64 |
- *     chunk_len u64 | reserved, 24 zero bytes || payload || zeros to a multiple of 64
+ *     chunk_len u64 | sum u64 | flags u32 | reserved, 12 zero bytes || payload ||
+ *     zeros to a multiple of 64
+ *
+ * sum and flags are KHOR_CHECKSUM's (isend_sum): the sum of the whole message, in the header
+ * of each of its chunks, so that no frame of its own carries it.
  *
  * The framing keeps every payload 64-byte aligned in the stream, and so, mostly, in the page
  * fragments that the kernel copies a send into (on loopback, the receiver copies straight
@@ -216,11 +220,22 @@ static void uframe_drop(struct tsock *s, struct uframe *u)
 	free(u);
 }
 
+/* A header h has met c, a chunk of a receive: irecv_sum's caller learns what it carried. */
+static void take_sum(struct chunk *c, const struct frame_hdr *h)
+{
+	tp_sum *out = c->req != NULL ? c->req->sum_out : NULL;
+	if (out != NULL && (h->flags & TCP_HDR_SUM) != 0) {
+		out->value = h->sum;
+		out->carried = true;
+	}
+}
+
 /* A complete unexpected frame meets its receive: one copy, and both are done. */
 static void uframe_deliver(struct tsock *s, struct uframe *u)
 {
 	struct chunk *c = u->want;
 
+	take_sum(c, &u->ch.hdr);
 	if (c->len > 0)
 		memcpy(c->buf, u->ch.buf, c->len);
 	c->done = c->len;
@@ -487,6 +502,7 @@ static bool recv_match(struct tsock *s)
 		}
 		if (!frame_fits(s, h, c))
 			return false;
+		take_sum(c, h);
 		s->rcur = c;
 		s->rhdr_got = 0;
 		return true;
@@ -539,6 +555,7 @@ static bool recv_match(struct tsock *s)
 		s->rhdr_got = 0;
 		return send_cts(s, c);
 	}
+	take_sum(c, h);
 	s->rcur = c;
 	s->rhdr_got = 0;
 	if (c->len == 0) {
@@ -962,8 +979,11 @@ static struct uframe *uq_find(struct tsock *s, tp_tag tag)
 	return NULL;
 }
 
+/* A send (is_send) or a receive; sum: a send's, carried when with_sum; sum_out: a
+ * receive's, for irecv_sum (else NULL). */
 static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool is_send,
-                        tp_req **req_out, kerr *err)
+                        bool with_sum, uint64_t sum, tp_sum *sum_out, tp_req **req_out,
+                        kerr *err)
 {
 	struct uframe *u;
 	tp_req *r;
@@ -981,6 +1001,9 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 	r->nchunks = nchunks;
 	r->chunks_done = 0;
 	r->is_send = is_send;
+	r->sum_out = sum_out;
+	if (sum_out != NULL)
+		*sum_out = (tp_sum){ 0, false };
 	for (int i = 0; i < nchunks; i++) {
 		struct chunk *c = &r->chunks[i];
 		struct tsock *s = l->socks[(first + i) % l->nsocks];
@@ -997,7 +1020,9 @@ static khor_status post(tp_link *l, uint8_t *buf, size_t len, tp_tag tag, bool i
 		                             .seq = tag.seq, .step = tag.step, .meta = tag.meta,
 		                             .kind = is_send && c->len > TCP_EAGER_MAX ? FRAME_RTS
 		                                                                       : FRAME_EAGER,
-		                             .total_len = len, .chunk_len = c->len };
+		                             .total_len = len, .chunk_len = c->len,
+		                             .sum = with_sum ? sum : 0,
+		                             .flags = with_sum ? TCP_HDR_SUM : 0 };
 		c->pad_left = is_send ? frame_pad(frame_payload(c)) : 0;
 		if (is_send) {
 			sq_push(s, c);
@@ -1070,14 +1095,35 @@ static khor_status tcp_isend_locked(tp_link *l, const void *buf, size_t len, tp_
                                     tp_req **req_out, kerr *err)
 {
 	(void)mr;
-	return post(l, (uint8_t *)buf, len, tag, true, req_out, err);
+	return post(l, (uint8_t *)buf, len, tag, true, false, 0, NULL, req_out, err);
 }
 
 static khor_status tcp_irecv_locked(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
                                     tp_req **req_out, kerr *err)
 {
 	(void)mr;
-	return post(l, buf, len, tag, false, req_out, err);
+	return post(l, buf, len, tag, false, false, 0, NULL, req_out, err);
+}
+
+/* isend_sum and irecv_sum (transport.h): the lock, as TP_SKEL_LOCKED_OPS gives the rest. */
+static khor_status tcp_isend_sum(tp_link *l, const void *buf, size_t len, tp_tag tag,
+                                 tp_mr *mr, uint64_t sum, tp_req **req_out, kerr *err)
+{
+	(void)mr;
+	kmutex_lock(&l->ctx->sk.mu);
+	khor_status st = post(l, (uint8_t *)buf, len, tag, true, true, sum, NULL, req_out, err);
+	kmutex_unlock(&l->ctx->sk.mu);
+	return st;
+}
+
+static khor_status tcp_irecv_sum(tp_link *l, void *buf, size_t len, tp_tag tag, tp_mr *mr,
+                                 tp_sum *sum_out, tp_req **req_out, kerr *err)
+{
+	(void)mr;
+	kmutex_lock(&l->ctx->sk.mu);
+	khor_status st = post(l, buf, len, tag, false, false, 0, sum_out, req_out, err);
+	kmutex_unlock(&l->ctx->sk.mu);
+	return st;
 }
 
 /* Takes a finished or failed request's chunks off the socket queues. */
@@ -1336,6 +1382,8 @@ const struct transport_ops tcp_transport_ops = {
 	.mr_key = NULL,
 	.isend = tcp_isend,
 	.irecv = tcp_irecv,
+	.isend_sum = tcp_isend_sum,
+	.irecv_sum = tcp_irecv_sum,
 	.flush = NULL,
 	.test = tcp_test,
 	.progress = tcp_progress,

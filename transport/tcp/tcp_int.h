@@ -51,6 +51,9 @@
 
 enum frame_kind { FRAME_EAGER = 0, FRAME_RTS = 1, FRAME_CTS = 2, FRAME_DATA = 3 };
 
+/* frame_hdr.flags: the header carries the sender's sum (isend_sum). */
+#define TCP_HDR_SUM 1u
+
 /* The HELLO's aux words (handshake.h): which socket of how many this connection is. */
 enum { TCP_AUX_SOCK_IDX = 0, TCP_AUX_NSOCKS = 1 };
 
@@ -63,7 +66,9 @@ struct frame_hdr {
 	uint32_t kind; /* enum frame_kind */
 	uint64_t total_len;
 	uint64_t chunk_len;
-	uint8_t reserved[24]; /* zero; rounds the header up to TCP_FRAME_ALIGN */
+	uint64_t sum;   /* KHOR_CHECKSUM's sum of the whole message, where flags say so */
+	uint32_t flags; /* TCP_HDR_SUM */
+	uint8_t reserved[12]; /* zero; rounds the header up to TCP_FRAME_ALIGN */
 };
 _Static_assert(sizeof(struct frame_hdr) == TCP_FRAME_ALIGN, "the frame header is one unit");
 
@@ -112,6 +117,7 @@ struct tp_req {
 	int nchunks;
 	int chunks_done;
 	bool is_send;
+	tp_sum *sum_out;      /* irecv_sum's: where the carried sum goes; NULL for irecv */
 	struct chunk chunks[TCP_MAX_SOCKS];
 };
 
