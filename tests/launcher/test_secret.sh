@@ -6,13 +6,18 @@
 # job's ranks write the secret khorrun made into a file first, so the test knows what to
 # look for (khorrun makes a fresh one per job); every file is then searched for it, and for
 # its first half (a truncated copy would be a leak too). Last, the core dumps (gcore) and
-# /proc/<pid>/environ of a running job's ranks: the secret lives in one page that dumps
-# leave out, and the environment's copy is wiped once init has read it.
+# /proc/<pid>/environ of a running job's ranks, of khor-bench and of Python: the secret lives
+# in one page that dumps leave out, and the environment's copies (the C one, and Python's
+# os.environ) are wiped once init has read it.
 #
-#   test_secret.sh KHORRUN KHOR_BENCH
+#   test_secret.sh KHORRUN KHOR_BENCH [PYTHON]
+#
+# With PYTHON (an interpreter that imports khor and numpy: PYTHONPATH, KHOR_LIBRARY_PATH),
+# a job of Python ranks is dumped too.
 set -u
-KR=${1:?usage: test_secret.sh KHORRUN KHOR_BENCH}
-KB=${2:?usage: test_secret.sh KHORRUN KHOR_BENCH}
+KR=${1:?usage: test_secret.sh KHORRUN KHOR_BENCH [PYTHON]}
+KB=${2:?usage: test_secret.sh KHORRUN KHOR_BENCH [PYTHON]}
+PY=${3:-}
 WORK=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
 failed=0
@@ -52,39 +57,73 @@ grep -qi "secret" "$WORK/j3.stranger" 2>/dev/null ||
 # dump would: madvise(MADV_DONTDUMP)) of each rank of a running job, after its init, and
 # each one's /proc/<pid>/environ. The ranks' environments carried the secret until init
 # read it.
+# dump_ranks JOB: gcore and /proc/<pid>/environ of ranks 0 and 1 of the running job whose
+# ranks wrote JOB.pid.R; READY: the file each rank writes once its init is done (else 5 s).
+dump_ranks() {
+	local job=$1 r pid
+	for _ in $(seq 1 300); do
+		[ -s "$job.pid.0" ] && [ -s "$job.pid.1" ] && break
+		sleep 0.1
+	done
+	if [ -n "${READY:-}" ]; then
+		for _ in $(seq 1 600); do
+			[ -e "$job.ready.0" ] && [ -e "$job.ready.1" ] && break
+			sleep 0.1
+		done
+		sleep 0.5
+	else
+		sleep 5 # init: under a second here, 5 s under ASan
+	fi
+	for r in 0 1; do
+		pid=$(cat "$job.pid.$r" 2>/dev/null)
+		if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+			fail "rank $r of $(basename "$job") is not running: $(tail -2 "$job.err")"
+			continue
+		fi
+		timeout 60 gcore -o "$job.core.$r" "$pid" >/dev/null 2>&1 ||
+			fail "gcore of rank $r of $(basename "$job") (pid $pid) failed"
+		ls "$job.core.$r".* >/dev/null 2>&1 || fail "gcore left no core of rank $r"
+		tr '\0' '\n' < "/proc/$pid/environ" > "$job.environ.$r" 2>/dev/null ||
+			fail "cannot read rank $r's /proc/$pid/environ"
+	done
+}
+
+pidnote='printf %s "$$" > "$0.pid.$KHOR_RANK"; '"$note"
+pyjobs=0
 if ldd "$KB" 2>/dev/null | grep -q 'libasan\|libtsan'; then
 	echo "SKIP: core dumps (a sanitizer build: gcore would dump its shadow memory)"
-	cores=0
 elif command -v gcore >/dev/null 2>&1; then
-	pidnote='printf %s "$$" > "$0.pid.$KHOR_RANK"; '"$note"
 	timeout 120 "$KR" -np 2 sh -c "$pidnote" "$WORK/j4" x "$KB" allreduce -b 1M -e 1M \
 		-n 1000000 -w 1 -c 0 >"$WORK/j4.out" 2>"$WORK/j4.err" &
 	job=$!
-	# Both ranks started, then time for their init (under a second here; 5 s under ASan).
-	for _ in $(seq 1 300); do
-		[ -s "$WORK/j4.pid.0" ] && [ -s "$WORK/j4.pid.1" ] && break
-		sleep 0.1
-	done
-	sleep 5
-	for r in 0 1; do
-		pid=$(cat "$WORK/j4.pid.$r" 2>/dev/null)
-		if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
-			fail "rank $r of the core-dump job is not running: $(tail -2 "$WORK/j4.err")"
-			continue
-		fi
-		timeout 60 gcore -o "$WORK/core.$r" "$pid" >/dev/null 2>&1 ||
-			fail "gcore of rank $r (pid $pid) failed"
-		ls "$WORK/core.$r".* >/dev/null 2>&1 || fail "gcore left no core of rank $r"
-		tr '\0' '\n' < "/proc/$pid/environ" > "$WORK/j4.environ.$r" 2>/dev/null ||
-			fail "cannot read rank $r's /proc/$pid/environ"
-	done
+	dump_ranks "$WORK/j4"
 	kill "$job" 2>/dev/null
 	wait "$job" 2>/dev/null
-	cores=$(ls "$WORK"/core.* 2>/dev/null | wc -l)
+	# 5. The same of Python ranks (khor's numpy API): os.environ holds a copy of its own.
+	if [ -n "$PY" ] && "$PY" -c 'import khor, numpy' 2>/dev/null; then
+		timeout 120 "$KR" -np 2 sh -c "$pidnote" "$WORK/j5" x "$PY" -c '
+import os, sys, time
+import numpy as np
+import khor
+khor.init()
+open("%s.ready.%d" % (sys.argv[1], khor.rank()), "w").close()
+x = np.ones(1024, np.float32)
+for _ in range(12000):
+    khor.allreduce(x, op=khor.Sum)
+    time.sleep(0.005)
+' "$WORK/j5" >"$WORK/j5.out" 2>"$WORK/j5.err" &
+		job=$!
+		READY=1 dump_ranks "$WORK/j5"
+		kill "$job" 2>/dev/null
+		wait "$job" 2>/dev/null
+		pyjobs=1
+	else
+		echo "SKIP: a Python rank's core dump (no PYTHON given, or it cannot import khor and numpy)"
+	fi
 else
 	echo "SKIP: core dumps (no gcore: apt-get install gdb)"
-	cores=0
 fi
+cores=$(ls "$WORK"/*.core.* 2>/dev/null | wc -l)
 
 n=0
 for f in "$WORK"/j*.secret.*; do
@@ -104,7 +143,7 @@ for f in "$WORK"/j*.secret.*; do
 done
 files=$(find "$WORK" -type f ! -name '*.secret.*' ! -name pattern | wc -l)
 lines=$(cat "$WORK"/j*.out "$WORK"/j*.err "$WORK"/*.stranger 2>/dev/null | wc -l)
-want=$((7 + (cores > 0 ? 2 : 0)))
+want=$((7 + (cores > 0 ? 2 : 0) + pyjobs * 2))
 [ $n -ge $want ] || fail "only $n of the $want ranks noted their secret"
-[ $failed -eq 0 ] && pass "$n ranks' secrets ($(( want > 7 ? 4 : 3 )) jobs) are in none of $files files ($lines lines of output and logs, $(ls "$WORK"/tl.*.json | wc -l) timelines, $cores core dumps of live ranks and their /proc environments)"
+[ $failed -eq 0 ] && pass "$n ranks' secrets ($(( 3 + (cores > 0) + pyjobs )) jobs) are in none of $files files ($lines lines of output and logs, $(ls "$WORK"/tl.*.json | wc -l) timelines, $cores core dumps of live ranks and their /proc environments)"
 exit $failed

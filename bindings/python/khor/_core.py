@@ -7,6 +7,7 @@ and call the functions here; nothing here knows numpy or torch.
 
 import atexit
 import ctypes
+import os
 import sys
 import threading
 import warnings
@@ -179,6 +180,21 @@ def _atexit_shutdown():
         sys.stderr.write("khor: shutdown at exit failed: %s\n" % e)
 
 
+def _forget_secret():
+    """Takes the job secret out of this process's environment once khor_init has read it.
+    libkhor keeps its copy in a page that core dumps leave out and wipes the C
+    environment's; os.environ holds a copy of its own (bytes made at startup), which a core
+    dump of the rank would carry: its bytes are zeroed in place, then the variable unset. A
+    later init (elastic) uses libkhor's copy."""
+    try:
+        value = os.environ._data.get(os.environ.encodekey("KHOR_SECRET"))
+    except (AttributeError, TypeError):  # not CPython's os.environ
+        value = None
+    if isinstance(value, bytes) and value:
+        ctypes.memset(value, 0, len(value))
+    os.environ.pop("KHOR_SECRET", None)
+
+
 def init(comm=None, process_sets=None, config=None):
     """Joins the job (khor_init: khorrun's, torchrun's or Slurm's variables) and starts the
     engine. ``comm``: None (every rank launched), or a list of ranks, as Horovod's: the job
@@ -210,6 +226,7 @@ def init(comm=None, process_sets=None, config=None):
             sys.stderr.write("khor: %s; exiting with status 0\n" % why)
             raise WorkerRemoved(why)
         _lib.check(st, lambda: _lib.text(err.value))
+        _forget_secret()
         context = world
         if ranks is not None:
             world = _group_of(context, ranks)
