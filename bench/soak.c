@@ -11,7 +11,9 @@
  * thread decides with the others when to stop (a MAX over "my time is up" every 20 steps),
  * so all ranks end at the same call. Every --every seconds the main thread prints a line:
  *
- *   soak rank R at t S calls C bytes B errors E rss KIB fds F threads T heap KIB
+ *   soak rank R at t S calls C bytes B errors E rss KIB fds F threads T heap KIB kept KIB
+ *
+ * (heap: malloc'd and not freed; kept: free bytes the allocator holds in its arenas)
  *
  * and at the end "soak rank R done ...". An error ends the rank with exit 1 after printing it.
  */
@@ -308,12 +310,13 @@ static void report(const char *what)
 
 	sample(&rss, &fds, &thr);
 	/* The heap in use (malloc'd and not freed), beside RSS, which also holds what the
-	 * allocator keeps after a free. */
+	 * allocator keeps after a free (kept: the free bytes inside its arenas, some of them
+	 * resident). */
 	struct mallinfo2 mi = mallinfo2();
 	printf("soak rank %d %s t %.0f calls %llu bytes %llu errors %d rss %ld fds %d threads %d "
-	       "heap %zu\n", me, what, now() - t0, (unsigned long long)calls,
+	       "heap %zu kept %zu\n", me, what, now() - t0, (unsigned long long)calls,
 	       (unsigned long long)bytes, atomic_load(&errors), rss, fds, thr,
-	       (mi.uordblks + mi.hblkhd) >> 10);
+	       (mi.uordblks + mi.hblkhd) >> 10, mi.fordblks >> 10);
 	fflush(stdout);
 }
 

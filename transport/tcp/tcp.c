@@ -182,29 +182,114 @@ static void chunk_finished(struct tsock *s, struct chunk *c)
 		uframe_deliver(s, u);
 }
 
-/*
- * A read-aside payload's memory. Those of ASIDE_MAP_MIN bytes and more are pages of their
- * own, given back to the kernel when freed: from the heap, payloads of every size up to
- * TCP_EAGER_MAX came and went between the heap's other blocks, and a 2-hour soak's tcp
- * ranks grew 1-3% in RSS while the heap's bytes in use stayed flat (glibc keeps freed heap
- * pages, and after the first large free it stops mapping blocks under that size itself).
+/* ---- pool ---------------------------------------------------------------------------
+ *
+ * Every unexpected frame costs a record (struct uframe) and a copy of its payload, and every
+ * CTS a chunk; all three were malloc'd and freed per frame. The payloads come in every size
+ * up to TCP_EAGER_MAX, between the heap's other blocks, and a soak's tcp ranks grew 1-3% in
+ * RSS over hours while the heap's bytes in use stayed flat: glibc kept the pages those
+ * blocks had fragmented (docs/PERFORMANCE.md, sections 21, 22 and 24). So the small ones
+ * come from per-instance lists by power-of-two class, and go back there; the lists hold
+ * under TCP_POOL_KEEP bytes and free the rest. Payloads of TCP_POOL_MAX bytes and more are
+ * pages of their own (mmap), given back to the kernel when freed.
  */
-#define ASIDE_MAP_MIN (128u << 10)
 
-static void *aside_alloc(uint64_t len)
+static void *pool_take(struct tcp_free **list, uint64_t size, struct tcp_pool *p)
 {
-	if (len < ASIDE_MAP_MIN)
-		return malloc(len ? len : 1);
+	struct tcp_free *f = *list;
+
+	if (f == NULL)
+		return malloc(size);
+	*list = f->next;
+	p->kept -= size;
+	return f;
+}
+
+static void pool_give(struct tcp_free **list, uint64_t size, struct tcp_pool *p, void *b)
+{
+	if (p->kept + size > TCP_POOL_KEEP) {
+		free(b);
+		return;
+	}
+	struct tcp_free *f = b;
+	f->next = *list;
+	*list = f;
+	p->kept += size;
+}
+
+static void pool_drain(struct tcp_free **list)
+{
+	while (*list != NULL) {
+		struct tcp_free *f = *list;
+		*list = f->next;
+		free(f);
+	}
+}
+
+static void pool_destroy(struct tcp_pool *p)
+{
+	for (int i = 0; i < TCP_POOL_CLASSES; i++)
+		pool_drain(&p->payload[i]);
+	pool_drain(&p->frames);
+	pool_drain(&p->ctl);
+	p->kept = 0;
+}
+
+/* The class of a payload of len bytes (len < TCP_POOL_MAX) and its blocks' size. */
+static int pool_class(uint64_t len, uint64_t *size)
+{
+	int c = 0;
+
+	while (((uint64_t)1 << (TCP_POOL_MIN_SHIFT + c)) < len)
+		c++;
+	*size = (uint64_t)1 << (TCP_POOL_MIN_SHIFT + c);
+	return c;
+}
+
+static void *aside_alloc(tp_ctx *ctx, uint64_t len)
+{
+	if (len < TCP_POOL_MAX) {
+		uint64_t size;
+		int c = pool_class(len, &size);
+		return pool_take(&ctx->pool.payload[c], size, &ctx->pool);
+	}
 	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	return p == MAP_FAILED ? NULL : p;
 }
 
-static void aside_free(void *p, uint64_t len)
+static void aside_free(tp_ctx *ctx, void *p, uint64_t len)
 {
-	if (len < ASIDE_MAP_MIN)
-		free(p);
-	else if (p != NULL)
+	if (p == NULL)
+		return;
+	if (len < TCP_POOL_MAX) {
+		uint64_t size;
+		int c = pool_class(len, &size);
+		pool_give(&ctx->pool.payload[c], size, &ctx->pool, p);
+	} else {
 		munmap(p, len);
+	}
+}
+
+/* A frame record or a CTS chunk, zeroed as calloc would; NULL: no memory. */
+static struct uframe *uframe_new(tp_ctx *ctx)
+{
+	struct uframe *u = pool_take(&ctx->pool.frames, sizeof(*u), &ctx->pool);
+	if (u != NULL)
+		memset(u, 0, sizeof(*u));
+	return u;
+}
+
+static struct chunk *ctl_new(tp_ctx *ctx)
+{
+	struct chunk *k = pool_take(&ctx->pool.ctl, sizeof(*k), &ctx->pool);
+	if (k != NULL)
+		memset(k, 0, sizeof(*k));
+	return k;
+}
+
+static void ctl_free(tp_ctx *ctx, struct chunk *k)
+{
+	pool_give(&ctx->pool.ctl, sizeof(*k), &ctx->pool, k);
 }
 
 /* Takes u off its socket's queue and frees it. */
@@ -216,8 +301,8 @@ static void uframe_drop(struct tsock *s, struct uframe *u)
 		if (u->ch.hdr.kind == FRAME_RTS)
 			s->link->urts--;
 	}
-	aside_free(u->ch.buf, u->ch.len);
-	free(u);
+	aside_free(s->ctx, u->ch.buf, u->ch.len);
+	pool_give(&s->ctx->pool.frames, sizeof(*u), &s->ctx->pool, u);
 }
 
 /* A header h has met c, a chunk of a receive: irecv_sum's caller learns what it carried. */
@@ -255,7 +340,7 @@ static void sock_free_uq(struct tsock *s)
 		KLIST_FOREACH_SAFE(n, next, queues[i]) {
 			klist_del(n);
 			if (CHUNK(n)->ctl)
-				free(CHUNK(n));
+				ctl_free(s->ctx, CHUNK(n));
 		}
 	}
 }
@@ -294,7 +379,7 @@ static struct chunk *list_take(klist *queue, const struct frame_hdr *h)
 /* Our receive c has met its RTS: ask for the payload and wait for it. False: no memory. */
 static bool send_cts(struct tsock *s, struct chunk *c)
 {
-	struct chunk *k = calloc(1, sizeof(*k));
+	struct chunk *k = ctl_new(s->ctx);
 
 	if (k == NULL) {
 		tcp_sock_fail(s, KHOR_ERR_NO_MEMORY, "out of memory for a clear-to-send frame");
@@ -366,7 +451,7 @@ static bool send_drive(struct tsock *s)
 		if (c->hdr_done == sizeof(c->hdr) && c->done == wire && c->pad_left == 0) {
 			klist_del(&c->node);
 			if (c->ctl) {
-				free(c);
+				ctl_free(s->ctx, c);
 			} else if (c->hdr.kind == FRAME_RTS) {
 				/* The payload waits for the receiver's CTS. */
 				klist_add_head(&s->rts_wait, &c->node);
@@ -441,9 +526,9 @@ static bool spill(struct tsock *s)
 
 	if (l == NULL || (!rts && l->ubytes + len > TCP_UNEXPECTED_MAX))
 		return false;
-	u = calloc(1, sizeof(*u));
-	if (u != NULL && (u->ch.buf = aside_alloc(len)) == NULL) {
-		free(u);
+	u = uframe_new(s->ctx);
+	if (u != NULL && (u->ch.buf = aside_alloc(s->ctx, len)) == NULL) {
+		pool_give(&s->ctx->pool.frames, sizeof(*u), &s->ctx->pool, u);
 		u = NULL;
 	}
 	if (u == NULL)
@@ -1359,6 +1444,7 @@ static void tcp_destroy(tp_ctx *ctx)
 		free(ctx->outgoing[i]);
 	}
 	free(ctx->mine);
+	pool_destroy(&ctx->pool);
 	close(ctx->listen_fd);
 	close(ctx->epfd);
 	tp_skel_destroy(&ctx->sk);

@@ -189,6 +189,28 @@ struct tp_link {
 	struct tcp_dial *dial; /* links we opened; NULL for accepted ones */
 };
 
+/*
+ * The blocks of the data path that come and go with every unexpected frame (tcp.c,
+ * "pool"): frame records, CTS chunks and read-aside payloads under TCP_POOL_MAX bytes, in
+ * power-of-two classes from 64 bytes. A block freed goes on its list, while the lists hold
+ * under TCP_POOL_KEEP bytes, and the next one of its class comes from there.
+ */
+#define TCP_POOL_MIN_SHIFT 6
+#define TCP_POOL_CLASSES 12 /* 64 B .. 128 KiB */
+#define TCP_POOL_MAX (1u << (TCP_POOL_MIN_SHIFT + TCP_POOL_CLASSES - 1))
+#define TCP_POOL_KEEP (8u << 20)
+
+struct tcp_free {
+	struct tcp_free *next;
+};
+
+struct tcp_pool {
+	struct tcp_free *payload[TCP_POOL_CLASSES];
+	struct tcp_free *frames;  /* struct uframe */
+	struct tcp_free *ctl;     /* struct chunk */
+	uint64_t kept;            /* bytes on the lists */
+};
+
 struct tp_ctx {
 	tp_skel sk;           /* first: the lock, the sleeper, the request pool (skel.h) */
 	int rank, size;
@@ -210,6 +232,7 @@ struct tp_ctx {
 	klist all;            /* every socket (struct tsock), for progress and cleanup */
 	uint32_t recv_comm, recv_seq; /* the call of the last receive posted */
 	const tp_meta_rules *meta;
+	struct tcp_pool pool;
 };
 
 /* tcp_sock.c */
