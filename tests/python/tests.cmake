@@ -8,12 +8,24 @@ if(KHOR_PYTHON AND NOT KHOR_SANITIZE)
   execute_process(COMMAND ${KHOR_PYTHON} -c "import pytest" RESULT_VARIABLE KHOR_HAVE_PYTEST
     OUTPUT_QUIET ERROR_QUIET)
   if(KHOR_HAVE_PYTEST EQUAL 0)
+    # test_fast.py asserts that the hot path's extension (bindings/python/ext) loaded where
+    # the build made it; pytest_n2_ctypes runs the allreduce and optimizer tests without it.
+    if(TARGET khorfast)
+      set(khor_expect_fast 1)
+    else()
+      set(khor_expect_fast 0)
+    endif()
     foreach(n 2 4)
       add_test(NAME pytest_n${n} COMMAND $<TARGET_FILE:khorrun> -np ${n} ${KHOR_PYTHON} -m pytest
         -q -p no:cacheprovider ${CMAKE_CURRENT_LIST_DIR}/../python)
       set_tests_properties(pytest_n${n} PROPERTIES TIMEOUT 900 ENVIRONMENT
-        "PYTHONPATH=${PROJECT_SOURCE_DIR}/bindings/python;KHOR_LIBRARY_PATH=$<TARGET_FILE:khor>;PYTHONDONTWRITEBYTECODE=1")
+        "PYTHONPATH=${PROJECT_SOURCE_DIR}/bindings/python;KHOR_LIBRARY_PATH=$<TARGET_FILE:khor>;PYTHONDONTWRITEBYTECODE=1;KHOR_EXPECT_FAST=${khor_expect_fast}")
     endforeach()
+    add_test(NAME pytest_n2_ctypes COMMAND $<TARGET_FILE:khorrun> -np 2 ${KHOR_PYTHON} -m pytest
+      -q -p no:cacheprovider ${CMAKE_CURRENT_LIST_DIR}/test_fast.py
+      ${CMAKE_CURRENT_LIST_DIR}/test_torch_allreduce.py ${CMAKE_CURRENT_LIST_DIR}/test_torch_optimizer.py)
+    set_tests_properties(pytest_n2_ctypes PROPERTIES TIMEOUT 300 ENVIRONMENT
+      "PYTHONPATH=${PROJECT_SOURCE_DIR}/bindings/python;KHOR_LIBRARY_PATH=$<TARGET_FILE:khor>;PYTHONDONTWRITEBYTECODE=1;KHOR_FAST=0")
     # The fault matrix of tests/runtime/test_fault_matrix.c through khor.torch and its engine
     # (test_fault_matrix.py): plain pytest, not under khorrun; it launches the jobs itself
     # (one per n, every case of tcp and shm in it, and two cases as jobs of their own), and

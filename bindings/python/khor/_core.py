@@ -7,6 +7,7 @@ and call the functions here; nothing here knows numpy or torch.
 
 import atexit
 import ctypes
+import itertools
 import os
 import sys
 import threading
@@ -25,6 +26,8 @@ Adasum = 2
 Min = 3
 Max = 4
 Product = 5
+
+_fast = _lib.fast   # khor._khorfast, or None: the same calls through ctypes
 
 _OPS = {Average: _lib.AVG, Sum: _lib.SUM, Min: _lib.MIN, Max: _lib.MAX, Product: _lib.PROD}
 
@@ -70,7 +73,7 @@ class _State:
         self.engine = None
         self.sets = {}          # id -> ProcessSet
         self.pending = {}       # int handle -> _Pending
-        self.next_handle = 1
+        self.handles = itertools.count(1)
         self.counters = {}      # op kind -> noname counter
         self.order = []         # the registered sets but the global one, in order
         self.last_sets = []     # those of the job shutdown() left (an elastic reset's)
@@ -502,10 +505,10 @@ class _Pending:
 
 
 def _register(h, keep, finish, name):
-    with _state.lock:
-        hid = _state.next_handle
-        _state.next_handle += 1
-        _state.pending[hid] = _Pending(h, keep, finish, name)
+    # next() of an itertools.count and a dict's item assignment are atomic under the GIL:
+    # no lock on the hot path.
+    hid = next(_state.handles)
+    _state.pending[hid] = _Pending(h, keep, finish, name)
     return hid
 
 
@@ -514,7 +517,7 @@ def _enqueue(fn, *args):
     st = fn(_state.engine, *args, ctypes.byref(h))
     if st != _lib.SUCCESS:
         raise enqueue_error(_engine_error(), st)
-    return h
+    return h.value   # an int, as _khorfast's handles
 
 
 def _names(names):
@@ -589,6 +592,49 @@ def take_output(addr):
     """The owner of a device output made by a Buf's alloc at addr (None for the engine's own
     host buffer)."""
     return _state.device_out.pop(addr, None)
+
+
+def enqueue_allreduce_host(name, inp, out, dtype, shape, op, prescale, postscale,
+                           process_set, finish, keep):
+    """One allreduce of host memory, the hot path: addresses, khor dtype and shape (a
+    tuple) instead of Bufs, through _khorfast when it is built. name: str; keep: what must
+    stay alive (finish(pending) reads it as pending.keep)."""
+    if _fast is None:
+        hid = enqueue_allreduce([name], [Buf(inp, dtype, shape, None)],
+                                [Buf(out, dtype, shape, None)], op, prescale, postscale,
+                                process_set, finish, None)
+        _state.pending[hid].keep = keep
+        return hid
+    if _state.engine is None:
+        require_init()
+    sid = set_id(process_set) if process_set is not global_process_set else 0
+    h = _fast.allreduce(_state.engine.value, sid, name.encode(), inp, out, dtype, shape,
+                        khor_op(op), float(prescale), float(postscale))
+    if h < 0:
+        raise enqueue_error(_engine_error(), -h)
+    return _register(h, keep, finish, [name])
+
+
+def enqueue_grouped_allreduce_host(names, inps, outs, dtypes, shapes, op, prescale, postscale,
+                                   process_set, finish, keep):
+    """A grouped allreduce of host memory in one call (as enqueue_allreduce_host, each
+    argument a list, one entry per tensor, at least two)."""
+    if _fast is None:
+        hid = enqueue_allreduce(names, [Buf(i, d, s, None) for i, d, s in
+                                        zip(inps, dtypes, shapes)],
+                                [Buf(o, d, s, None) for o, d, s in zip(outs, dtypes, shapes)],
+                                op, prescale, postscale, process_set, finish, None)
+        _state.pending[hid].keep = keep
+        return hid
+    if _state.engine is None:
+        require_init()
+    sid = set_id(process_set) if process_set is not global_process_set else 0
+    h = _fast.grouped_allreduce(_state.engine.value, sid, [n.encode() for n in names], inps,
+                                outs, dtypes, shapes, khor_op(op), float(prescale),
+                                float(postscale))
+    if h < 0:
+        raise enqueue_error(_engine_error(), -h)
+    return _register(h, keep, finish, names)
 
 
 def enqueue_allreduce(name, ins, outs, op, prescale, postscale, process_set, finish, keep):
@@ -710,7 +756,8 @@ def poll(handle):
     p = _state.pending.get(handle)
     if p is None:
         raise ValueError("unknown handle %r" % (handle,))
-    return p.done or _lib.khor_handle_test(p.h) != _lib.IN_PROGRESS
+    test = _fast.test if _fast is not None else _lib.khor_handle_test
+    return p.done or test(p.h) != _lib.IN_PROGRESS
 
 
 def synchronize(handle):
@@ -720,7 +767,7 @@ def synchronize(handle):
     p = _state.pending.get(handle)
     if p is None:
         raise ValueError("unknown handle %r (already synchronized?)" % (handle,))
-    st = _lib.khor_handle_wait(p.h)
+    st = _fast.wait(p.h) if _fast is not None else _lib.khor_handle_wait(p.h)
     if st == _lib.ERR_TIMEOUT:
         raise collective_error(_lib.text(_lib.khor_handle_error(p.h)), st)
     try:
@@ -728,9 +775,11 @@ def synchronize(handle):
             raise collective_error(_lib.text(_lib.khor_handle_error(p.h)), st)
         return p.finish(p) if p.finish is not None else None
     finally:
-        with _state.lock:
-            _state.pending.pop(handle, None)
-        _lib.khor_handle_free(p.h)
+        _state.pending.pop(handle, None)
+        if _fast is not None:
+            _fast.free(p.h)
+        else:
+            _lib.khor_handle_free(p.h)
 
 
 def start_timeline(file_path, mark_cycles=False):

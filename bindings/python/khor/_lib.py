@@ -231,3 +231,42 @@ def check(status, message_fn):
     if status != SUCCESS:
         msg = message_fn() or text(lib.khor_strerror(status))
         raise KhorError(msg, status)
+
+
+def _load_fast():
+    """khor._khorfast (bindings/python/ext/khorfast.c), the hot path in C, bound to the
+    functions of the libkhor loaded above: from beside that library (a build tree), else
+    from this package (an install). None when it is not built or KHOR_FAST=0, and the
+    package then makes the same calls through ctypes."""
+    if os.environ.get("KHOR_FAST", "1") == "0":
+        return None
+    import importlib.machinery
+    import importlib.util
+    dirs = [os.path.dirname(os.path.abspath(__file__))]
+    if os.sep in path:
+        dirs.insert(0, os.path.dirname(os.path.abspath(path)))
+    for d in dirs:
+        f = os.path.join(d, "_khorfast.abi3.so")
+        if not os.path.exists(f):
+            continue
+        try:
+            loader = importlib.machinery.ExtensionFileLoader("khor._khorfast", f)
+            spec = importlib.util.spec_from_file_location("khor._khorfast", f, loader=loader)
+            mod = importlib.util.module_from_spec(spec)
+            loader.exec_module(mod)
+        except ImportError as e:
+            sys.stderr.write("khor: %s does not load (%s); using ctypes\n" % (f, e))
+            return None
+        try:
+            mod.bind(*[ctypes.cast(fn, c_void_p).value for fn in
+                       (khor_enqueue_allreduce, khor_enqueue_grouped_allreduce,
+                        khor_handle_wait, khor_handle_test, khor_handle_free)])
+        except TypeError as e:   # a module from another build of the package
+            sys.stderr.write("khor: %s does not match this package (%s); using ctypes\n"
+                             % (f, e))
+            return None
+        return mod
+    return None
+
+
+fast = _load_fast()

@@ -158,13 +158,38 @@ def _allreduce_async(tensors, outputs, name, op, prescale, postscale, process_se
                                    prescale, postscale, process_set, finish, (tensors,))
 
 
+def _host_plain(t, prescale, postscale):
+    """The khor dtype of t when its allreduce can take the hot path (a dense contiguous CPU
+    tensor, scaled by the engine or not at all), else None."""
+    if not isinstance(t, torch.Tensor) or not t.is_cpu or t.is_sparse or \
+            not t.is_contiguous():
+        return None
+    dt = _DTYPES.get(t.dtype)
+    if dt is not None and not t.dtype.is_floating_point and \
+            (prescale != 1.0 or postscale != 1.0):
+        return None   # integer scaling is done here (_int_scaling)
+    return dt
+
+
+def _keep_first(p):
+    return p.keep[0]
+
+
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set):
     """Starts an allreduce of tensor into a new tensor; synchronize(handle) returns it."""
-    _check_tensor(tensor, "allreduce")
+    dt = _host_plain(tensor, prescale_factor, postscale_factor)
+    if dt is None:
+        _check_tensor(tensor, "allreduce")
     op = handle_average_backwards_compatibility(op, average)
-    out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     nm = _core.auto_name("allreduce", name, process_set)
+    if dt is not None:
+        out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        n = tensor.numel()
+        return _core.enqueue_allreduce_host(
+            nm, tensor.data_ptr() if n else 0, out.data_ptr() if n else 0, dt, tensor.shape,
+            op, prescale_factor, postscale_factor, process_set, _keep_first, (out, tensor))
+    out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     return _allreduce_async([tensor], [out], nm, op, prescale_factor, postscale_factor,
                             process_set, "one")
 
@@ -172,9 +197,16 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """Starts an in-place allreduce of tensor."""
-    _check_tensor(tensor, "allreduce_")
+    dt = _host_plain(tensor, prescale_factor, postscale_factor)
+    if dt is None:
+        _check_tensor(tensor, "allreduce_")
     op = handle_average_backwards_compatibility(op, average)
     nm = _core.auto_name("allreduce", name, process_set)
+    if dt is not None:
+        ptr = tensor.data_ptr() if tensor.numel() else 0
+        return _core.enqueue_allreduce_host(nm, ptr, ptr, dt, tensor.shape, op,
+                                            prescale_factor, postscale_factor, process_set,
+                                            _keep_first, (tensor,))
     return _allreduce_async([tensor], [tensor], nm, op, prescale_factor, postscale_factor,
                             process_set, "one")
 
@@ -218,24 +250,55 @@ def _group_names(kind, name, n, process_set=None):
     return ["%s.%d" % (base, i) for i in range(n)]
 
 
+def _grouped_host(tensors, prescale, postscale):
+    """The khor dtypes of a group that can take the hot path (two or more tensors, each as
+    _host_plain says), else None."""
+    if not isinstance(tensors, (list, tuple)) or len(tensors) < 2:
+        return None
+    dts = [_host_plain(t, prescale, postscale) for t in tensors]
+    return None if None in dts else dts
+
+
+def _ptr(t):
+    return t.data_ptr() if t.numel() else 0
+
+
+def _list_first(p):
+    return list(p.keep[0])
+
+
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     """Starts one allreduce of a list of tensors, negotiated and completed as one."""
-    for t in tensors:
-        _check_tensor(t, "grouped_allreduce")
+    dts = _grouped_host(tensors, prescale_factor, postscale_factor)
+    if dts is None:
+        for t in tensors:
+            _check_tensor(t, "grouped_allreduce")
     op = handle_average_backwards_compatibility(op, average)
     outs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     names = _group_names("allreduce", name, len(tensors), process_set)
+    if dts is not None:
+        return _core.enqueue_grouped_allreduce_host(
+            names, [_ptr(t) for t in tensors], [_ptr(o) for o in outs], dts,
+            [t.shape for t in tensors], op, prescale_factor, postscale_factor, process_set,
+            _list_first, (outs, tensors))
     return _allreduce_async(list(tensors), outs, names, op, prescale_factor, postscale_factor,
                             process_set, "group")
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
-    for t in tensors:
-        _check_tensor(t, "grouped_allreduce_")
+    dts = _grouped_host(tensors, prescale_factor, postscale_factor)
+    if dts is None:
+        for t in tensors:
+            _check_tensor(t, "grouped_allreduce_")
     op = handle_average_backwards_compatibility(op, average)
     names = _group_names("allreduce", name, len(tensors), process_set)
+    if dts is not None:
+        ptrs = [_ptr(t) for t in tensors]
+        return _core.enqueue_grouped_allreduce_host(
+            names, ptrs, ptrs, dts, [t.shape for t in tensors], op, prescale_factor,
+            postscale_factor, process_set, _list_first, (list(tensors),))
     return _allreduce_async(list(tensors), list(tensors), names, op, prescale_factor,
                             postscale_factor, process_set, "group")
 
