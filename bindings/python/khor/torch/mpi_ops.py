@@ -158,6 +158,10 @@ def _allreduce_async(tensors, outputs, name, op, prescale, postscale, process_se
                                    prescale, postscale, process_set, finish, (tensors,))
 
 
+def _ptr(t):
+    return t.data_ptr() if t.numel() else 0
+
+
 def _host_plain(t, prescale, postscale):
     """The khor dtype of t when its allreduce can take the hot path (a dense contiguous CPU
     tensor, scaled by the engine or not at all), else None."""
@@ -182,14 +186,12 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     if dt is None:
         _check_tensor(tensor, "allreduce")
     op = handle_average_backwards_compatibility(op, average)
+    out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     nm = _core.auto_name("allreduce", name, process_set)
     if dt is not None:
-        out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-        n = tensor.numel()
         return _core.enqueue_allreduce_host(
-            nm, tensor.data_ptr() if n else 0, out.data_ptr() if n else 0, dt, tensor.shape,
-            op, prescale_factor, postscale_factor, process_set, _keep_first, (out, tensor))
-    out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+            nm, _ptr(tensor), _ptr(out), dt, tensor.shape, op, prescale_factor,
+            postscale_factor, process_set, _keep_first, (out, tensor))
     return _allreduce_async([tensor], [out], nm, op, prescale_factor, postscale_factor,
                             process_set, "one")
 
@@ -203,7 +205,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     op = handle_average_backwards_compatibility(op, average)
     nm = _core.auto_name("allreduce", name, process_set)
     if dt is not None:
-        ptr = tensor.data_ptr() if tensor.numel() else 0
+        ptr = _ptr(tensor)
         return _core.enqueue_allreduce_host(nm, ptr, ptr, dt, tensor.shape, op,
                                             prescale_factor, postscale_factor, process_set,
                                             _keep_first, (tensor,))
@@ -257,10 +259,6 @@ def _grouped_host(tensors, prescale, postscale):
         return None
     dts = [_host_plain(t, prescale, postscale) for t in tensors]
     return None if None in dts else dts
-
-
-def _ptr(t):
-    return t.data_ptr() if t.numel() else 0
 
 
 def _list_first(p):
