@@ -1,6 +1,7 @@
 /* clock.c -- monotonic clock and deadline arithmetic (see clock.h). */
 #include "clock.h"
 
+#include <stdatomic.h>
 #include <time.h>
 
 uint64_t kclock_ns(void)
@@ -16,6 +17,28 @@ kdeadline kdeadline_in_ms(int64_t ms)
 	kdeadline d;
 
 	d.at_ns = ms < 0 ? UINT64_MAX : kclock_ns() + (uint64_t)ms * 1000000ull;
+	return d;
+}
+
+kdeadline kdeadline_in_ms_coarse(int64_t ms, uint64_t *now_ns)
+{
+	static _Atomic uint64_t tick_ns; /* the coarse clock's resolution, once known */
+	struct timespec ts;
+	kdeadline d;
+
+	uint64_t tick = atomic_load_explicit(&tick_ns, memory_order_relaxed);
+	if (tick == 0) {
+		if (clock_getres(CLOCK_MONOTONIC_COARSE, &ts) != 0)
+			ts = (struct timespec){ .tv_sec = 0, .tv_nsec = 10000000 };
+		tick = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+		atomic_store_explicit(&tick_ns, tick, memory_order_relaxed);
+	}
+	if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0)
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+	uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	if (now_ns != NULL)
+		*now_ns = now;
+	d.at_ns = ms < 0 ? UINT64_MAX : now + tick + (uint64_t)ms * 1000000ull;
 	return d;
 }
 

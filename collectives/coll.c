@@ -509,8 +509,8 @@ khor_status coll_progress(coll_comm *cc, int timeout_ms, unsigned sleep_mask, bo
 
 void coll_wait_init(coll_comm *cc, coll_wait *w, const char *what)
 {
-	w->dl = kdeadline_in_ms(cc->timeout_ms);
-	w->started_ns = kclock_ns();
+	/* The tick clock: this runs on every call, and a deadline a tick late does no harm. */
+	w->dl = kdeadline_in_ms_coarse(cc->timeout_ms, &w->started_ns);
 	w->last_abort_check_ns = w->started_ns;
 	w->moves = 0;
 	w->what = what;
@@ -585,8 +585,7 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 	const bool spin = cc->spinning == NULL ||
 	                  atomic_fetch_add(cc->spinning, 1) < cc->max_spinners;
 	st = KHOR_SUCCESS;
-	spin_start = kclock_ns();
-	spin_end = spin_start + cc->spin_ns;
+	spin_start = spin_end = 0; /* from the first look at the clock: most waits end before */
 	for (unsigned i = 1; spin; i++) {
 		st = coll_progress(cc, 0, mask, &moved, err);
 		if (st != KHOR_SUCCESS || moved)
@@ -596,6 +595,10 @@ khor_status coll_wait_step(coll_comm *cc, coll_wait *w, const coll_xfer *xs, int
 		/* Reading the clock costs as much as a poll of shared memory: do it now and then. */
 		if ((i & 15) == 0) {
 			now = kclock_ns();
+			if (spin_end == 0) {
+				spin_start = now;
+				spin_end = now + cc->spin_ns;
+			}
 			if (now >= spin_end)
 				break;
 			/*
