@@ -4,12 +4,17 @@
 #include <stdatomic.h>
 #include <time.h>
 
+static uint64_t ts_ns(const struct timespec *ts)
+{
+	return (uint64_t)ts->tv_sec * 1000000000ull + (uint64_t)ts->tv_nsec;
+}
+
 uint64_t kclock_ns(void)
 {
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	return ts_ns(&ts);
 }
 
 kdeadline kdeadline_in_ms(int64_t ms)
@@ -30,12 +35,12 @@ kdeadline kdeadline_in_ms_coarse(int64_t ms, uint64_t *now_ns)
 	if (tick == 0) {
 		if (clock_getres(CLOCK_MONOTONIC_COARSE, &ts) != 0)
 			ts = (struct timespec){ .tv_sec = 0, .tv_nsec = 10000000 };
-		tick = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+		tick = ts_ns(&ts);
 		atomic_store_explicit(&tick_ns, tick, memory_order_relaxed);
 	}
 	if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0)
 		clock_gettime(CLOCK_MONOTONIC, &ts);
-	uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	uint64_t now = ts_ns(&ts);
 	if (now_ns != NULL)
 		*now_ns = now;
 	d.at_ns = ms < 0 ? UINT64_MAX : now + tick + (uint64_t)ms * 1000000ull;

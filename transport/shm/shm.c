@@ -622,7 +622,8 @@ static bool rx_drive(tp_link *l)
 	/*
 	 * The next record's first two lines (header, then the payload of a small message) are
 	 * fetched while the load of tail waits for the producer's line: a spinning receiver
-	 * would otherwise pay the three cache misses one after another.
+	 * would otherwise pay the three cache misses one after another. (At the ring's last
+	 * line the second address is past it, maybe past the mapping: a prefetch never faults.)
 	 */
 	const uint8_t *next = l->rx_ring + (l->rx_scan & (size - 1));
 	__builtin_prefetch(next);
