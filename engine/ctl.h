@@ -23,13 +23,30 @@ typedef struct msg_hdr {
 
 
 /*
+ * A wait that would sleep now, handed back to its caller instead (ctl_wait with a yield):
+ * how long it would sleep, and in which of the ctl comm's transports (bit i = tps[i]).
+ */
+typedef struct ctl_yield {
+	int ms;
+	unsigned mask;
+} ctl_yield;
+
+/*
  * Waits until one of xs completes (*which = its index), or, with wake_ok, this set is woken
  * by an enqueue or a stop (*which = -1), or dl passes, or idle_ms (> 0) passes (*which = -2).
- * Spins for the comm's spin time first when spin. Link errors come back with the peer
- * named by the transport.
+ * Spins for the comm's spin time first when spin. With y, a wait that would go to sleep
+ * returns instead (*which = -3, *y filled): the idle wait of a turn, whose caller lets go of
+ * the set's baton before it sleeps (ctl_sleep). Link errors come back with the peer named
+ * by the transport.
  */
 khor_status ctl_wait(eset *s, coll_xfer *xs, int nxs, bool wake_ok, kdeadline dl, bool spin,
-                     int idle_ms, int *which, kerr *err);
+                     int idle_ms, ctl_yield *y, int *which, kerr *err);
+/*
+ * Sleeps as ctl_wait would have (y), in the transports alone: it touches nothing of the ctl
+ * comm's own state, so the thread need not hold the set's baton. It returns early when
+ * anything moves or the set is woken; the next turn looks at what it was.
+ */
+void ctl_sleep(eset *s, const ctl_yield *y);
 /*
  * For a wait with no deadline of its own (a worker's for the coordinator's answer, which
  * comes when every rank has asked for the same tensors, however late): once *next passed,

@@ -27,6 +27,7 @@
 #include "collectives/reduce.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -333,6 +334,9 @@ khor_status engine_enqueue(struct khor_engine *e, int set, int kind, int n, cons
 	}
 	if (queue_push_locked(s, h) != KHOR_SUCCESS)
 		goto fail_nomem;
+	for (int i = 0; i < n; i++)
+		if (h->t[i].mem.be != NULL || h->t[i].ready != NULL)
+			s->dev_seen = true; /* its cycles run on the set thread (drive_while_waiting) */
 	e->refs++;
 	pthread_mutex_unlock(&e->mu);
 	set_wake(s);
@@ -348,58 +352,111 @@ fail_free:
 	return st;
 }
 
-/* A one-rank set needs no negotiation: everything enqueued is ready at once. */
+/*
+ * A one-rank set needs no negotiation: everything enqueued is ready at once, and runs in
+ * one turn (by the holder of the baton). False: the set failed (out of memory).
+ */
+static bool solo_turn(eset *s)
+{
+	struct khor_engine *e = s->e;
+
+	pthread_mutex_lock(&e->mu);
+	int n = 0;
+	klist *node, *tmp;
+	KLIST_FOREACH_SAFE(node, tmp, &s->fresh)
+		n++;
+	if (n == 0) {
+		pthread_mutex_unlock(&e->mu);
+		return true;
+	}
+	eitem *items = calloc((size_t)n, sizeof(*items));
+	if (items == NULL) {
+		pthread_mutex_unlock(&e->mu);
+		kerr x;
+		kerr_set(&x, KHOR_ERR_NO_MEMORY, "engine set %d: out of memory", s->id);
+		queue_fail_set(s, &x);
+		return false;
+	}
+	int i = 0;
+	KLIST_FOREACH_SAFE(node, tmp, &s->fresh) {
+		khor_handle *h = KLIST_ENTRY(node, khor_handle, link);
+		klist_del(&h->link);
+		h->t_response = kclock_ns();
+		if (h->kind == EK_JOIN) {
+			/* Every member (this one) has joined: it is the last. */
+			h->join_rank = 0;
+			queue_complete_locked(e, h, KHOR_SUCCESS, NULL);
+			continue;
+		}
+		items[i].h = h;
+		items[i].kind = h->kind;
+		items[i].op = h->op;
+		items[i].root = h->root;
+		items[i].prescale = h->prescale;
+		items[i].postscale = h->postscale;
+		items[i].n = h->n;
+		items[i].t = h->t;
+		i++;
+	}
+	queue_signal_locked(e);
+	pthread_mutex_unlock(&e->mu);
+	execute_items(s, items, i);
+	free(items);
+	s->cycles++;
+	return true;
+}
+
 static void solo_loop(eset *s)
 {
 	struct khor_engine *e = s->e;
 
 	for (;;) {
 		pthread_mutex_lock(&e->mu);
-		while (klist_empty(&s->fresh) && !s->stop)
+		while (klist_empty(&s->fresh) && !s->stop && !s->failed)
 			pthread_cond_wait(&s->cv, &e->mu);
-		if (klist_empty(&s->fresh) && s->stop) {
-			pthread_mutex_unlock(&e->mu);
-			return;
-		}
-		int n = 0;
-		klist *node, *tmp;
-		KLIST_FOREACH_SAFE(node, tmp, &s->fresh)
-			n++;
-		eitem *items = calloc((size_t)n, sizeof(*items));
-		if (items == NULL) {
-			pthread_mutex_unlock(&e->mu);
-			kerr x;
-			kerr_set(&x, KHOR_ERR_NO_MEMORY, "engine set %d: out of memory", s->id);
-			queue_fail_set(s, &x);
-			return;
-		}
-		int i = 0;
-		KLIST_FOREACH_SAFE(node, tmp, &s->fresh) {
-			khor_handle *h = KLIST_ENTRY(node, khor_handle, link);
-			klist_del(&h->link);
-			h->t_response = kclock_ns();
-			if (h->kind == EK_JOIN) {
-				/* Every member (this one) has joined: it is the last. */
-				h->join_rank = 0;
-				queue_complete_locked(e, h, KHOR_SUCCESS, NULL);
-				continue;
-			}
-			items[i].h = h;
-			items[i].kind = h->kind;
-			items[i].op = h->op;
-			items[i].root = h->root;
-			items[i].prescale = h->prescale;
-			items[i].postscale = h->postscale;
-			items[i].n = h->n;
-			items[i].t = h->t;
-			i++;
-		}
-		queue_signal_locked(e);
+		bool end = s->failed || (klist_empty(&s->fresh) && s->stop);
 		pthread_mutex_unlock(&e->mu);
-		execute_items(s, items, i);
-		free(items);
-		s->cycles++;
+		if (end)
+			return;
+		/* What a waiting caller took meanwhile is gone from fresh: the turn finds less. */
+		pthread_mutex_lock(&s->drive);
+		bool ok = solo_turn(s);
+		pthread_mutex_unlock(&s->drive);
+		if (!ok)
+			return;
 	}
+}
+
+/*
+ * One turn of set s by the holder of its baton: a cycle (negotiation hands back its
+ * responses, which run here, in order, on every rank alike), or, with y, a look that found
+ * nothing to do yet (NEG_IDLE: sleep as y says, the baton let go). NEG_END: the set's loop
+ * is over (s->over): it failed, or every rank stopped.
+ */
+static int set_turn(eset *s, ctl_yield *y)
+{
+	eresp r = { 0 };
+	int t = negotiate_turn(s, y, &r);
+
+	if (t == NEG_IDLE)
+		return NEG_IDLE;
+	if (t == NEG_END) {
+		s->over = true;
+		return NEG_END;
+	}
+	bool stop = r.stop;
+	if (r.n > 0)
+		execute_items(s, r.items, r.n);
+	response_free(&r);
+	s->cycles++;
+	pthread_mutex_lock(&s->e->mu);
+	bool failed = s->failed;
+	pthread_mutex_unlock(&s->e->mu);
+	if (stop || failed) {
+		s->over = true;
+		return NEG_END;
+	}
+	return NEG_RAN;
 }
 
 static void *set_main(void *arg)
@@ -412,24 +469,32 @@ static void *set_main(void *arg)
 		return NULL;
 	}
 	/*
-	 * The cycle loop: negotiation hands back the cycle's responses, which run here, in
-	 * order, on every rank alike.
+	 * The set's loop: turns under the baton, and between them, when there is nothing to
+	 * do, a wait with the baton let go, for a waiting caller to take: for the comm's spin
+	 * time after a cycle a poll of the transports (more is likely to come soon), then a
+	 * sleep in them.
 	 */
+	const uint64_t spin_ns = s->ctl->cc.spin_ns;
+	uint64_t hot_until = 0;
 	for (;;) {
-		eresp r = { 0 };
-		bool go = s->rank == 0 ? negotiate_coord_cycle(s, &r) : negotiate_worker_cycle(s, &r);
-		if (!go)
+		ctl_yield y;
+		pthread_mutex_lock(&s->drive);
+		int t = s->over ? NEG_END : set_turn(s, &y);
+		if (t == NEG_END)
+			negotiate_release(s);
+		pthread_mutex_unlock(&s->drive);
+		if (t == NEG_END)
 			break;
-		bool stop = r.stop;
-		if (r.n > 0)
-			execute_items(s, r.items, r.n);
-		response_free(&r);
-		s->cycles++;
-		pthread_mutex_lock(&s->e->mu);
-		bool failed = s->failed;
-		pthread_mutex_unlock(&s->e->mu);
-		if (stop || failed)
-			break;
+		uint64_t now = kclock_ns();
+		if (t == NEG_RAN) {
+			hot_until = now + spin_ns;
+		} else if (now < hot_until) {
+			y.ms = 0;
+			ctl_sleep(s, &y);
+			sched_yield(); /* the application's threads share the cores (ctl.c) */
+		} else {
+			ctl_sleep(s, &y);
+		}
 	}
 	execute_dev_release(s);
 	/* Whatever is left (after a failure, or a stop) completes now. */
@@ -483,6 +548,8 @@ static void set_free(eset *s)
 	queue_release_all_locked(s);
 	pthread_mutex_unlock(&s->e->mu);
 	table_free(s);
+	if (s->ctl != NULL)
+		negotiate_release(s); /* nothing left: the set's loop let it go */
 	execute_dev_release(s); /* nothing left, unless its thread never ended */
 	fusion_release(s);
 	if (s->data != NULL)
@@ -494,6 +561,7 @@ static void set_free(eset *s)
 	emap_free(&s->keys);
 	response_cache_free(&s->cache);
 	pthread_cond_destroy(&s->cv);
+	pthread_mutex_destroy(&s->drive);
 	free(s);
 }
 
@@ -514,6 +582,7 @@ khor_status engine_add_set(struct khor_engine *e, khor_comm *comm, int *id_out, 
 	klist_init(&s->named);
 	klist_init(&s->arrivals);
 	pthread_cond_init(&s->cv, NULL);
+	pthread_mutex_init(&s->drive, NULL);
 	atomic_init(&s->woken, false);
 	s->cache.cap = e->s.cache_capacity;
 	s->first_stopper = -1;
@@ -786,6 +855,64 @@ static khor_status wait_alive(khor_handle *h, uint64_t t0, kdeadline *dl)
 	return st;
 }
 
+/*
+ * A caller waiting for h runs the set's turns itself while the set thread sleeps (its baton
+ * is free then): a lone call costs no hand-off to the set thread and back, the two
+ * wake-ups that were most of its time (docs/PERFORMANCE.md). It drives until h completes,
+ * or until a turn has found nothing to do for the length of a spin (then the set thread
+ * listens again, as it always has, and this thread waits below). It leaves to the set
+ * thread the sets whose tensors are not in host memory (their device context is bound
+ * there, and the caller's thread keeps its own) and a stop under way. Completion callbacks
+ * of the handles its turns complete run on this thread.
+ */
+static void drive_while_waiting(khor_handle *h)
+{
+	struct khor_engine *e = h->eng;
+	eset *s = NULL;
+
+	/*
+	 * Not done: its set is alive (a set ends only once its handles have completed). The
+	 * trylock never blocks, so taking it under mu keeps the lock order (baton, then mu).
+	 * The set thread holds the baton only for a look of a microsecond or so between its
+	 * sleeps, unless a cycle is under way: a few tries, a yield of the core between them.
+	 */
+	for (int tries = 0; s == NULL && tries < 20; tries++) {
+		bool busy = false;
+		pthread_mutex_lock(&e->mu);
+		if (!h->done && !h->set->stop && !h->set->failed && !h->set->dev_seen) {
+			if (pthread_mutex_trylock(&h->set->drive) == 0)
+				s = h->set;
+			else
+				busy = true;
+		}
+		pthread_mutex_unlock(&e->mu);
+		if (!busy)
+			break;
+		if (s == NULL)
+			sched_yield();
+	}
+	if (s == NULL)
+		return;
+	s->caller = true;
+	while (!s->over && !atomic_load_explicit(&h->done_flag, memory_order_acquire)) {
+		pthread_mutex_lock(&e->mu);
+		bool leave = s->stop || s->dev_seen;
+		pthread_mutex_unlock(&e->mu);
+		if (leave)
+			break;
+		if (s->size == 1) {
+			if (!solo_turn(s))
+				pthread_cond_broadcast(&s->cv); /* it failed: the set thread ends */
+			break;
+		}
+		ctl_yield y;
+		if (set_turn(s, &y) != NEG_RAN)
+			break;
+	}
+	s->caller = false;
+	pthread_mutex_unlock(&s->drive);
+}
+
 khor_status engine_wait(khor_handle *h)
 {
 	struct khor_engine *e = h->eng;
@@ -794,6 +921,7 @@ khor_status engine_wait(khor_handle *h)
 	kdeadline dl = kdeadline_in_ms(t);
 	const uint64_t t0 = kclock_ns();
 
+	drive_while_waiting(h);
 	/*
 	 * A short spin first, when this rank has a core for it besides the set thread's: a
 	 * small tensor's whole round is often shorter than a wake-up. Without one, spinning

@@ -117,14 +117,54 @@ static bool stopping(eset *s)
 	return asked;
 }
 
+/*
+ * A turn's idle wait, kept in the set (s->idle) from one turn to the next, whoever holds the
+ * baton: the receives of the cycle's first messages stay posted while the set thread
+ * sleeps with the baton let go, or while a waiting caller runs the turn instead.
+ */
+typedef struct nidle {
+	bool posted;      /* the receives below are posted for cycle s->cycle */
+	msg_hdr *in;      /* worker: in[0], the coordinator's first message; coordinator:
+	                   * in[w], worker w's report */
+	coll_xfer *rx;    /* worker: rx[0]; coordinator: rx[w - 1] */
+	bool *got;        /* coordinator: got[w], worker w's report is in */
+	int ngot;
+	kdeadline look;   /* coordinator: when to judge the ranks missing from its table */
+} nidle;
+
+static void idle_begin(eset *s)
+{
+	s->idle->posted = true;
+}
+
+static void idle_free(nidle *id)
+{
+	if (id == NULL)
+		return;
+	free(id->in);
+	free(id->rx);
+	free(id->got);
+	free(id);
+}
+
+void negotiate_release(eset *s)
+{
+	if (s->idle == NULL)
+		return;
+	if (s->idle->posted)
+		coll_drain(&s->ctl->cc, s->idle->rx, s->rank == 0 ? s->size - 1 : 1);
+	idle_free(s->idle);
+	s->idle = NULL;
+}
+
 /* How often a worker waiting for the coordinator's answer looks for a stop request (that
  * wait has no deadline of its own: the coordinator answers when there is news). */
 #define STOP_LOOK_MS 500
 
-bool negotiate_worker_cycle(eset *s, eresp *resp_out)
+static int worker_turn(eset *s, ctl_yield *y, eresp *resp_out)
 {
-	msg_hdr in, out;
-	coll_xfer rx = { 0 }, tx[2] = { { 0 }, { 0 } };
+	msg_hdr out;
+	coll_xfer tx[2] = { { 0 }, { 0 } };
 	bbuf rep = { 0 };
 	bool sent = false, ok = false;
 	uint8_t *payload = NULL;
@@ -134,16 +174,24 @@ bool negotiate_worker_cycle(eset *s, eresp *resp_out)
 	uint64_t t_neg = 0;
 	coll_comm *cc = &s->ctl->cc;
 	kdeadline never = kdeadline_in_ms(-1);
+	nidle *id = s->idle;
+	msg_hdr *in = &id->in[0];
+	coll_xfer *rx = &id->rx[0];
 
 	kerr_clear(&err);
-	st = coll_post(cc, &rx, 0, false, &in, sizeof(in), ctl_tag(s, 0),
-	               kdeadline_in_ms(cc->timeout_ms), &err);
-	if (st != KHOR_SUCCESS) {
-		fail_with(s, st, &err, "waiting for the coordinator (rank 0)");
-		return false;
+	if (!id->posted) {
+		st = coll_post(cc, rx, 0, false, in, sizeof(*in), ctl_tag(s, 0),
+		               kdeadline_in_ms(cc->timeout_ms), &err);
+		if (st != KHOR_SUCCESS) {
+			fail_with(s, st, &err, "waiting for the coordinator (rank 0)");
+			return NEG_END;
+		}
+		idle_begin(s);
 	}
 	/* Until the coordinator speaks: report news as soon as there is some. */
-	bool spin = true;
+	/* A waiting caller spins here; the set thread spins between turns, the baton let go
+	 * (engine.c), so that a caller can take it meanwhile. */
+	bool spin = y == NULL || s->caller;
 	kdeadline look = never; /* when to judge the coordinator, once this rank has asked */
 	for (;;) {
 		if (!sent && report_has_news(s)) {
@@ -167,33 +215,39 @@ bool negotiate_worker_cycle(eset *s, eresp *resp_out)
 			}
 			idle = kdeadline_left_ms(s->stop_dl, 1000) + 1;
 		}
-		st = ctl_wait(s, &rx, 1, !sent, stop ? s->stop_dl : never, spin, idle, &which,
-		              &err);
+		/* Only an idle wait yields: once the report is out, the turn sees its cycle to
+		 * the end. */
+		st = ctl_wait(s, rx, 1, !sent, stop ? s->stop_dl : never, spin, idle,
+		              sent || stop ? NULL : y, &which, &err);
 		if (st == KHOR_ERR_TIMEOUT)
 			st = stop_late(s, &err);
 		if (st == KHOR_SUCCESS && which != 0 && sent)
-			st = ctl_look(s, &rx, 1, t_neg, &look, &err);
+			st = ctl_look(s, rx, 1, t_neg, &look, &err);
 		if (st != KHOR_SUCCESS)
 			goto fail;
+		if (which == -3) {
+			return NEG_IDLE;
+		}
 		spin = false;
 		if (which == 0)
 			break;
 	}
-	if ((st = ctl_check_hdr(s, &in, 0, &err)) != KHOR_SUCCESS)
+	id->posted = false; /* its message came: the rest of the cycle is this turn's */
+	if ((st = ctl_check_hdr(s, in, 0, &err)) != KHOR_SUCCESS)
 		goto fail;
 	if (t_neg == 0)
 		t_neg = kclock_ns();
-	if (in.type == M_ABORT)
+	if (in->type == M_ABORT)
 		goto aborted;
 	uint32_t step = 0;
-	if (in.type == M_GO) {
+	if (in->type == M_GO) {
 		if (!sent) {
 			if ((st = send_report(s, &rep, &out, tx, &err)) != KHOR_SUCCESS)
 				goto fail;
 			sent = true;
 		}
 		step = 2;
-		st = coll_post(cc, &rx, 0, false, &in, sizeof(in), ctl_tag(s, 2),
+		st = coll_post(cc, rx, 0, false, in, sizeof(*in), ctl_tag(s, 2),
 		               kdeadline_in_ms(cc->timeout_ms), &err);
 		/* The answer to a GO: the stop's deadline bounds this wait too, by the clock. */
 		kdeadline dl = kdeadline_in_ms(cc->timeout_ms * 2 + 5000);
@@ -208,46 +262,47 @@ bool negotiate_worker_cycle(eset *s, eresp *resp_out)
 				}
 				idle = kdeadline_left_ms(s->stop_dl, 1000) + 1;
 			}
-			st = ctl_wait(s, &rx, 1, false, dl, true, idle, &which, &err);
+			st = ctl_wait(s, rx, 1, false, dl, true, idle, NULL, &which, &err);
 			if (st == KHOR_SUCCESS && which == 0)
 				break;
 		}
 		if (st != KHOR_SUCCESS)
 			goto fail;
-		if ((st = ctl_check_hdr(s, &in, 0, &err)) != KHOR_SUCCESS)
+		if ((st = ctl_check_hdr(s, in, 0, &err)) != KHOR_SUCCESS)
 			goto fail;
-		if (in.type == M_ABORT)
+		if (in->type == M_ABORT)
 			goto aborted;
 	}
-	if (in.type != M_RESP) {
+	if (in->type != M_RESP) {
 		st = kerr_set(&err, KHOR_ERR_PROTOCOL, "expected a response from rank 0, got type %u",
-		              in.type);
+		              in->type);
 		goto fail;
 	}
-	if ((st = ctl_payload(s, 0, &in, step, &payload, &err)) != KHOR_SUCCESS)
+	if ((st = ctl_payload(s, 0, in, step, &payload, &err)) != KHOR_SUCCESS)
 		goto fail;
 	if ((st = ctl_flush(s, tx, 2, &err)) != KHOR_SUCCESS)
 		goto fail;
 	s->negotiate_ns += kclock_ns() - t_neg;
 	free(rep.p);
-	ok = response_parse(s, payload, in.len, resp_out);
+	ok = response_parse(s, payload, in->len, resp_out);
 	free(payload);
 	s->cycle++;
-	return ok;
+	return ok ? NEG_RAN : NEG_END;
 aborted:
 	/* The coordinator's cause, as it is: it already names rank, host and cycle. */
-	coordinator_failed(&in, &err);
+	coordinator_failed(in, &err);
 	ctl_drain(s, tx, 2);
 	free(rep.p);
 	queue_fail_set(s, &err);
-	return false;
+	return NEG_END;
 fail:
-	ctl_drain(s, &rx, 1);
+	ctl_drain(s, rx, 1);
+	id->posted = false;
 	ctl_drain(s, tx, 2);
 	free(rep.p);
 	free(payload);
 	fail_with(s, st, &err, "talking to the coordinator (rank 0)");
-	return false;
+	return NEG_END;
 }
 
 /*
@@ -283,43 +338,51 @@ static khor_status look_at_missing(eset *s, coll_xfer *rx, kdeadline *next, kerr
 	return st;
 }
 
-bool negotiate_coord_cycle(eset *s, eresp *resp_out)
+static int coord_turn(eset *s, ctl_yield *y, eresp *resp_out)
 {
 	struct khor_engine *e = s->e;
 	coll_comm *cc = &s->ctl->cc;
 	int n = s->size, nw = n - 1;
-	msg_hdr *in = calloc((size_t)n, sizeof(*in));
-	msg_hdr *out = calloc((size_t)n, sizeof(*out)), *go = calloc((size_t)n, sizeof(*go));
-	coll_xfer *rx = calloc((size_t)n, sizeof(*rx));
-	/* Per worker: its GO, then its RESP (header and payload). */
-	coll_xfer *tx = calloc((size_t)n * 3, sizeof(*tx));
-	bool *got = calloc((size_t)n, sizeof(bool)), *go_sent = calloc((size_t)n, sizeof(bool));
-	uint8_t **payload = calloc((size_t)n, sizeof(*payload));
+	nidle *id = s->idle;
+	msg_hdr *in = id->in;
+	coll_xfer *rx = id->rx;
+	bool *got = id->got;
+	msg_hdr *out = NULL, *go = NULL;
+	coll_xfer *tx = NULL;
+	bool *go_sent = NULL;
+	uint8_t **payload = NULL;
 	bbuf mine = { 0 }, resp = { 0 };
 	khor_status st = KHOR_SUCCESS;
 	kerr err;
-	int which, ngot = 0;
+	int which;
 	bool ok = false;
 	kdeadline never = kdeadline_in_ms(-1);
 	const char *doing = "waiting for reports";
 
 	kerr_clear(&err);
-	if (in == NULL || out == NULL || go == NULL || rx == NULL || tx == NULL || got == NULL ||
-	    go_sent == NULL || payload == NULL) {
-		st = kerr_set(&err, KHOR_ERR_NO_MEMORY, "out of memory");
-		goto fail;
-	}
-	for (int w = 1; w < n; w++) {
-		st = coll_post(cc, &rx[w - 1], w, false, &in[w], sizeof(in[w]), ctl_tag(s, 0),
-		               kdeadline_in_ms(cc->timeout_ms), &err);
-		if (st != KHOR_SUCCESS)
-			goto fail;
+	if (!id->posted) {
+		memset(got, 0, sizeof(bool) * (size_t)n);
+		id->ngot = 0;
+		id->look = kdeadline_in_ms(cc->timeout_ms); /* when to judge the missing ranks */
+		for (int w = 1; w < n; w++) {
+			st = coll_post(cc, &rx[w - 1], w, false, &in[w], sizeof(in[w]), ctl_tag(s, 0),
+			               kdeadline_in_ms(cc->timeout_ms), &err);
+			if (st != KHOR_SUCCESS)
+				goto fail;
+		}
+		idle_begin(s);
 	}
 	/* Idle until there is news: ours, a worker's report, or a stall to look at. */
-	bool spin = true;
-	kdeadline look = kdeadline_in_ms(cc->timeout_ms); /* when to judge the missing ranks */
+	/* A waiting caller spins here; the set thread spins between turns, the baton let go
+	 * (engine.c), so that a caller can take it meanwhile. */
+	bool spin = y == NULL || s->caller;
 	for (;;) {
-		if (report_has_news(s) || ngot > 0)
+		if (report_has_news(s) || id->ngot > 0)
+			break;
+		/* A stall check is due: a cycle of its own, so that shutdowns go out (by the
+		 * clock: a turn's wait starts anew each time, its idle timer with it). */
+		if (!klist_empty(&s->arrivals) && e->s.stall_check_s > 0 &&
+		    kclock_ns() >= s->next_stall_check_ns)
 			break;
 		int idle = 0;
 		if (!klist_empty(&s->arrivals) && e->s.stall_check_s > 0) {
@@ -327,9 +390,9 @@ bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 			idle = left < 1 ? 1 : left > 1000 ? 1000 : (int)left;
 		}
 		if (!klist_empty(&s->arrivals)) {
-			if ((st = look_at_missing(s, rx, &look, &err)) != KHOR_SUCCESS)
+			if ((st = look_at_missing(s, rx, &id->look, &err)) != KHOR_SUCCESS)
 				goto fail;
-			int left = kdeadline_left_ms(look, 1000) + 1;
+			int left = kdeadline_left_ms(id->look, 1000) + 1;
 			if (idle == 0 || left < idle)
 				idle = left;
 		}
@@ -344,7 +407,8 @@ bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 			if (idle == 0 || left < idle)
 				idle = left;
 		}
-		st = ctl_wait(s, rx, nw, true, stop ? s->stop_dl : never, spin, idle, &which, &err);
+		st = ctl_wait(s, rx, nw, true, stop ? s->stop_dl : never, spin, idle,
+		              stop ? NULL : y, &which, &err);
 		spin = false;
 		if (st == KHOR_ERR_TIMEOUT)
 			st = stop_late(s, &err);
@@ -352,16 +416,31 @@ bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 			doing = "waiting for reports";
 			goto fail;
 		}
+		if (which == -3) {
+			return NEG_IDLE;
+		}
 		if (which == -2 && stop && kdeadline_passed(s->stop_dl))
 			continue; /* the check above fails the stop */
 		if (which >= 0) {
 			got[which + 1] = true;
-			ngot++;
+			id->ngot++;
 		} else if (which == -2 && !klist_empty(&s->arrivals)) {
 			/* A stall check is due: a cycle of its own, so that shutdowns go out. */
 			if (kclock_ns() >= s->next_stall_check_ns)
 				break;
 		}
+	}
+	/* The rest of the cycle is this turn's. */
+	int ngot = id->ngot;
+	id->posted = false;
+	out = calloc((size_t)n, sizeof(*out));
+	go = calloc((size_t)n, sizeof(*go));
+	tx = calloc((size_t)n * 3, sizeof(*tx)); /* per worker: its GO, then its RESP (2) */
+	go_sent = calloc((size_t)n, sizeof(bool));
+	payload = calloc((size_t)n, sizeof(*payload));
+	if (out == NULL || go == NULL || tx == NULL || go_sent == NULL || payload == NULL) {
+		st = kerr_set(&err, KHOR_ERR_NO_MEMORY, "out of memory");
+		goto fail;
 	}
 	/* KHOR_CYCLE_TIME: at most one cycle per period; what arrives meanwhile joins it. */
 	uint64_t cyc_ns = atomic_load(&e->cycle_us) * 1000ull;
@@ -369,7 +448,7 @@ bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 		uint64_t start_at = s->last_cycle_ns + cyc_ns;
 		while (kclock_ns() < start_at) {
 			int ms = (int)((start_at - kclock_ns()) / 1000000) + 1;
-			st = ctl_wait(s, rx, nw, false, never, false, ms, &which, &err);
+			st = ctl_wait(s, rx, nw, false, never, false, ms, NULL, &which, &err);
 			if (st != KHOR_SUCCESS)
 				goto fail;
 			if (which >= 0) {
@@ -418,7 +497,7 @@ bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 			}
 			idle = kdeadline_left_ms(s->stop_dl, 1000) + 1;
 		}
-		st = ctl_wait(s, rx, nw, false, dl, true, idle, &which, &err);
+		st = ctl_wait(s, rx, nw, false, dl, true, idle, NULL, &which, &err);
 		if (st == KHOR_SUCCESS && which == -2)
 			continue;
 		if (st == KHOR_ERR_TIMEOUT) {
@@ -481,7 +560,9 @@ bool negotiate_coord_cycle(eset *s, eresp *resp_out)
 	goto out;
 fail:
 	coll_drain(cc, rx, nw);
-	coll_drain(cc, tx, 3 * n);
+	id->posted = false;
+	if (tx != NULL)
+		coll_drain(cc, tx, 3 * n);
 	{
 		kerr e2;
 		kerr_set(&e2, err.status != KHOR_SUCCESS ? err.status : st,
@@ -496,14 +577,33 @@ out:
 	for (int w = 0; payload != NULL && w < n; w++)
 		free(payload[w]);
 	free(payload);
-	free(in);
 	free(out);
 	free(go);
-	free(rx);
 	free(tx);
-	free(got);
 	free(go_sent);
 	free(mine.p);
 	free(resp.p);
-	return ok;
+	return ok ? NEG_RAN : NEG_END;
+}
+
+int negotiate_turn(eset *s, ctl_yield *y, eresp *out)
+{
+	if (s->idle == NULL) {
+		nidle *id = calloc(1, sizeof(*id));
+		size_t n = (size_t)s->size;
+		if (id != NULL) {
+			id->in = calloc(n, sizeof(*id->in));
+			id->rx = calloc(n, sizeof(*id->rx));
+			id->got = calloc(n, sizeof(*id->got));
+		}
+		if (id == NULL || id->in == NULL || id->rx == NULL || id->got == NULL) {
+			kerr err;
+			idle_free(id);
+			kerr_set(&err, KHOR_ERR_NO_MEMORY, "out of memory");
+			fail_with(s, KHOR_ERR_NO_MEMORY, &err, "starting a cycle");
+			return NEG_END;
+		}
+		s->idle = id;
+	}
+	return s->rank == 0 ? coord_turn(s, y, out) : worker_turn(s, y, out);
 }

@@ -25,6 +25,8 @@ bool report_build(eset *s, bbuf *b)
 	pthread_mutex_lock(&e->mu);
 	klist *n, *tmp;
 	KLIST_FOREACH_SAFE(n, tmp, &s->fresh) {
+		if (s->caller && s->dev_seen)
+			break; /* a device tensor came: the set thread reports it (engine.c) */
 		khor_handle *h = KLIST_ENTRY(n, khor_handle, link);
 		news = true;
 		queue_report_locked(s, h);
@@ -71,7 +73,8 @@ bool report_has_news(eset *s)
 	bool news;
 
 	pthread_mutex_lock(&s->e->mu);
-	news = !klist_empty(&s->fresh) || (s->stop && !s->stop_sent);
+	news = (!klist_empty(&s->fresh) && !(s->caller && s->dev_seen)) ||
+	       (s->stop && !s->stop_sent);
 	pthread_mutex_unlock(&s->e->mu);
 	return news;
 }

@@ -220,7 +220,19 @@ typedef struct eset {
 	bool *peer_stop;
 	int first_stopper;                /* -1: none */
 	bool stop_failed;                 /* the set failed while stopping (its err says why) */
-	/* The set thread's own. */
+	/*
+	 * The baton: whoever holds it runs the set's turns (engine.c), and everything below
+	 * marked the baton's is its holder's alone. The set thread holds it for a turn and
+	 * lets go while it sleeps; a thread waiting for a handle (engine_wait) may take it
+	 * meanwhile and run the cycle itself, with no hand-off to the set thread and back.
+	 */
+	pthread_mutex_t drive;
+	bool caller;                      /* the holder is a waiting caller (the baton's) */
+	bool over;                        /* the set's loop has ended (the baton's) */
+	bool dev_seen;                    /* a tensor of non-host memory was enqueued (mu) */
+	struct nidle *idle;               /* a turn's idle wait, kept between turns (the
+	                                   * baton's; negotiate.c) */
+	/* The baton's (the set thread's, or a waiting caller's). */
 	atomic_bool woken;
 	pthread_cond_t cv;                /* one-rank sets sleep here */
 	uint32_t cycle;

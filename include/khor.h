@@ -388,13 +388,17 @@ typedef struct khor_handle khor_handle;
 
 /*
  * Allocation callback for outputs whose size is known only after negotiation (allgather,
- * alltoall): called on the engine's thread with the output's shape and size in bytes; returns
+ * alltoall): called on the engine's thread (or on a thread waiting in khor_handle_wait for
+ * a handle of the same process set, which runs the engine's cycle itself while the
+ * engine's thread is idle) with the output's shape and size in bytes; returns
  * the buffer (NULL = out of memory, which fails the handle). alloc == NULL: the engine
  * allocates the buffer itself; khor_handle_output gives it and khor_handle_free frees it.
  */
 typedef void *(*khor_alloc_fn)(void *arg, int ndim, const int64_t *dims, size_t bytes);
-/* Completion callback: called once on the engine's thread when the handle completes (or at
- * once on the calling thread, when it had completed before the callback was set). */
+/* Completion callback: called once on the engine's thread when the handle completes (or on
+ * a thread waiting in khor_handle_wait that ran the cycle which completed it, see
+ * khor_alloc_fn; or at once on the calling thread, when it had completed before the callback
+ * was set). */
 typedef void (*khor_done_fn)(void *arg, khor_handle *handle, khor_status status);
 
 /* Starts an engine on comm (collective over comm). config may be NULL. */
