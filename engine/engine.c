@@ -865,6 +865,23 @@ static khor_status wait_alive(khor_handle *h, uint64_t t0, kdeadline *dl)
  * there, and the caller's thread keeps its own) and a stop under way. Completion callbacks
  * of the handles its turns complete run on this thread.
  */
+/*
+ * Whether h is the only handle its set has in flight (under mu): a lone call. With more
+ * (a backward pass's gradients, enqueued by one thread while another waits), the set
+ * thread runs the cycles as before: a waiting caller that drove them took the core from
+ * the thread still enqueueing (measured at n = 2 over shm on 2 cores: 64 tensors of 8 B
+ * 1.69x their time, 1000 of 4 KiB 1.59x).
+ */
+static bool alone_locked(const khor_handle *h)
+{
+	const eset *s = h->set;
+	const klist *f = &s->fresh, *p = &s->pending;
+
+	if (klist_empty(f))
+		return p->next == &h->link && p->prev == &h->link;
+	return klist_empty(p) && f->next == &h->link && f->prev == &h->link;
+}
+
 static void drive_while_waiting(khor_handle *h)
 {
 	struct khor_engine *e = h->eng;
@@ -879,7 +896,8 @@ static void drive_while_waiting(khor_handle *h)
 	for (int tries = 0; s == NULL && tries < 20; tries++) {
 		bool busy = false;
 		pthread_mutex_lock(&e->mu);
-		if (!h->done && !h->set->stop && !h->set->failed && !h->set->dev_seen) {
+		if (!h->done && !h->set->stop && !h->set->failed && !h->set->dev_seen &&
+		    alone_locked(h)) {
 			if (pthread_mutex_trylock(&h->set->drive) == 0)
 				s = h->set;
 			else
