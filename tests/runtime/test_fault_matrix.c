@@ -338,6 +338,7 @@ Test(fault_matrix, shm_n4, .timeout = 400) { matrix("shm", 4, false); }
 Test(fault_matrix, shm_n8, .timeout = 600) { matrix("shm", 8, false); }
 Test(fault_matrix, ib_n2, .timeout = 600) { matrix("ib", 2, false); }
 Test(fault_matrix, ib_n4, .timeout = 900) { matrix("ib", 4, false); }
+Test(fault_matrix, ib_n8, .timeout = 900) { matrix("ib", 8, false); }
 
 Test(engine_faults, tcp_n2, .timeout = 400) { matrix("tcp", 2, true); }
 Test(engine_faults, tcp_n4, .timeout = 400) { matrix("tcp", 4, true); }
@@ -347,3 +348,4 @@ Test(engine_faults, shm_n4, .timeout = 400) { matrix("shm", 4, true); }
 Test(engine_faults, shm_n8, .timeout = 600) { matrix("shm", 8, true); }
 Test(engine_faults, ib_n2, .timeout = 600) { matrix("ib", 2, true); }
 Test(engine_faults, ib_n4, .timeout = 900) { matrix("ib", 4, true); }
+Test(engine_faults, ib_n8, .timeout = 900) { matrix("ib", 8, true); }
