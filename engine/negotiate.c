@@ -54,6 +54,7 @@ static void fail_with(eset *s, khor_status st, kerr *err, const char *what)
 static khor_status send_report(eset *s, bbuf *b, msg_hdr *hdr, coll_xfer *xs, kerr *err)
 {
 	b->len = 0;
+	b->oom = false;
 	report_build(s, b);
 	if (b->oom)
 		return kerr_set(err, KHOR_ERR_NO_MEMORY, "out of memory");
@@ -130,6 +131,13 @@ typedef struct nidle {
 	bool *got;        /* coordinator: got[w], worker w's report is in */
 	int ngot;
 	kdeadline look;   /* coordinator: when to judge the ranks missing from its table */
+	/* The rest of a cycle's buffers, kept for the next (no allocation per cycle once they
+	 * have grown): the coordinator's per worker, and every rank's report and response. */
+	msg_hdr *out, *go;
+	coll_xfer *tx;    /* coordinator: per worker, its GO, then its RESP (header, payload) */
+	bool *go_sent;
+	uint8_t **payload;
+	bbuf rep, resp;   /* this rank's report; the coordinator's response */
 } nidle;
 
 static void idle_begin(eset *s)
@@ -144,6 +152,13 @@ static void idle_free(nidle *id)
 	free(id->in);
 	free(id->rx);
 	free(id->got);
+	free(id->out);
+	free(id->go);
+	free(id->tx);
+	free(id->go_sent);
+	free(id->payload);
+	free(id->rep.p);
+	free(id->resp.p);
 	free(id);
 }
 
@@ -165,7 +180,6 @@ static int worker_turn(eset *s, ctl_yield *y, eresp *resp_out)
 {
 	msg_hdr out;
 	coll_xfer tx[2] = { { 0 }, { 0 } };
-	bbuf rep = { 0 };
 	bool sent = false, ok = false;
 	uint8_t *payload = NULL;
 	khor_status st;
@@ -177,6 +191,7 @@ static int worker_turn(eset *s, ctl_yield *y, eresp *resp_out)
 	nidle *id = s->idle;
 	msg_hdr *in = &id->in[0];
 	coll_xfer *rx = &id->rx[0];
+	bbuf *rep = &id->rep; /* send_report empties it */
 
 	kerr_clear(&err);
 	if (!id->posted) {
@@ -195,7 +210,7 @@ static int worker_turn(eset *s, ctl_yield *y, eresp *resp_out)
 	kdeadline look = never; /* when to judge the coordinator, once this rank has asked */
 	for (;;) {
 		if (!sent && report_has_news(s)) {
-			if ((st = send_report(s, &rep, &out, tx, &err)) != KHOR_SUCCESS)
+			if ((st = send_report(s, rep, &out, tx, &err)) != KHOR_SUCCESS)
 				goto fail;
 			sent = true;
 			t_neg = kclock_ns();
@@ -242,7 +257,7 @@ static int worker_turn(eset *s, ctl_yield *y, eresp *resp_out)
 	uint32_t step = 0;
 	if (in->type == M_GO) {
 		if (!sent) {
-			if ((st = send_report(s, &rep, &out, tx, &err)) != KHOR_SUCCESS)
+			if ((st = send_report(s, rep, &out, tx, &err)) != KHOR_SUCCESS)
 				goto fail;
 			sent = true;
 		}
@@ -283,7 +298,6 @@ static int worker_turn(eset *s, ctl_yield *y, eresp *resp_out)
 	if ((st = ctl_flush(s, tx, 2, &err)) != KHOR_SUCCESS)
 		goto fail;
 	s->negotiate_ns += kclock_ns() - t_neg;
-	free(rep.p);
 	ok = response_parse(s, payload, in->len, resp_out);
 	free(payload);
 	s->cycle++;
@@ -292,14 +306,12 @@ aborted:
 	/* The coordinator's cause, as it is: it already names rank, host and cycle. */
 	coordinator_failed(in, &err);
 	ctl_drain(s, tx, 2);
-	free(rep.p);
 	queue_fail_set(s, &err);
 	return NEG_END;
 fail:
 	ctl_drain(s, rx, 1);
 	id->posted = false;
 	ctl_drain(s, tx, 2);
-	free(rep.p);
 	free(payload);
 	fail_with(s, st, &err, "talking to the coordinator (rank 0)");
 	return NEG_END;
@@ -347,11 +359,11 @@ static int coord_turn(eset *s, ctl_yield *y, eresp *resp_out)
 	msg_hdr *in = id->in;
 	coll_xfer *rx = id->rx;
 	bool *got = id->got;
-	msg_hdr *out = NULL, *go = NULL;
-	coll_xfer *tx = NULL;
-	bool *go_sent = NULL;
-	uint8_t **payload = NULL;
-	bbuf mine = { 0 }, resp = { 0 };
+	msg_hdr *out = id->out, *go = id->go;
+	coll_xfer *tx = id->tx;
+	bool *go_sent = id->go_sent;
+	uint8_t **payload = id->payload;
+	bbuf *mine = &id->rep, *resp = &id->resp;
 	khor_status st = KHOR_SUCCESS;
 	kerr err;
 	int which;
@@ -362,6 +374,7 @@ static int coord_turn(eset *s, ctl_yield *y, eresp *resp_out)
 	kerr_clear(&err);
 	if (!id->posted) {
 		memset(got, 0, sizeof(bool) * (size_t)n);
+		memset(go_sent, 0, sizeof(bool) * (size_t)n); /* ctl_abort reads it from here on */
 		id->ngot = 0;
 		id->look = kdeadline_in_ms(cc->timeout_ms); /* when to judge the missing ranks */
 		for (int w = 1; w < n; w++) {
@@ -433,15 +446,9 @@ static int coord_turn(eset *s, ctl_yield *y, eresp *resp_out)
 	/* The rest of the cycle is this turn's. */
 	int ngot = id->ngot;
 	id->posted = false;
-	out = calloc((size_t)n, sizeof(*out));
-	go = calloc((size_t)n, sizeof(*go));
-	tx = calloc((size_t)n * 3, sizeof(*tx)); /* per worker: its GO, then its RESP (2) */
-	go_sent = calloc((size_t)n, sizeof(bool));
-	payload = calloc((size_t)n, sizeof(*payload));
-	if (out == NULL || go == NULL || tx == NULL || go_sent == NULL || payload == NULL) {
-		st = kerr_set(&err, KHOR_ERR_NO_MEMORY, "out of memory");
-		goto fail;
-	}
+	memset(tx, 0, sizeof(*tx) * 3 * (size_t)n);
+	mine->len = resp->len = 0;
+	mine->oom = resp->oom = false;
 	/* KHOR_CYCLE_TIME: at most one cycle per period; what arrives meanwhile joins it. */
 	uint64_t cyc_ns = atomic_load(&e->cycle_us) * 1000ull;
 	if (cyc_ns > 0) {
@@ -477,12 +484,12 @@ static int coord_turn(eset *s, ctl_yield *y, eresp *resp_out)
 		go_sent[w] = true;
 	}
 	/* Our own report goes through the same merge as theirs. */
-	report_build(s, &mine);
-	if (mine.oom) {
+	report_build(s, mine);
+	if (mine->oom) {
 		st = kerr_set(&err, KHOR_ERR_NO_MEMORY, "out of memory");
 		goto fail;
 	}
-	if ((st = table_merge(s, 0, mine.p, mine.len, &err)) != KHOR_SUCCESS)
+	if ((st = table_merge(s, 0, mine->p, mine->len, &err)) != KHOR_SUCCESS)
 		goto fail;
 	doing = "collecting reports";
 	kdeadline dl = kdeadline_in_ms(cc->timeout_ms);
@@ -539,30 +546,29 @@ static int coord_turn(eset *s, ctl_yield *y, eresp *resp_out)
 		uint64_t fb;
 		double cm;
 		if (autotune_cycle(e->at, s->bytes_done, &fb, &cm)) {
-			bput_u8(&resp, 'T');
-			bput_u64(&resp, fb);
-			bput_u64(&resp, (uint64_t)(cm * 1000.0));
+			bput_u8(resp, 'T');
+			bput_u64(resp, fb);
+			bput_u64(resp, (uint64_t)(cm * 1000.0));
 		}
 	}
 	doing = "answering";
-	if ((st = coordinator_respond(s, &resp, &err)) != KHOR_SUCCESS)
+	if ((st = coordinator_respond(s, resp, &err)) != KHOR_SUCCESS)
 		goto fail;
 	for (int w = 1; w < n; w++) {
-		st = ctl_send(s, w, M_RESP, go_sent[w] ? 2 : 0, &resp, &out[w], &tx[3 * w + 1], &err);
+		st = ctl_send(s, w, M_RESP, go_sent[w] ? 2 : 0, resp, &out[w], &tx[3 * w + 1], &err);
 		if (st != KHOR_SUCCESS)
 			goto fail;
 	}
 	if ((st = ctl_flush(s, tx, 3 * n, &err)) != KHOR_SUCCESS)
 		goto fail;
 	s->negotiate_ns += kclock_ns() - t_neg;
-	ok = response_parse(s, resp.p, resp.len, resp_out);
+	ok = response_parse(s, resp->p, resp->len, resp_out);
 	s->cycle++;
 	goto out;
 fail:
 	coll_drain(cc, rx, nw);
 	id->posted = false;
-	if (tx != NULL)
-		coll_drain(cc, tx, 3 * n);
+	coll_drain(cc, tx, 3 * n);
 	{
 		kerr e2;
 		kerr_set(&e2, err.status != KHOR_SUCCESS ? err.status : st,
@@ -574,15 +580,10 @@ fail:
 		queue_fail_set(s, &e2);
 	}
 out:
-	for (int w = 0; payload != NULL && w < n; w++)
+	for (int w = 0; w < n; w++) {
 		free(payload[w]);
-	free(payload);
-	free(out);
-	free(go);
-	free(tx);
-	free(go_sent);
-	free(mine.p);
-	free(resp.p);
+		payload[w] = NULL;
+	}
 	return ok ? NEG_RAN : NEG_END;
 }
 
@@ -595,8 +596,15 @@ int negotiate_turn(eset *s, ctl_yield *y, eresp *out)
 			id->in = calloc(n, sizeof(*id->in));
 			id->rx = calloc(n, sizeof(*id->rx));
 			id->got = calloc(n, sizeof(*id->got));
+			id->out = calloc(n, sizeof(*id->out));
+			id->go = calloc(n, sizeof(*id->go));
+			id->tx = calloc(3 * n, sizeof(*id->tx));
+			id->go_sent = calloc(n, sizeof(*id->go_sent));
+			id->payload = calloc(n, sizeof(*id->payload));
 		}
-		if (id == NULL || id->in == NULL || id->rx == NULL || id->got == NULL) {
+		if (id == NULL || id->in == NULL || id->rx == NULL || id->got == NULL ||
+		    id->out == NULL || id->go == NULL || id->tx == NULL || id->go_sent == NULL ||
+		    id->payload == NULL) {
 			kerr err;
 			idle_free(id);
 			kerr_set(&err, KHOR_ERR_NO_MEMORY, "out of memory");
