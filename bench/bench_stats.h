@@ -8,7 +8,7 @@
 
 double bench_now(void);
 
-/* Median of n values (a few: insertion sort); sorts them in place. */
+/* Median of n values (n >= 1); sorts them in place. */
 double bench_median(double *v, int n);
 
 #endif
