@@ -537,8 +537,10 @@ static int body_large(int rank, int n, khor_config *cfg, void *arg)
 
 	khor_config_set(cfg, "KHOR_SOCKET_NSOCKS", "1");
 	khor_config_set(cfg, "KHOR_RD_MAX_BYTES", arg != NULL ? "1G" : "0");
-	if (khor_init(cfg, err, sizeof(err), &c.comm) != KHOR_SUCCESS)
+	if (khor_init(cfg, err, sizeof(err), &c.comm) != KHOR_SUCCESS) {
+		fprintf(stderr, "rank %d: init: %s\n", rank, err); /* a flake says why */
 		return 10;
+	}
 	for (; c.salt < 8; c.salt++) {
 		if (!case_reduce_scatter(&c, KHOR_FLOAT32, KHOR_SUM, 3000017) ||
 		    !case_reduce(&c, KHOR_FLOAT64, KHOR_MIN, 1000003))
@@ -592,8 +594,10 @@ static int body_bits(int rank, int n, khor_config *cfg, void *arg)
 	khor_config_set(cfg, "KHOR_COST_ALPHA_US", "20");
 	khor_config_set(cfg, "KHOR_COST_BETA_GBPS", "1");
 	khor_config_set(cfg, "KHOR_COST_GAMMA_GBPS", "10");
-	if (khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS)
+	if (khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS) {
+		fprintf(stderr, "rank %d: init: %s\n", rank, err); /* a flake says why */
 		return 10;
+	}
 	for (int d = 0; d < 2; d++) {
 		khor_dtype dt = d == 0 ? KHOR_FLOAT32 : KHOR_FLOAT64;
 		size_t esz = khor_dtype_size(dt), r = (size_t)rank, nn = (size_t)n;
@@ -666,8 +670,10 @@ static int body_mismatch(int rank, int n, khor_config *cfg, void *arg)
 	khor_status st;
 
 	khor_config_set(cfg, "KHOR_RD_MAX_BYTES", mc->kind == MM_ALLGATHER_BRUCK ? "1G" : "0");
-	if (khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS)
+	if (khor_init(cfg, err, sizeof(err), &comm) != KHOR_SUCCESS) {
+		fprintf(stderr, "rank %d: init: %s\n", rank, err); /* a flake says why */
 		return 10;
+	}
 	if (mc->kind == MM_ALLTOALL)
 		st = khor_alltoall(comm, in.p, out.p, count, KHOR_FLOAT32);
 	else if (mc->kind == MM_GATHER)
