@@ -38,8 +38,9 @@ static khor_status alive_or_timeout(eset *s, coll_xfer *xs, int nxs, uint64_t t0
  * A waiting caller that runs the cycle (engine.c) spins this long before it yields the
  * core: it is the application thread itself, and a yield then mostly hands the core to
  * the set thread woken by the caller's own traffic (measured: a lone 8-byte allreduce
- * 3.1 us instead of 23-28 us at n = 2 over shm). A longer wait yields, for the
- * application's other threads (a backward pass that enqueues the next gradients).
+ * 3.1 us instead of 18-28 us at n = 2 over shm; docs/PERFORMANCE.md section 27). A
+ * longer wait yields, for the application's other threads (a backward pass that enqueues
+ * the next gradients).
  */
 #define CALLER_YIELD_NS 20000u
 

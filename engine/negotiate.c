@@ -140,11 +140,6 @@ typedef struct nidle {
 	bbuf rep, resp;   /* this rank's report; the coordinator's response */
 } nidle;
 
-static void idle_begin(eset *s)
-{
-	s->idle->posted = true;
-}
-
 static void idle_free(nidle *id)
 {
 	if (id == NULL)
@@ -201,7 +196,7 @@ static int worker_turn(eset *s, ctl_yield *y, eresp *resp_out)
 			fail_with(s, st, &err, "waiting for the coordinator (rank 0)");
 			return NEG_END;
 		}
-		idle_begin(s);
+		id->posted = true;
 	}
 	/* Until the coordinator speaks: report news as soon as there is some. */
 	/* A waiting caller spins here; the set thread spins between turns, the baton let go
@@ -240,9 +235,8 @@ static int worker_turn(eset *s, ctl_yield *y, eresp *resp_out)
 			st = ctl_look(s, rx, 1, t_neg, &look, &err);
 		if (st != KHOR_SUCCESS)
 			goto fail;
-		if (which == -3) {
-			return NEG_IDLE;
-		}
+		if (which == -3)
+			return NEG_IDLE; /* the receives stay posted for the next turn */
 		spin = false;
 		if (which == 0)
 			break;
@@ -383,7 +377,7 @@ static int coord_turn(eset *s, ctl_yield *y, eresp *resp_out)
 			if (st != KHOR_SUCCESS)
 				goto fail;
 		}
-		idle_begin(s);
+		id->posted = true;
 	}
 	/* Idle until there is news: ours, a worker's report, or a stall to look at. */
 	/* A waiting caller spins here; the set thread spins between turns, the baton let go
@@ -429,9 +423,8 @@ static int coord_turn(eset *s, ctl_yield *y, eresp *resp_out)
 			doing = "waiting for reports";
 			goto fail;
 		}
-		if (which == -3) {
-			return NEG_IDLE;
-		}
+		if (which == -3)
+			return NEG_IDLE; /* the receives stay posted for the next turn */
 		if (which == -2 && stop && kdeadline_passed(s->stop_dl))
 			continue; /* the check above fails the stop */
 		if (which >= 0) {
